@@ -1,0 +1,54 @@
+"""The registry of weight matrices: :func:`create`, :func:`names`, :func:`register`."""
+
+from __future__ import annotations
+
+import torch
+
+from rf_matrices._registry import Registry
+from rf_matrices.weight_matrix import WeightMatrix
+
+WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
+
+
+def register(name: str, *, override: bool = False):
+    """Class decorator adding a :class:`WeightMatrix` subclass under ``name``.
+
+    Example:
+        >>> @register("rademacher")
+        ... class Rademacher(DenseWeightMatrix): ...
+    """
+    return WEIGHT_MATRICES.register(name, override=override)
+
+
+def names(pattern: str | None = None) -> list[str]:
+    """Registered weight matrix names, optionally filtered by a shell pattern such as ``"fast*"``."""
+    return WEIGHT_MATRICES.names(pattern)
+
+
+def create(
+    name: str | type[WeightMatrix],
+    num_features: int,
+    dim: int,
+    *,
+    sigma: float = 1.0,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    **kw,
+) -> WeightMatrix:
+    """Build the weight matrix registered as ``name`` (or the class itself), ``(num_features, dim)``.
+
+    Extra keyword arguments go to the class (e.g. ``learn_gb=True`` for ``fastfoodl``).
+    """
+    cls = WEIGHT_MATRICES.get(name)
+    return cls(
+        num_features,
+        dim,
+        sigma=sigma,
+        seed=seed,
+        generator=generator,
+        device=device,
+        dtype=dtype,
+        **kw,
+    )

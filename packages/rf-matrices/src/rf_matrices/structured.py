@@ -1,0 +1,137 @@
+"""Weight matrices applied by fast Walsh-Hadamard transforms.
+
+SORF (Eq. 15), FastFood (Eq. 13) and the learnable FastFood_L (Section 3.1.8).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rf_matrices.hadamard import fwht, next_power_of_two
+from rf_matrices.registry import register
+from rf_matrices.weight_matrix import WeightMatrix, chi_samples
+
+
+def rademacher(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Independent +-1 entries in float64."""
+    bits = torch.randint(0, 2, shape, generator=generator, device=generator.device)
+    return bits.to(torch.float64) * 2 - 1
+
+
+class BlockTransform(WeightMatrix):
+    """Shape logic shared by the Hadamard-based matrices.
+
+    ``d`` is zero-padded to ``d' = 2^k``, and ``ceil(s / d')`` independent ``d' x d'`` blocks are stacked,
+    the last one truncated to reach ``s`` rows.
+    """
+
+    def __init__(self, num_features: int, dim: int, **kw) -> None:
+        super().__init__(num_features, dim, **kw)
+        self.padded_dim = next_power_of_two(self.dim)
+        self.num_blocks = math.ceil(self.num_features / self.padded_dim)
+
+    def _blocks_in(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., d)`` -> ``(..., num_blocks, d')``: zero-padded and repeated for every block."""
+        self.check_input(x)
+        x = torch.nn.functional.pad(x, (0, self.padded_dim - self.dim))
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.num_blocks, self.padded_dim)
+
+    def _blocks_out(self, y: torch.Tensor) -> torch.Tensor:
+        """``(..., num_blocks, d')`` -> ``(..., s)``."""
+        return y.flatten(-2)[..., : self.num_features]
+
+
+@register("sorf")
+class SORF(BlockTransform):
+    """Structured ORF, ``W = sqrt(d) / sigma * H D1 H D2 H D3`` per block (Eq. 15, Yu et al. 2016).
+
+    ``H`` is the normalized Walsh-Hadamard matrix and ``D1, D2, D3`` diagonal Rademacher matrices, so each
+    block is orthogonal times ``sqrt(d')`` and rows have the Gaussian's typical norm ``sqrt(d) / sigma``
+    (exactly ``sqrt(d') / sigma`` before the zero-padded columns are dropped). Applied with three fast
+    Walsh-Hadamard transforms: O(s log d) per input row, W never built.
+    """
+
+    def __init__(self, num_features: int, dim: int, **kw) -> None:
+        super().__init__(num_features, dim, **kw)
+        self._resample()
+
+    def _resample(self) -> None:
+        shape = (3, self.num_blocks, self.padded_dim)
+        self._set_state(signs=rademacher(shape, self.generator))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T``: ``(..., d)`` -> ``(..., s)``."""
+        d1, d2, d3 = self.signs.to(x.dtype)
+        y = fwht(self._blocks_in(x) * d3)
+        y = fwht(y * d2)
+        y = fwht(y * d1)
+        return self._blocks_out(y) * (math.sqrt(self.padded_dim) / self.sigma)
+
+
+@register("fastfood")
+class FastFood(BlockTransform):
+    """FastFood, ``W = 1 / (sigma sqrt(d')) * S H G Pi H B`` per block (Eq. 13, Le et al. 2013).
+
+    With the unnormalized Hadamard ``H`` (entries +-1), a random permutation ``Pi``, diagonal Rademacher
+    ``B``, Gaussian ``G`` and the scaling ``S_ii = s_i / ||G||_F`` with ``s_i ~ chi(d')``: every row of
+    ``H G Pi H B`` has norm ``sqrt(d') ||G||_F``, so the rows of ``W`` have exactly the chi(d') norms of
+    Gaussian rows. (The paper prints ``||G||_F^(-1/2)``; only the exponent -1 gives Gaussian row norms.)
+    Applied with two fast Walsh-Hadamard transforms, O(s log d) per input row, W never built.
+    """
+
+    #: names of the diagonals trained by gradient descent (none for the fixed FastFood).
+    learnable_diagonals: tuple[str, ...] = ()
+
+    def __init__(self, num_features: int, dim: int, **kw) -> None:
+        super().__init__(num_features, dim, **kw)
+        self._resample()
+
+    def _resample(self) -> None:
+        g = self.generator
+        nb, dp = self.num_blocks, self.padded_dim
+        gauss = torch.randn(nb, dp, generator=g, dtype=torch.float64, device=g.device)
+        scale = chi_samples(nb * dp, dp, g).reshape(nb, dp) / gauss.norm(dim=-1, keepdim=True)
+        perm = torch.stack([torch.randperm(dp, generator=g, device=g.device) for _ in range(nb)])
+        self._set_state(
+            self.learnable_diagonals,
+            binary=rademacher((nb, dp), g),
+            gaussian=gauss,
+            scale=scale,
+            permutation=perm,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T``: ``(..., d)`` -> ``(..., s)``.
+
+        ``H G Pi H B / sqrt(d')`` equals ``sqrt(d') Hn G Pi Hn B`` with the normalized ``Hn`` of :func:`fwht`.
+        """
+        y = fwht(self._blocks_in(x) * self.binary.to(x.dtype))
+        y = torch.gather(y, -1, self.permutation.expand(y.shape))
+        y = fwht(y * self.gaussian.to(x.dtype)) * self.scale.to(x.dtype)
+        return self._blocks_out(y) * (math.sqrt(self.padded_dim) / self.sigma)
+
+
+@register("fastfoodl")
+class FastFoodL(FastFood):
+    """Learnable FastFood (Section 3.1.8; Yang et al. 2015, Chowdhury et al. 2022).
+
+    The FastFood of Eq. 13 with the scaling ``S`` as an ``nn.Parameter`` (FSARD), initialized as in FastFood;
+    with ``learn_gb=True`` the Gaussian ``G`` and the sign diagonal ``B`` are trained too (FSGBARD; ``B``
+    starts at +-1 and becomes a real diagonal). The permutation stays fixed. Being learned, the matrix is not
+    redrawn: :meth:`redraw` is a no-op.
+
+    Args:
+        learn_gb: also learn ``G`` and ``B``.
+    """
+
+    redrawable = False
+
+    def __init__(self, num_features: int, dim: int, *, learn_gb: bool = False, **kw) -> None:
+        self.learnable_diagonals = ("scale", "gaussian", "binary") if learn_gb else ("scale",)
+        super().__init__(num_features, dim, **kw)
+
+    def extra_repr(self) -> str:
+        """The sizes and options shown by ``repr``."""
+        return f"{super().extra_repr()}, learnable={self.learnable_diagonals}"

@@ -1,0 +1,183 @@
+"""The :class:`WeightMatrix` interface shared by every weight matrix (Definition 3.1 of the paper)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """``value`` as an int if it is an integer >= 1, else a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def make_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator:
+    """The generator a weight matrix draws from.
+
+    ``generator`` is used as it is; else a CPU generator seeded with ``seed``; else a CPU generator seeded
+    from the global torch RNG (so ``torch.manual_seed`` makes unseeded draws reproducible too). Drawing on
+    the CPU in float64 and moving the result makes the same seed give the same matrix on every device.
+    """
+    if generator is not None:
+        if seed is not None:
+            raise ValueError("seed, generator: pass at most one of them")
+        return generator
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    return torch.Generator().manual_seed(seed)
+
+
+def chi_samples(count: int, dof: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` float64 draws from the chi(``dof``) distribution, as norms of Gaussian vectors."""
+    g = torch.randn(count, dof, generator=generator, dtype=torch.float64, device=generator.device)
+    return g.norm(dim=-1)
+
+
+def haar_orthogonal(count: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` independent Haar-distributed orthogonal matrices ``(count, dim, dim)`` in float64.
+
+    QR of a Gaussian matrix with the signs of R's diagonal moved into Q (Mezzadri 2007): without the sign
+    fix, Q is not uniformly distributed.
+    """
+    g = torch.randn(count, dim, dim, generator=generator, dtype=torch.float64, device=generator.device)
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+class WeightMatrix(nn.Module):
+    """A weight matrix ``W`` of shape ``(s, d)`` whose rows stand in for frequencies omega ~ p.
+
+    Rows are draws for (or quadrature nodes of) the Gaussian ``N(0, I / sigma^2)``, the spectral density of
+    the RBF kernel ``exp(-||x - y||^2 / (2 sigma^2))``, so ``E[W.T @ W] / s = I / sigma^2``.
+
+    Subclasses implement :meth:`forward` (``x @ W.T``, fast for structured matrices) and :meth:`_resample`,
+    which fills the random state (buffers) from ``self.generator``. ``matrix()`` defaults to applying
+    ``forward`` to the identity.
+
+    Args:
+        num_features: ``s``, the number of rows (frequencies).
+        dim: ``d``, the input dimension.
+        sigma: the RBF bandwidth; rows are scaled by ``1 / sigma``.
+        seed: seed of the generator the matrix is drawn from.
+        generator: an explicit ``torch.Generator`` instead of ``seed``.
+        device: where the matrix lives (it is drawn on the generator's device, then moved).
+        dtype: floating dtype of the matrix (default: ``torch.get_default_dtype()``).
+    """
+
+    #: False for matrices whose entries are learned (``redraw`` leaves them alone).
+    redrawable: bool = True
+
+    def __init__(
+        self,
+        num_features: int,
+        dim: int,
+        *,
+        sigma: float = 1.0,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self._factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self.num_features = check_positive_int("num_features", num_features)
+        self.dim = check_positive_int("dim", dim)
+        if not sigma > 0:
+            raise ValueError(f"sigma: expected a positive bandwidth, got {sigma!r}")
+        self.sigma = float(sigma)
+        self.generator = make_generator(seed, generator)
+
+    @property
+    def component_weights(self) -> torch.Tensor | None:
+        """Quadrature weights ``(s,)`` summing to 1 (possibly negative), or None: every row weighs ``1/s``."""
+        return None
+
+    def matrix(self) -> torch.Tensor:
+        """The dense ``W``, ``(s, d)``, in the matrix's dtype and device."""
+        eye = torch.eye(self.dim, dtype=self._float_dtype(), device=self._device())
+        return self(eye).mT
+
+    def redraw(self, seed: int | None = None) -> None:
+        """Draw the random state afresh: from ``seed`` if given, else the next draw of the generator.
+
+        A no-op for learned matrices (``redrawable = False``).
+        """
+        if not self.redrawable:
+            return
+        if seed is not None:
+            self.generator = torch.Generator(device=self.generator.device).manual_seed(seed)
+        with torch.no_grad():
+            self._resample()
+
+    def _resample(self) -> None:
+        raise NotImplementedError
+
+    def _set_state(self, learnable: tuple[str, ...] = (), **tensors: torch.Tensor) -> None:
+        """Store the drawn state: registered on the first call, overwritten in place on redraws.
+
+        Floating tensors take the matrix's dtype; names in ``learnable`` become ``nn.Parameter``s,
+        the others buffers (saved in the ``state_dict`` too, so a loaded matrix is the saved one).
+        """
+        for name, value in tensors.items():
+            current = getattr(self, name, None)
+            if current is not None:
+                current.copy_(value)
+                continue
+            if value.is_floating_point():
+                value = value.to(**self._factory)
+            else:
+                value = value.to(device=self._factory["device"])
+            if name in learnable:
+                self.register_parameter(name, nn.Parameter(value))
+            else:
+                self.register_buffer(name, value)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raise a ``ValueError`` unless ``x`` is a floating tensor ``(..., d)``."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise ValueError(f"x: expected a floating-point tensor (..., {self.dim}), got {x!r:.80}")
+        if x.dim() == 0 or x.shape[-1] != self.dim:
+            raise ValueError(f"x: expected last dimension {self.dim} (dim), got shape {tuple(x.shape)}")
+
+    def _float_dtype(self) -> torch.dtype:
+        return next(t.dtype for t in self._tensors() if t.is_floating_point())
+
+    def _device(self) -> torch.device:
+        return next(self._tensors()).device
+
+    def _tensors(self):
+        yield from self.parameters()
+        yield from self.buffers()
+
+    def extra_repr(self) -> str:
+        """The sizes and options shown by ``repr``."""
+        return f"num_features={self.num_features}, dim={self.dim}, sigma={self.sigma:g}"
+
+
+class DenseWeightMatrix(WeightMatrix):
+    """A weight matrix stored as a dense ``(s, d)`` buffer ``weight``; ``forward`` is one matmul.
+
+    Subclasses implement :meth:`sample` returning unit-bandwidth rows in float64.
+    """
+
+    def __init__(self, num_features: int, dim: int, **kw) -> None:
+        super().__init__(num_features, dim, **kw)
+        self._resample()
+
+    def sample(self) -> torch.Tensor:
+        """Unit-bandwidth rows ``(s, d)`` in float64, drawn from ``self.generator``."""
+        raise NotImplementedError
+
+    def _resample(self) -> None:
+        self._set_state(weight=self.sample() / self.sigma)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T``: ``(..., d)`` -> ``(..., s)``."""
+        self.check_input(x)
+        return x @ self.weight.to(x.dtype).mT
+
+    def matrix(self) -> torch.Tensor:
+        """The stored ``W``, ``(s, d)``."""
+        return self.weight
