@@ -15,6 +15,7 @@ from rf_matrices.kernels import gaussian_kernel, relative_kernel_error, trig_ker
 from rf_matrices.monte_carlo import ORF, Base
 from rf_matrices.quadrature import SGQ, gauss_hermite, smolyak_gauss_hermite
 from rf_matrices.registry import WEIGHT_MATRICES, create, names, register
+from rf_matrices.report import markdown_table
 from rf_matrices.structured import SORF, BlockTransform, FastFood, FastFoodL
 from rf_matrices.unit_cube import MM, QMC
 from rf_matrices.weight_matrix import DenseWeightMatrix, WeightMatrix
@@ -38,6 +39,7 @@ __all__ = [
     "gauss_hermite",
     "gaussian_kernel",
     "hadamard_matrix",
+    "markdown_table",
     "names",
     "next_power_of_two",
     "register",

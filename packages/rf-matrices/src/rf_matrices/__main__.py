@@ -15,6 +15,7 @@ import torch
 
 from rf_matrices.kernels import relative_kernel_error
 from rf_matrices.registry import create, names
+from rf_matrices.report import markdown_table
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,15 +58,6 @@ def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table with columns padded to equal width."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [header, ["-" * w for w in widths], *rows]
-    return "\n".join(
-        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in lines
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     """Print the error table."""
     args = parse_args(argv)
@@ -75,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Relative error ||K_hat - K||_F / ||K||_F of the TrigRF estimate of the RBF kernel "
         f"(d={args.dim}, {args.points} points, sigma={args.sigma:g}, mean of {args.seeds} seeds)\n"
     )
-    print(markdown(header, rows))
+    print(markdown_table(header, rows))
     print(f"\n{time.perf_counter() - start:.1f} s")
 
 
