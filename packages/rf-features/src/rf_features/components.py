@@ -1,0 +1,212 @@
+"""The component functions of Section 3.2: TrigRF, PosRF, PosRF-Hyp, GERF, OPRF and SADERF.
+
+Every one here is a member of the GERF family (Eq. 21, Likhosherstov et al. 2022)
+
+    f^(1)(omega, x) = D exp(A ||omega||^2 + B omega.x + C ||x||^2),
+    f^(2)(omega, y) = D exp(A ||omega||^2 + s B omega.y + C ||y||^2),
+    B = sqrt(s (1 - 4A)),  C = -(s + 1) / 2,  D = (1 - 4A)^(d/4),
+
+which for omega ~ N(0, I) gives E[f^(1) f^(2)] = exp(-||x - y||^2 / 2). The softmax kernel is that times
+exp(||x||^2 / 2) exp(||y||^2 / 2) (Eq. 8), so here C becomes ``-s / 2``; the Gaussian target of
+``kernel="gaussian"`` is recovered in :class:`~rf_features.FeatureMap`. For ``s = -1``, B is imaginary and
+the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b omega.x), sin(b omega.x)]``
+(``b = sqrt(1 - 4A)``) on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rf_features.feature_map import FeatureMap, masked_mean
+from rf_features.registry import register
+
+
+def gerf_log_features(
+    projection: torch.Tensor,
+    sqnorm: torch.Tensor,
+    omega_sqnorm: torch.Tensor | None,
+    a: torch.Tensor | float,
+    s: int,
+    dim: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GERF features for the softmax kernel (Eq. 21 with ``C = -s/2``), as ``(log_magnitude, multiplier)``.
+
+    Args:
+        projection: ``omega.x``, ``(..., n, r)``.
+        sqnorm: ``||x||^2``, ``(..., n, 1)``.
+        omega_sqnorm: ``||omega||^2``, ``(r,)``; may be None when ``a == 0``.
+        a: the real parameter ``A < 1/4``: a float, or a tensor ``(...)`` per leading index.
+        s: +1 (positive features, ``r`` columns) or -1 (cos/sin pairs, ``2r`` columns).
+        dim: ``d``, for ``D = (1 - 4A)^(d/4)``.
+    """
+    if isinstance(a, torch.Tensor):
+        a = a[..., None, None]
+    one_minus_4a = 1 - 4 * a
+    log_d = dim / 4 * (torch.log(one_minus_4a) if isinstance(a, torch.Tensor) else math.log(one_minus_4a))
+    b = one_minus_4a**0.5
+    log_mag = log_d - s * sqnorm / 2
+    if omega_sqnorm is not None:
+        log_mag = log_mag + a * omega_sqnorm
+    if s == 1:
+        return log_mag + b * projection, None
+    phase = b * projection
+    log_mag = log_mag.expand_as(phase)
+    return torch.cat((log_mag, log_mag), dim=-1), torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
+
+
+@register("gerf")
+class GERF(FeatureMap):
+    """Generalized exponential random features with a fixed ``A`` (Eq. 21, Likhosherstov et al. 2022).
+
+    Args:
+        a: the real parameter ``A`` (``A < 1/4``; the variance is finite for ``A < 1/8`` when ``s = +1``).
+        s: +1 for positive features, -1 for the trigonometric (complex) branch.
+        **kw: the :class:`~rf_features.FeatureMap` arguments.
+    """
+
+    def __init__(self, dim: int, *, a: float = 0.0, s: int = 1, **kw: Any) -> None:
+        super().__init__(dim, **kw)
+        if s not in (1, -1):
+            raise ValueError(f"s: expected +1 or -1, got {s!r}")
+        if not a < 0.25:
+            raise ValueError(f"a: expected A < 1/4 (so that 1 - 4A > 0), got {a!r}")
+        self.a, self.s = float(a), s
+        self.features_per_row = 1 if s == 1 else 2
+
+    def log_features(self, projection, sqnorm, stats, is_query):
+        """GERF features with this map's ``(A, s)``."""
+        omega_sqnorm = self.omega_sqnorm(projection.dtype) if self.a != 0 else None
+        return gerf_log_features(projection, sqnorm, omega_sqnorm, self.a, self.s, self.dim)
+
+    def extra_repr(self) -> str:
+        """``A``, ``s``, the kernel and the output width."""
+        return f"a={self.a:g}, s={self.s}, {super().extra_repr()}"
+
+
+@register("trigrf")
+class TrigRF(GERF):
+    """Trigonometric random features ``[cos(omega.x), sin(omega.x)] exp(||x||^2 / 2)`` (Eq. 18 and Eq. 8).
+
+    The cos/sin pair estimates the Gaussian kernel (Rahimi and Recht 2007); the factor ``exp(||x||^2 / 2)``
+    turns it into the softmax kernel. GERF with ``A = 0, s = -1``. Unbounded relative variance as the kernel
+    value goes to 0 (Section 3.2.2).
+    """
+
+    def __init__(self, dim: int, **kw) -> None:
+        super().__init__(dim, a=0.0, s=-1, **kw)
+
+
+@register("posrf")
+class PosRF(GERF):
+    """Positive random features ``exp(omega.x - ||x||^2 / 2)`` (Eq. 19, Choromanski et al. 2021; FAVOR+).
+
+    GERF with ``A = 0, s = +1``; estimates the softmax kernel directly.
+    """
+
+    def __init__(self, dim: int, **kw) -> None:
+        super().__init__(dim, a=0.0, s=1, **kw)
+
+
+@register("posrf-hyp")
+class PosRFHyp(FeatureMap):
+    """Hyperbolic positive random features, ``exp(+-omega.x - ||x||^2 / 2) / sqrt(2)`` (Eq. 20).
+
+    Two components per row (``l = 2`` in Eq. 11): PosRF with the antithetic pair ``{omega, -omega}``, so the
+    estimate is ``E[cosh(omega.(x + y))] exp(-||x||^2/2 - ||y||^2/2) = exp(x.y)``. (Eq. 20 prints
+    ``-||x||^2``, the Gaussian-kernel version, which ``kernel="gaussian"`` gives.)
+    """
+
+    features_per_row = 2
+
+    def log_features(self, projection, sqnorm, stats, is_query):
+        """The ``+omega`` and ``-omega`` components side by side."""
+        base = -sqnorm / 2 - 0.5 * math.log(2)
+        return torch.cat((base + projection, base - projection), dim=-1), None
+
+
+def oprf_optimal_a(sum_sqnorm: torch.Tensor, dim: int) -> torch.Tensor:
+    """The variance-optimal ``A`` of OPRF (Eq. 22) for ``u = ||x + y||^2``.
+
+    ``A = (1 - 1/p*) / 8`` with ``p* = (sqrt((2u + d)^2 + 8du) - 2u - d) / (4u)``, evaluated in the
+    cancellation-free form ``p* = 2d / (sqrt((2u + d)^2 + 8du) + 2u + d)`` (``p* -> 1``, ``A -> 0`` as
+    ``u -> 0``). It minimizes the second moment ``(1-4A)^d (1-8A)^(-d/2) exp(2(1-4A)u / (1-8A))`` over
+    ``A < 1/8``.
+    """
+    u = sum_sqnorm.clamp_min(0)
+    p = 2 * dim / (torch.sqrt((2 * u + dim) ** 2 + 8 * dim * u) + 2 * u + dim)
+    return (1 - 1 / p) / 8
+
+
+def mean_pair_sqnorm(
+    q: torch.Tensor, k: torch.Tensor, query_mask: torch.Tensor | None, key_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """``mean_{i,j} ||q_i + k_j||^2 = mean ||q||^2 + mean ||k||^2 + 2 mean(q) . mean(k)``, per leading index.
+
+    Computed in O(n d) over the non-padded queries and keys. ``q (..., n_q, d)``, ``k (..., n_k, d)`` ->
+    ``(...)``.
+    """
+    q_sq = masked_mean(q.pow(2).sum(-1, keepdim=True), query_mask).squeeze(-1)
+    k_sq = masked_mean(k.pow(2).sum(-1, keepdim=True), key_mask).squeeze(-1)
+    cross = (masked_mean(q, query_mask) * masked_mean(k, key_mask)).sum(-1)
+    return q_sq + k_sq + 2 * cross
+
+
+@register("oprf")
+class OPRF(FeatureMap):
+    """Optimized positive random features (Eq. 21 with ``s = +1`` and the ``A`` of Eq. 22).
+
+    ``u = ||x + y||^2`` in Eq. 22 is a per-pair quantity; one ``A`` per batch element and head is computed
+    from the mean of ``||q_i + k_j||^2`` over all (non-padded) query-key pairs of the sequence, detached
+    from the graph. Given the inputs, the estimate is unbiased for every ``A``.
+    """
+
+    def statistics(self, q, k, query_mask, key_mask):
+        """``{"a": A}`` with ``A (...)`` from :func:`oprf_optimal_a`."""
+        return {"a": oprf_optimal_a(mean_pair_sqnorm(q, k, query_mask, key_mask), self.dim)}
+
+    def log_features(self, projection, sqnorm, stats, is_query):
+        """GERF features with ``s = +1`` and the data-dependent ``A``."""
+        omega_sqnorm = self.omega_sqnorm(projection.dtype)
+        return gerf_log_features(projection, sqnorm, omega_sqnorm, stats["a"], 1, self.dim)
+
+
+def saderf_psi(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    query_mask: torch.Tensor | None,
+    key_mask: torch.Tensor | None,
+    eps: float = 1e-12,
+) -> torch.Tensor:
+    """SADERF's diagonal ``Psi_ll = (sum_j (k_j)_l^2 / sum_i (q_i)_l^2)^(1/4)`` (Eq. 23), ``(..., d)``.
+
+    Sums run over the non-padded queries and keys of each batch element and head; ``eps`` keeps empty or
+    all-zero coordinates finite.
+    """
+    q_sq = masked_mean(q.pow(2), query_mask) * q.shape[-2]
+    k_sq = masked_mean(k.pow(2), key_mask) * k.shape[-2]
+    return ((k_sq + eps) / (q_sq + eps)) ** 0.25
+
+
+@register("saderf")
+class SADERF(OPRF):
+    """Simplified asymmetric dense-exponential random features (Eq. 23, Likhosherstov et al. 2023).
+
+    Queries become ``Psi q`` and keys ``Psi^-1 k`` with the diagonal ``Psi`` of :func:`saderf_psi`, which
+    leaves ``q . k`` (so the softmax kernel) unchanged and balances their per-coordinate scales; then OPRF
+    (GERF with the optimal ``A`` of Eq. 22, from the norms of the *transformed* inputs) is applied.
+    ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)`` of the original inputs.
+    """
+
+    def statistics(self, q, k, query_mask, key_mask):
+        """``{"psi": Psi (..., d), "a": A (...)}``."""
+        psi = saderf_psi(q, k, query_mask, key_mask)
+        tq, tk = q * psi.unsqueeze(-2), k / psi.unsqueeze(-2)
+        return {"psi": psi, "a": oprf_optimal_a(mean_pair_sqnorm(tq, tk, query_mask, key_mask), self.dim)}
+
+    def transform(self, q, k, stats):
+        """``(Psi q, Psi^-1 k)``."""
+        psi = stats["psi"].unsqueeze(-2)
+        return q * psi, k / psi

@@ -1,0 +1,251 @@
+"""The :class:`FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import rf_matrices
+from rf_matrices import WeightMatrix
+
+KERNELS = ("softmax", "gaussian")
+
+#: Input dtypes whose features are computed in float32 (and returned in the input dtype).
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class FeatureMap(nn.Module):
+    """A random feature map ``phi`` built from a component function ``f`` and a weight matrix ``W``.
+
+    ``forward(q, k)`` returns ``(phi_q, phi_k)`` with ``phi_q @ phi_k.mT`` an unbiased estimate (for Monte
+    Carlo matrices) of the softmax kernel ``exp(q @ k.mT)`` (``kernel="softmax"``) or of the Gaussian kernel
+    ``exp(-||q_i - k_j||^2 / 2)`` (``kernel="gaussian"``), with no hidden rescaling. Following Eq. 11, the
+    ``l`` components of each row ``omega_i`` are laid out as ``[f_1(omega_1..s), ..., f_l(omega_1..s)]``, and
+    the row's component weight ``a_i`` (``1/s``, or the matrix's quadrature weight, possibly negative)
+    enters as ``sign(a_i) sqrt|a_i|`` on the query side and ``sqrt|a_i|`` on the key side.
+
+    Subclasses implement :meth:`log_features` for the softmax kernel and may override :meth:`statistics`
+    (data-dependent parameters such as OPRF's ``A``) and :meth:`transform` (SADERF's ``Psi``).
+
+    Args:
+        dim: ``d``, the query/key dimension.
+        weight_matrix: a registered ``rf_matrices`` name or a :class:`~rf_matrices.WeightMatrix` of unit
+            bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
+        num_features: ``s``, rows of the weight matrix (the output width is ``features_per_row * s``).
+        seed: seed of the weight matrix.
+        kernel: ``"softmax"`` or ``"gaussian"``.
+        matrix_options: extra keyword arguments for ``rf_matrices.create`` (e.g. ``{"learn_gb": True}``).
+    """
+
+    #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
+    features_per_row: int = 1
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        weight_matrix: str | WeightMatrix = "orf",
+        num_features: int = 128,
+        seed: int | None = None,
+        kernel: str = "softmax",
+        matrix_options: dict | None = None,
+    ) -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+        self.kernel = kernel
+        if isinstance(weight_matrix, WeightMatrix):
+            if weight_matrix.dim != dim:
+                raise ValueError(
+                    f"weight_matrix: expected dim {dim}, got a matrix of dim {weight_matrix.dim}"
+                )
+            if weight_matrix.sigma != 1.0:
+                raise ValueError(
+                    "weight_matrix: expected sigma=1 (the kernels have unit bandwidth), "
+                    f"got sigma={weight_matrix.sigma}"
+                )
+            self.weight_matrix = weight_matrix
+        else:
+            self.weight_matrix = rf_matrices.create(
+                weight_matrix, num_features, dim, seed=seed, **(matrix_options or {})
+            )
+        self.dim = self.weight_matrix.dim
+
+    @property
+    def num_features(self) -> int:
+        """The output width ``m`` of ``phi_q`` and ``phi_k``."""
+        return self.features_per_row * self.weight_matrix.num_features
+
+    def redraw(self, seed: int | None = None) -> None:
+        """Redraw the weight matrix (a no-op for learned ones)."""
+        self.weight_matrix.redraw(seed)
+
+    def statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
+        """Data-dependent parameters, per leading index (batch, head), computed without gradient.
+
+        Args:
+            q: ``(..., n_q, d)``.
+            k: ``(..., n_k, d)``.
+            query_mask: ``(..., n_q)`` bool, True for padded queries (left out of every statistic), or None.
+            key_mask: ``(..., n_k)`` bool, True for padded keys, or None.
+
+        Returns:
+            Named tensors with leading shape ``q.shape[:-2]``; none for data-independent maps.
+        """
+        return {}
+
+    def transform(
+        self, q: torch.Tensor, k: torch.Tensor, stats: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Map the inputs before the component function, keeping ``q @ k.mT`` (identity by default)."""
+        return q, k
+
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The component function's features for the softmax kernel, before component weights.
+
+        Args:
+            projection: ``x @ W.T``, ``(..., n, s)``.
+            sqnorm: ``||x||^2``, ``(..., n, 1)``.
+            stats: the output of :meth:`statistics`.
+            is_query: True for ``f^(1)`` (queries), False for ``f^(2)`` (keys).
+
+        Returns:
+            ``(log_magnitude, multiplier)``, both ``(..., n, features_per_row * s)``: the features are
+            ``multiplier * exp(log_magnitude)``; ``multiplier`` is None for positive features.
+        """
+        raise NotImplementedError
+
+    def omega_sqnorm(self, dtype: torch.dtype) -> torch.Tensor:
+        """``||omega_i||^2`` of the weight matrix rows, ``(s,)``."""
+        return self.weight_matrix.matrix().to(dtype).pow(2).sum(dim=-1)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        query_padding_mask: torch.Tensor | None = None,
+        stabilize: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features ``(phi_q, phi_k)`` of queries and keys.
+
+        Args:
+            q: ``(..., n_q, d)``, e.g. ``(B, H, N, d)`` or ``(B, N, d)``.
+            k: ``(..., n_k, d)`` with the same leading shape.
+            key_padding_mask: bool ``(B, n_k)``, True where the key is padding: padded keys take no part
+                in any statistic or stabilizer, and their features are zero.
+            query_padding_mask: bool ``(B, n_q)``, True where the query is padding: left out of the
+                statistics (for self-attention pass the same mask as ``key_padding_mask``).
+            stabilize: rescale each row of ``phi_q`` by its own positive constant and all of ``phi_k``
+                (per leading index) by one positive constant, the largest feature becoming 1. The factors
+                cancel in normalized attention; ``phi_q @ phi_k.mT`` is then the kernel times them.
+
+        Returns:
+            ``phi_q (..., n_q, m)`` and ``phi_k (..., n_k, m)`` in the input dtype, ``m = num_features``.
+        """
+        self._check_inputs(q, k)
+        key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
+        query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
+        out_dtype = q.dtype
+        work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
+        q, k = q.to(work), k.to(work)
+        with torch.no_grad():
+            stats = self.statistics(q, k, query_mask, key_mask)
+        tq, tk = self.transform(q, k, stats)
+        log_q, mult_q = self.log_features(
+            self.weight_matrix(tq), tq.pow(2).sum(-1, keepdim=True), stats, is_query=True
+        )
+        log_k, mult_k = self.log_features(
+            self.weight_matrix(tk), tk.pow(2).sum(-1, keepdim=True), stats, is_query=False
+        )
+        log_weight, sign = self._component_weights(work, q.device)
+        log_q, log_k = log_q + log_weight, log_k + log_weight
+        if (
+            self.kernel == "gaussian"
+        ):  # exp(-||q - k||^2 / 2) = exp(q . k) exp(-||q||^2 / 2) exp(-||k||^2 / 2)
+            log_q = log_q - q.pow(2).sum(-1, keepdim=True) / 2
+            log_k = log_k - k.pow(2).sum(-1, keepdim=True) / 2
+        if stabilize:
+            log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
+            log_k = log_k - _masked_global_max(log_k, key_mask).detach()
+        phi_q = torch.exp(log_q) * sign
+        phi_k = torch.exp(log_k)
+        if mult_q is not None:
+            phi_q = phi_q * mult_q
+        if mult_k is not None:
+            phi_k = phi_k * mult_k
+        if key_mask is not None:
+            phi_k = phi_k.masked_fill(key_mask.unsqueeze(-1), 0.0)
+        return phi_q.to(out_dtype), phi_k.to(out_dtype)
+
+    def _component_weights(
+        self, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``0.5 log|a_i|`` and ``sign(a_i)``, each ``(m,)`` in the Eq. 11 column layout."""
+        a = self.weight_matrix.component_weights
+        s = self.weight_matrix.num_features
+        if a is None:
+            log_weight = torch.full((s,), -0.5 * math.log(s), dtype=dtype, device=device)
+            sign = torch.ones(s, dtype=dtype, device=device)
+        else:
+            a = a.to(dtype=dtype, device=device)
+            log_weight, sign = 0.5 * a.abs().log(), torch.sign(a)
+        return log_weight.repeat(self.features_per_row), sign.repeat(self.features_per_row)
+
+    def _check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        for name, x in (("q", q), ("k", k)):
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                raise ValueError(
+                    f"{name}: expected a floating-point tensor (..., n, {self.dim}), got {x!r:.60}"
+                )
+            if x.dim() < 2 or x.shape[-1] != self.dim:
+                raise ValueError(f"{name}: expected shape (..., n, {self.dim}), got {tuple(x.shape)}")
+        if q.shape[:-2] != k.shape[:-2]:
+            raise ValueError(
+                "q, k: expected the same leading (batch, head) shape, "
+                f"got {tuple(q.shape)} and {tuple(k.shape)}"
+            )
+
+    def extra_repr(self) -> str:
+        """The kernel and the output width shown by ``repr``."""
+        return f"kernel={self.kernel!r}, num_features={self.num_features}"
+
+
+def _broadcast_mask(name: str, mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """A ``(B, n)`` padding mask broadcast to ``x.shape[:-1]`` (``(B, n)`` or ``(B, H, n)``)."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape != (x.shape[0], x.shape[-2]) or x.dim() > 4:
+        raise ValueError(
+            f"{name}: expected a bool tensor of shape (B, n) = {(x.shape[0], x.shape[-2])} for inputs "
+            f"(B, n, d) or (B, H, n, d), got {mask.dtype} {tuple(mask.shape)} for inputs {tuple(x.shape)}"
+        )
+    mask = mask.to(x.device)
+    return mask[:, None, :].expand(*x.shape[:-1]) if x.dim() == 4 else mask
+
+
+def _masked_global_max(log_k: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Max of ``log_k (..., n, m)`` over its last two dims, padded keys left out; 0 where all are padded."""
+    if key_mask is not None:
+        log_k = log_k.masked_fill(key_mask.unsqueeze(-1), -math.inf)
+    top = log_k.amax(dim=(-2, -1), keepdim=True)
+    return torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None, dim: int = -2) -> torch.Tensor:
+    """Mean of ``x (..., n, c)`` over ``n`` leaving out rows where ``mask (..., n)`` is True."""
+    if mask is None:
+        return x.mean(dim=dim)
+    keep = (~mask).unsqueeze(-1).to(x.dtype)
+    return (x * keep).sum(dim=dim) / keep.sum(dim=dim).clamp_min(1.0)
