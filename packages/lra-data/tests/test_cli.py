@@ -1,0 +1,112 @@
+import json
+
+import pytest
+
+from lra_data import load
+from lra_data.cli import main
+
+
+def test_help_lists_the_three_subcommands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("prepare", "generate", "info"):
+        assert command in out
+
+
+def test_generate_help_lists_the_generator_fields(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--max-depth", "--max-args", "--min-length", "--operator-prob", "--num-distractors"):
+        assert flag in out
+
+
+def test_prepare_writes_a_cache_that_load_reads(tmp_path, listops_release, capsys):
+    assert (
+        main(["prepare", "--task", "listops", "--source", str(tmp_path), "--out", str(tmp_path / "c")]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "train: 4 examples" in out
+    assert len(load("listops", "train", tmp_path / "c")) == 4
+
+
+def test_generate_then_info_prints_the_manifest_as_json(tmp_path, capsys):
+    args = ["generate", "--task", "listops", "--n", "12", "--val", "2", "--test", "3", "--out", str(tmp_path)]
+    assert main([*args, "--min-length", "5", "--max-length", "60", "--max-depth", "4", "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "listops"), "--verify"]) == 0
+    captured = capsys.readouterr()
+    manifest = json.loads(captured.out)
+    assert manifest["task"] == "listops"
+    assert {s: e["count"] for s, e in manifest["splits"].items()} == {"train": 12, "val": 2, "test": 3}
+    assert manifest["source"]["config"]["max_length"] == 60
+    assert "verified train, val, test" in captured.err
+
+
+def test_info_on_a_root_prints_every_task_cache(tmp_path, capsys):
+    main(["generate", "--task", "pathfinder", "--n", "2", "--out", str(tmp_path), "--num-distractors", "0"])
+    main(
+        [
+            "generate",
+            "--task",
+            "listops",
+            "--n",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--min-length",
+            "3",
+            "--max-length",
+            "30",
+        ]
+    )
+    capsys.readouterr()
+    main(["info", str(tmp_path)])
+    manifests = json.loads(capsys.readouterr().out)
+    assert set(manifests) == {"listops", "pathfinder"}
+    assert manifests["pathfinder"]["source"]["config"]["num_distractors"] == 0
+
+
+def test_generate_refuses_options_of_the_other_generator(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--task", "listops", "--n", "2", "--out", str(tmp_path), "--num-segments", "3"])
+    assert exit_info.value.code == 2
+    assert "--num-segments: options of the pathfinder generator, not of listops" in capsys.readouterr().err
+
+
+def test_errors_exit_with_status_2_and_a_message_naming_the_problem(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prepare", "--task", "text", "--source", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "lra-data prepare: error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["info", str(tmp_path)])
+    assert "no manifest.json there nor in its subfolders" in capsys.readouterr().err
+
+
+def test_corrupted_cache_fails_info_verify(tmp_path, capsys):
+    main(
+        [
+            "generate",
+            "--task",
+            "listops",
+            "--n",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--min-length",
+            "3",
+            "--max-length",
+            "30",
+        ]
+    )
+    path = tmp_path / "listops" / "val.tokens_0.bin"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 2
+    path.write_bytes(bytes(data))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["info", str(tmp_path), "--verify"])
+    assert exit_info.value.code == 2
+    assert "val.tokens_0.bin: SHA-256 does not match" in capsys.readouterr().err
