@@ -274,3 +274,13 @@ def test_pickle_reader_refuses_labels_out_of_range(tmp_path, lra_files):
         DataFormatError, match=r"listops.dev.pickle: item 0: label 12: expected an integer in \[0, 10\)"
     ):
         list(read_pickle(folder / "listops.dev.pickle", num_classes=10, pixels=False))
+
+
+def test_pickle_reader_refuses_non_numeric_labels(tmp_path, lra_files):
+    folder = lra_files.write_pickles(
+        tmp_path, "text", {"test": [{"input_ids_0": np.array([3]), "label": "pos"}]}
+    )
+    with pytest.raises(
+        DataFormatError, match=r"text.test.pickle: item 0: label 'pos': expected an integer in \[0, 2\)"
+    ):
+        list(read_pickle(folder / "text.test.pickle", num_classes=2, pixels=False))

@@ -61,3 +61,10 @@ def test_gray_conversion_follows_tensorflow_rgb_to_grayscale():
     ]
     assert gray.tolist() == expected
     assert gray.tolist()[:3] == [0, 255, 76]
+
+
+def test_kept_brackets_tell_apart_expressions_that_alphanumeric_tokens_confuse():
+    a, b = "[MAX 2 [MIN 3 4 ] 5 ]", "[MAX 2 [MIN 3 4 5 ] ]"
+    alphanumeric = [[s.strip("[]") for s in x.split() if s.strip("[]")] for x in (a, b)]
+    assert alphanumeric[0] == alphanumeric[1]  # what the TF tokenizer saw: the same sequence
+    assert tokenize_listops(a).tolist() != tokenize_listops(b).tolist()

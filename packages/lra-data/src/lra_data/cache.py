@@ -277,6 +277,7 @@ class LRADataset(torch.utils.data.Dataset):
         vocab_size: number of token ids, padding (0) included.
         max_length: the longest sequence the cache may hold (per document).
         pair: True for Retrieval (two documents per example).
+        labels: ``int64`` tensor ``(n,)`` of every example's label (read into memory).
     """
 
     def __init__(self, folder: str | Path, split: str, *, task: str | None = None, verify: bool = True):

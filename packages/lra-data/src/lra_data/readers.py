@@ -303,7 +303,8 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
                 path, f"item {i}: expected a dict with 'input_ids_0' and 'label', got {got}"
             )
         label = np.asarray(item["label"]).reshape(-1)
-        if label.size != 1 or not float(label[0]).is_integer() or not 0 <= label[0] < num_classes:
+        numeric = label.size == 1 and np.issubdtype(label.dtype, np.number)
+        if not numeric or not float(label[0]).is_integer() or not 0 <= label[0] < num_classes:
             raise DataFormatError(
                 path, f"item {i}: label {item['label']!r}: expected an integer in [0, {num_classes})"
             )
