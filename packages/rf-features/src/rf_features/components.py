@@ -163,6 +163,10 @@ class OPRF(FeatureMap):
     from the graph. Given the inputs, the estimate is unbiased for every ``A``.
     """
 
+    def running_statistics_defaults(self):
+        """``A = 0`` (PosRF) until the first update."""
+        return {"a": torch.zeros(())}
+
     def statistics(self, q, k, query_mask, key_mask):
         """``{"a": A}`` with ``A (...)`` from :func:`oprf_optimal_a`."""
         return {"a": oprf_optimal_a(mean_pair_sqnorm(q, k, query_mask, key_mask), self.dim)}
@@ -199,6 +203,10 @@ class SADERF(OPRF):
     (GERF with the optimal ``A`` of Eq. 22, from the norms of the *transformed* inputs) is applied.
     ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)`` of the original inputs.
     """
+
+    def running_statistics_defaults(self):
+        """``Psi = I`` and ``A = 0`` until the first update."""
+        return {"psi": torch.ones(self.dim), "a": torch.zeros(())}
 
     def statistics(self, q, k, query_mask, key_mask):
         """``{"psi": Psi (..., d), "a": A (...)}``."""

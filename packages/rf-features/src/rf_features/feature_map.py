@@ -11,6 +11,7 @@ import rf_matrices
 from rf_matrices import WeightMatrix
 
 KERNELS = ("softmax", "gaussian")
+STATISTICS_MODES = ("batch", "running")
 
 #: Input dtypes whose features are computed in float32 (and returned in the input dtype).
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -37,6 +38,11 @@ class FeatureMap(nn.Module):
         seed: seed of the weight matrix.
         kernel: ``"softmax"`` or ``"gaussian"``.
         matrix_options: extra keyword arguments for ``rf_matrices.create`` (e.g. ``{"learn_gb": True}``).
+        statistics_mode: ``"batch"``: data-dependent parameters (OPRF's ``A``, SADERF's ``Psi``) come from
+            the queries and keys of the call; ``"running"``: from running averages of earlier training calls
+            (momentum ``momentum``, updated after use, frozen in eval), so that nothing computed for a
+            position depends on later positions (causal attention).
+        momentum: weight of the newest call in the running averages.
     """
 
     #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
@@ -51,8 +57,13 @@ class FeatureMap(nn.Module):
         seed: int | None = None,
         kernel: str = "softmax",
         matrix_options: dict | None = None,
+        statistics_mode: str = "batch",
+        momentum: float = 0.1,
     ) -> None:
         super().__init__()
+        if statistics_mode not in STATISTICS_MODES:
+            raise ValueError(f"statistics_mode: expected one of {STATISTICS_MODES}, got {statistics_mode!r}")
+        self.statistics_mode, self.momentum = statistics_mode, momentum
         if kernel not in KERNELS:
             raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
         self.kernel = kernel
@@ -72,6 +83,10 @@ class FeatureMap(nn.Module):
                 weight_matrix, num_features, dim, seed=seed, **(matrix_options or {})
             )
         self.dim = self.weight_matrix.dim
+        defaults = self.running_statistics_defaults()
+        self._running_names = tuple(defaults)
+        for name, value in defaults.items():
+            self.register_buffer(f"running_{name}", value.to(torch.get_default_dtype()))
 
     @property
     def num_features(self) -> int:
@@ -99,6 +114,13 @@ class FeatureMap(nn.Module):
 
         Returns:
             Named tensors with leading shape ``q.shape[:-2]``; none for data-independent maps.
+        """
+        return {}
+
+    def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
+        """Initial values (and shapes) of the running averages of :meth:`statistics`; none by default.
+
+        Each statistic is averaged over its leading (batch, head) dimensions into this shape.
         """
         return {}
 
@@ -154,14 +176,65 @@ class FeatureMap(nn.Module):
         Returns:
             ``phi_q (..., n_q, m)`` and ``phi_k (..., n_k, m)`` in the input dtype, ``m = num_features``.
         """
+        out_dtype = q.dtype
+        log_q, mult_q, log_k, mult_k, key_mask = self._log_features_pair(
+            q, k, key_padding_mask, query_padding_mask
+        )
+        if stabilize:
+            log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
+            log_k = log_k - _masked_global_max(log_k, key_mask).detach()
+        phi_q, phi_k = _exp_features(log_q, mult_q), _exp_features(log_k, mult_k)
+        if key_mask is not None:
+            phi_k = phi_k.masked_fill(key_mask.unsqueeze(-1), 0.0)
+        return phi_q.to(out_dtype), phi_k.to(out_dtype)
+
+    def forward_with_key_scales(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        query_padding_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Stabilized features with the keys' scales kept apart, for causal attention.
+
+        Each query row is rescaled by its own constant (as ``stabilize=True``); each key row ``j`` is
+        divided by its own ``exp(c_j)``, ``c_j`` its largest log-feature, and ``c_j`` is returned, so that
+        ``phi_q @ (phi_k * exp(c)).mT`` is the (row-rescaled) kernel estimate. Causal attention then applies
+        one constant per query position computed from past keys only (``rf_attention.linear_attention``'s
+        ``key_log_scale``), where a global key maximum would look at the future.
+
+        Returns:
+            ``phi_q (..., n_q, m)``, ``phi_k (..., n_k, m)`` (largest entry of each row 1; padded rows 0)
+            and ``key_log_scale (..., n_k)`` (float32 or wider; ``-inf`` for padded keys).
+        """
+        out_dtype = q.dtype
+        log_q, mult_q, log_k, mult_k, key_mask = self._log_features_pair(
+            q, k, key_padding_mask, query_padding_mask
+        )
+        log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
+        scale = log_k.amax(dim=-1, keepdim=True).detach()
+        phi_q, phi_k = _exp_features(log_q, mult_q), _exp_features(log_k - scale, mult_k)
+        scale = scale.squeeze(-1)
+        if key_mask is not None:
+            phi_k = phi_k.masked_fill(key_mask.unsqueeze(-1), 0.0)
+            scale = scale.masked_fill(key_mask, -math.inf)
+        return phi_q.to(out_dtype), phi_k.to(out_dtype), scale
+
+    def _log_features_pair(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        query_padding_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Weighted log-features and multipliers of queries and keys, and the broadcast key mask."""
         self._check_inputs(q, k)
         key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
         query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
-        out_dtype = q.dtype
         work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
         q, k = q.to(work), k.to(work)
-        with torch.no_grad():
-            stats = self.statistics(q, k, query_mask, key_mask)
+        stats = self._current_statistics(q, k, query_mask, key_mask)
         tq, tk = self.transform(q, k, stats)
         log_q, mult_q = self.log_features(
             self.weight_matrix(tq), tq.pow(2).sum(-1, keepdim=True), stats, is_query=True
@@ -171,36 +244,42 @@ class FeatureMap(nn.Module):
         )
         log_weight, sign = self._component_weights(work, q.device)
         log_q, log_k = log_q + log_weight, log_k + log_weight
-        if (
-            self.kernel == "gaussian"
-        ):  # exp(-||q - k||^2 / 2) = exp(q . k) exp(-||q||^2 / 2) exp(-||k||^2 / 2)
+        if sign is not None:
+            mult_q = sign if mult_q is None else mult_q * sign
+        if self.kernel == "gaussian":
+            # exp(-||q - k||^2 / 2) = exp(q . k) exp(-||q||^2 / 2) exp(-||k||^2 / 2)
             log_q = log_q - q.pow(2).sum(-1, keepdim=True) / 2
             log_k = log_k - k.pow(2).sum(-1, keepdim=True) / 2
-        if stabilize:
-            log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
-            log_k = log_k - _masked_global_max(log_k, key_mask).detach()
-        phi_q = torch.exp(log_q) * sign
-        phi_k = torch.exp(log_k)
-        if mult_q is not None:
-            phi_q = phi_q * mult_q
-        if mult_k is not None:
-            phi_k = phi_k * mult_k
-        if key_mask is not None:
-            phi_k = phi_k.masked_fill(key_mask.unsqueeze(-1), 0.0)
-        return phi_q.to(out_dtype), phi_k.to(out_dtype)
+        return log_q, mult_q, log_k, mult_k, key_mask
+
+    def _current_statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
+        """This call's statistics, or the running ones (then updated after use, in training)."""
+        with torch.no_grad():
+            if self.statistics_mode == "batch":
+                return self.statistics(q, k, query_mask, key_mask)
+            running = {name: getattr(self, f"running_{name}").clone() for name in self._running_names}
+            if self.training and running:
+                for name, value in self.statistics(q, k, query_mask, key_mask).items():
+                    mean = value.reshape(-1, *running[name].shape).mean(0)
+                    getattr(self, f"running_{name}").lerp_(mean.to(running[name]), self.momentum)
+            return {name: value.to(q.dtype) for name, value in running.items()}
 
     def _component_weights(
         self, dtype: torch.dtype, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``0.5 log|a_i|`` and ``sign(a_i)``, each ``(m,)`` in the Eq. 11 column layout."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``0.5 log|a_i|`` and ``sign(a_i)`` (None if all positive), ``(m,)`` in the Eq. 11 column layout."""
         a = self.weight_matrix.component_weights
         s = self.weight_matrix.num_features
         if a is None:
-            log_weight = torch.full((s,), -0.5 * math.log(s), dtype=dtype, device=device)
-            sign = torch.ones(s, dtype=dtype, device=device)
-        else:
-            a = a.to(dtype=dtype, device=device)
-            log_weight, sign = 0.5 * a.abs().log(), torch.sign(a)
+            return torch.full((self.num_features,), -0.5 * math.log(s), dtype=dtype, device=device), None
+        a = a.to(dtype=dtype, device=device)
+        log_weight, sign = 0.5 * a.abs().log(), torch.sign(a)
         return log_weight.repeat(self.features_per_row), sign.repeat(self.features_per_row)
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -220,6 +299,11 @@ class FeatureMap(nn.Module):
     def extra_repr(self) -> str:
         """The kernel and the output width shown by ``repr``."""
         return f"kernel={self.kernel!r}, num_features={self.num_features}"
+
+
+def _exp_features(log_features: torch.Tensor, multiplier: torch.Tensor | None) -> torch.Tensor:
+    features = torch.exp(log_features)
+    return features if multiplier is None else features * multiplier
 
 
 def _broadcast_mask(name: str, mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:

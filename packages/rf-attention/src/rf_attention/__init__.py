@@ -1,0 +1,26 @@
+"""Linear-time kernelized attention, exact softmax attention and efficient-attention baselines.
+
+Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is an attention::
+
+    import rf_attention
+    attn = rf_attention.create("oprf-fastfoodl", dim=64, num_heads=2, num_features=128)
+    y = attn(x, key_padding_mask=mask)   # (B, N, 64) -> (B, N, 64)
+"""
+
+from rf_attention.functional import linear_attention, rf_attention, softmax_attention
+from rf_attention.modules import MultiheadSelfAttention, RandomFeatureAttention, SoftmaxAttention
+from rf_attention.registry import ATTENTIONS, create, names, register, split_pair
+
+__all__ = [
+    "ATTENTIONS",
+    "MultiheadSelfAttention",
+    "RandomFeatureAttention",
+    "SoftmaxAttention",
+    "create",
+    "linear_attention",
+    "names",
+    "register",
+    "rf_attention",
+    "softmax_attention",
+    "split_pair",
+]

@@ -1,0 +1,86 @@
+"""The attention registry: explicit entries plus every ``"<component>-<matrix>"`` pair."""
+
+from __future__ import annotations
+
+import functools
+
+from torch import nn
+
+import rf_features
+import rf_matrices
+from rf_attention.modules import RandomFeatureAttention, SoftmaxAttention
+from rf_matrices import Registry
+
+#: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
+#: ``"<component>-<matrix>"`` names are not stored: they follow the two registries they combine.
+ATTENTIONS: Registry = Registry("attention")
+
+
+def register(name: str, *, override: bool = False):
+    """Decorator adding an attention class (or factory) under ``name``.
+
+    The factory is called as ``factory(dim, num_heads, *, num_features, causal, dropout, seed, **kw)``
+    and returns a module whose ``forward(x, key_padding_mask=None)`` maps ``(B, N, dim)`` to itself.
+    """
+    return ATTENTIONS.register(name, override=override)
+
+
+def names(pattern: str | None = None) -> list[str]:
+    """Every attention name: the registered ones and each ``"<component>-<matrix>"`` pair, sorted."""
+    pairs = [f"{c}-{m}" for c in rf_features.names() for m in rf_matrices.names()]
+    merged = Registry("attention")
+    for name in [*ATTENTIONS.names(), *pairs]:
+        merged.register(name, override=True)(None)
+    return merged.names(pattern)
+
+
+def split_pair(name: str) -> tuple[str, str] | None:
+    """``"posrf-hyp-orf"`` -> ``("posrf-hyp", "orf")``; None unless a component and a matrix match."""
+    for matrix in rf_matrices.names():
+        component = name.removesuffix(f"-{matrix}")
+        if component != name and component in rf_features.names():
+            return component, matrix
+    return None
+
+
+def create(
+    name: str,
+    dim: int,
+    num_heads: int,
+    *,
+    num_features: int = 128,
+    causal: bool = False,
+    dropout: float = 0.0,
+    seed: int | None = None,
+    **kw,
+) -> nn.Module:
+    """A multi-head self-attention module ``(B, N, dim) -> (B, N, dim)`` by name.
+
+    Names: ``"softmax"``, ``"performer"`` (= ``"posrf-orf"``, FAVOR+), every ``"<component>-<matrix>"`` pair
+    of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
+    of :func:`names`. Extra keyword arguments go to the attention (``kernel``, ``redraw_interval``,
+    ``attention_dropout``, ``matrix_options``, ...).
+    """
+    key = name.lower() if isinstance(name, str) else name
+    if isinstance(key, str) and key not in ATTENTIONS:
+        pair = split_pair(key)
+        if pair is None:
+            raise ValueError(f"unknown attention {name!r}; known names: {', '.join(names())}")
+        factory = functools.partial(RandomFeatureAttention, component=pair[0], weight_matrix=pair[1])
+    else:
+        factory = ATTENTIONS.get(key)
+    return factory(dim, num_heads, num_features=num_features, causal=causal, dropout=dropout, seed=seed, **kw)
+
+
+@register("softmax")
+def _softmax(
+    dim: int, num_heads: int, *, num_features: int = 128, seed: int | None = None, **kw
+) -> nn.Module:
+    """Exact softmax attention; ``num_features`` and ``seed`` do not apply."""
+    return SoftmaxAttention(dim, num_heads, **kw)
+
+
+@register("performer")
+def _performer(dim: int, num_heads: int, **kw) -> nn.Module:
+    """FAVOR+ (Choromanski et al. 2021): positive random features with orthogonal rows, ``posrf-orf``."""
+    return RandomFeatureAttention(dim, num_heads, component="posrf", weight_matrix="orf", **kw)
