@@ -1,0 +1,48 @@
+"""Rationally linearized MLP layers (RaLiMP) and the EUGen, SNNK and low-rank baselines.
+
+``activation(W x + b) ~ Psi(W) Phi(x)``: the activation is replaced by a rational fit (polynomial plus
+irreducible-quadratic atoms), the polynomial linearized by product features and each atom by its Laplace
+representation at Gauss-Laguerre nodes with complex-exponential random features::
+
+    import ralimp
+    layer = ralimp.RaLiMP.from_linear(linear, "gelu", weight_matrix="orf", seed=0)
+    y = layer(x)  # ~ gelu(linear(x))
+    ralimp.replace_mlp(model, "ralimp", last_k=4)
+"""
+
+from ralimp.activations import ACTIVATIONS, activation_name
+from ralimp.base import CompressedLinearization, FeatureLinearization, PoleWidthWarning
+from ralimp.baselines import SNNK, EUGen, LowRank
+from ralimp.features import complex_exponential_features, cos_sin_estimate, product_features
+from ralimp.layer import RaLiMP
+from ralimp.quadrature import atom_quadrature_error, gauss_laguerre, resolvable_argument
+from ralimp.rational import RationalFunction, activation_fit, fit_rational
+from ralimp.replace import LAYERS, MLPBlock, create, find_mlp_blocks, names, register, replace_mlp
+
+__all__ = [
+    "ACTIVATIONS",
+    "LAYERS",
+    "SNNK",
+    "CompressedLinearization",
+    "EUGen",
+    "FeatureLinearization",
+    "LowRank",
+    "MLPBlock",
+    "PoleWidthWarning",
+    "RaLiMP",
+    "RationalFunction",
+    "activation_fit",
+    "activation_name",
+    "atom_quadrature_error",
+    "complex_exponential_features",
+    "cos_sin_estimate",
+    "create",
+    "find_mlp_blocks",
+    "fit_rational",
+    "gauss_laguerre",
+    "names",
+    "product_features",
+    "register",
+    "replace_mlp",
+    "resolvable_argument",
+]

@@ -1,0 +1,217 @@
+"""What every linearized layer shares: ``y = Psi(W) Phi(x)``, ``from_linear``, ``compress``."""
+
+from __future__ import annotations
+
+import abc
+import copy
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ralimp.activations import ACTIVATIONS
+
+
+def check_input(x: object, dim: int) -> torch.Tensor:
+    """Raise a ``ValueError`` unless ``x`` is a floating tensor ``(..., dim)``."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"x: expected a floating-point tensor (..., {dim}), got {x!r:.80}")
+    if x.dim() == 0 or x.shape[-1] != dim:
+        raise ValueError(f"x: expected last dimension {dim} (in_features), got shape {tuple(x.shape)}")
+    return x
+
+
+def resolve_activation(activation: str | Callable) -> tuple[str | None, Callable]:
+    """``(name or None, elementwise function)`` of a registered name or a callable."""
+    if isinstance(activation, str):
+        return activation.lower(), ACTIVATIONS.get(activation)
+    if callable(activation):
+        return None, activation
+    raise ValueError(
+        f"activation: expected a registered name ({', '.join(ACTIVATIONS.names())}) or a callable, "
+        f"got {activation!r}"
+    )
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Features are computed in at least float32 (bfloat16 inputs are upcast, the output cast back)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def augmented(x: torch.Tensor) -> torch.Tensor:
+    """``[x; 1]``: the bias folds into the weight row ``[w; b]``."""
+    return torch.cat([x, torch.ones_like(x[..., :1])], -1)
+
+
+def seeds(seed: int | None, count: int) -> list[int]:
+    """``count`` seeds derived from ``seed`` (from the global torch RNG when None)."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return [int(v) for v in torch.randint(0, 2**62, (count,), generator=gen)]
+
+
+class FeatureLinearization(nn.Module, abc.ABC):
+    """A layer ``y = Psi(W) Phi(x)`` standing in for ``activation(x @ W.T + b)``.
+
+    Subclasses give :meth:`feature_map` (``Phi``, on the input) and :meth:`weight_features` (``Psi``, one row
+    per output unit); ``forward`` is one matmul, and :meth:`compress` folds a following linear layer in.
+    """
+
+    in_features: int
+    out_features: int
+
+    @abc.abstractmethod
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``Phi(x)``: ``(..., in_features)`` -> ``(..., F)``, in at least float32."""
+
+    @abc.abstractmethod
+    def weight_features(self) -> torch.Tensor:
+        """``Psi(W)``: ``(out_features, F)``."""
+
+    @property
+    @abc.abstractmethod
+    def num_random_features(self) -> int:
+        """The feature budget as the paper counts it."""
+
+    def psi(self) -> torch.Tensor:
+        """``Psi(W)``; subclasses may cache it."""
+        return self.weight_features()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``Psi(W) Phi(x)``: ``(..., in_features)`` -> ``(..., out_features)``."""
+        check_input(x, self.in_features)
+        phi = self.feature_map(x)
+        return (phi @ self.psi().to(phi.dtype).mT).to(x.dtype)
+
+    @torch.no_grad()
+    def compress(self, next_linear: nn.Linear) -> CompressedLinearization:
+        """Fold ``next_linear`` (``W'``, ``b'``) in: ``W' Psi(W) Phi(x) + b' = W_hat Phi(x) + b'`` (App. B).
+
+        Returns a :class:`CompressedLinearization` that computes ``next_linear(self(x))`` with one
+        ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later training of ``self`` does not reach it).
+        """
+        if not isinstance(next_linear, nn.Linear) or next_linear.in_features != self.out_features:
+            raise ValueError(
+                f"next_linear: expected an nn.Linear with in_features={self.out_features}, "
+                f"got {next_linear!r}"
+            )
+        psi = self.psi()
+        w_hat = next_linear.weight.to(psi.dtype) @ psi
+        bias = None if next_linear.bias is None else next_linear.bias.detach().clone()
+        return CompressedLinearization(self.frozen_feature_map(), w_hat.to(next_linear.weight.dtype), bias)
+
+    def frozen_feature_map(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A snapshot of :meth:`feature_map` that no longer depends on this module's parameters."""
+        return FrozenFeatureMap(self)
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        activation: str | Callable = "gelu",
+        *,
+        sample: torch.Tensor | None = None,
+        **kw,
+    ):
+        """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
+
+        Args:
+            linear: the pretrained ``nn.Linear``.
+            activation: a registered activation name or an elementwise callable.
+            sample: optional inputs ``(..., in_features)`` used to calibrate data-dependent scales.
+            **kw: constructor options of the class.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        kw.setdefault("device", linear.weight.device)
+        kw.setdefault("dtype", linear.weight.dtype)
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            activation=activation,
+            bias=linear.bias is not None,
+            **kw,
+        )
+        bias = None if linear.bias is None else linear.bias.detach()
+        layer.load_linear(linear.weight.detach(), bias, sample=sample)
+        return layer
+
+    @abc.abstractmethod
+    def load_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
+    ) -> None:
+        """Initialize from a pretrained ``weight (out, in)`` and ``bias (out,)``."""
+
+
+class FrozenFeatureMap(nn.Module):
+    """A deep copy of a layer kept only for its input features ``Phi``, with parameters turned to buffers."""
+
+    def __init__(self, layer: FeatureLinearization) -> None:
+        super().__init__()
+        self.layer = copy.deepcopy(layer)
+        for module in self.layer.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                delattr(module, name)
+                module.register_buffer(name, param.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``Phi(x)``."""
+        return self.layer.feature_map(x)
+
+
+class CompressedLinearization(nn.Module):
+    """``W_hat Phi(x) + b'``: a linearized layer with the following ``nn.Linear`` folded in.
+
+    Args:
+        feature_map: ``Phi`` as a module.
+        weight: ``W_hat = W' Psi(W)``, ``(out, F)``, trainable.
+        bias: ``b'`` or None.
+    """
+
+    def __init__(self, feature_map: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.features = feature_map
+        self.weight = nn.Parameter(weight)
+        self.bias = None if bias is None else nn.Parameter(bias)
+        self.in_features = feature_map.layer.in_features
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., in_features)`` -> ``(..., out_features)``."""
+        check_input(x, self.in_features)
+        phi = self.features(x)
+        y = phi @ self.weight.to(phi.dtype).mT
+        if self.bias is not None:
+            y = y + self.bias.to(phi.dtype)
+        return y.to(x.dtype)
+
+
+def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> float:
+    """RMS of ``t = x . w + b``.
+
+    Over ``sample`` if given, else for standard-normal inputs (``E t^2 = ||w||^2 + b^2``, averaged over rows).
+    """
+    w = weight.detach().to(torch.float64)
+    b = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if bias is None else bias.detach()
+    if sample is not None:
+        x = sample.detach().reshape(-1, w.shape[1]).to(w)
+        return float((x @ w.mT + b.to(w)).pow(2).mean().sqrt())
+    return float((w.pow(2).sum(-1) + b.to(w).pow(2)).mean().sqrt())
+
+
+def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
+    """RMS of ``||[x; 1]||``: over ``sample`` if given, else ``sqrt(dim + 1)`` (standard-normal inputs)."""
+    if sample is None:
+        return math.sqrt(dim + 1)
+    x = sample.detach().reshape(-1, dim).to(torch.float64)
+    return float((x.pow(2).sum(-1) + 1).mean().sqrt())
+
+
+class PoleWidthWarning(UserWarning):
+    """A pole is too narrow for the layer's Gauss-Laguerre nodes; its width was floored."""
+
+
+def warn_pole_width(message: str) -> None:
+    """Issue a :class:`PoleWidthWarning`."""
+    warnings.warn(message, PoleWidthWarning, stacklevel=4)

@@ -1,0 +1,86 @@
+"""Separable feature blocks: EUGen product features and complex-exponential estimators.
+
+Product features estimate ``(x . w)^n`` (Sec. 2.2); the complex exponentials estimate ``cos(s t)`` and
+``sin(s t)`` (Secs. 2.3-2.4, Lemma 1).
+
+Shapes: ``u`` is ``(..., D)`` (an augmented input ``[x; 1]`` or weight row ``[w; b]``), projections
+``omega`` are ``(R, D)``, frequencies ``(R,)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def complex_exponential_features(
+    u: torch.Tensor, omega: torch.Tensor, freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z_r(u) = exp(Z_r) exp(i (Z_r - h_r))``, ``Z_r = sqrt(s_r/2) omega_r . u``, ``h_r = s_r ||u||^2 / 2``.
+
+    Lemma 1: for ``omega_r ~ N(0, I)``, ``E[z_r(x) z_r(w)] = exp(i s_r x . w)``. With the complex
+    ``a = (1 + i) sqrt(s/2)`` this is ``exp(a omega . u - a^2 ||u||^2 / 2)``, the positive random feature
+    of the softmax kernel ``exp(a^2 x . w)`` continued to ``a^2 = i s``.
+
+    Args:
+        u: ``(..., D)``.
+        omega: ``(R, D)`` projections.
+        freq: ``(R,)`` frequencies ``s_r >= 0``.
+
+    Returns:
+        ``(Re z, Im z)``, each ``(..., R)``.
+    """
+    z = (u @ omega.mT) * (freq / 2).sqrt()
+    h = (freq / 2) * u.pow(2).sum(-1, keepdim=True)
+    magnitude = z.exp()
+    return magnitude * torch.cos(z - h), magnitude * torch.sin(z - h)
+
+
+def cos_sin_estimate(
+    x: torch.Tensor, w: torch.Tensor, omega: torch.Tensor, freq: float, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The estimators ``C ~ cos(s x . w)`` and ``S ~ sin(s x . w)`` of Eqs. 8-9, for every pair of rows.
+
+    ``C = Re sum_r a_r z_r(x) z_r(w)``, ``S = Im`` of the same, written with real features:
+    ``[Re z(x), Im z(x)] . [Re z(w), -Im z(w)]`` and ``[Re z(x), Im z(x)] . [Im z(w), Re z(w)]``.
+
+    Args:
+        x: ``(N, D)``.
+        w: ``(L, D)``.
+        omega: ``(m, D)`` projections (rows ~ ``N(0, I)``).
+        freq: the frequency ``s``.
+        weights: ``(m,)`` row weights ``a_r`` (default ``1/m``).
+
+    Returns:
+        ``(C, S)``, each ``(N, L)``.
+    """
+    m = omega.shape[0]
+    a = torch.full((m,), 1.0 / m, dtype=x.dtype, device=x.device) if weights is None else weights
+    s = torch.full((m,), float(freq), dtype=x.dtype, device=x.device)
+    xr, xi = complex_exponential_features(x, omega, s)
+    wr, wi = complex_exponential_features(w, omega, s)
+    phi = torch.cat([xr, xi], -1)
+    cos = phi @ torch.cat([a * wr, -a * wi], -1).mT
+    sin = phi @ torch.cat([a * wi, a * wr], -1).mT
+    return cos, sin
+
+
+def product_features(u: torch.Tensor, projections: list[torch.Tensor]) -> list[torch.Tensor]:
+    """EUGen product features ``phi_n(u)_r = prod_{i<=n} (G^(i)_r . u)`` for ``n = 1..K`` (Sec. 2.2).
+
+    With independent ``G^(i)`` whose rows have ``E[g g^T] = I``, ``(1/m) <phi_n(x), phi_n(w)>`` is unbiased
+    for ``(x . w)^n``: the expectation of a product of independent factors is the product of the
+    expectations ``E[(g . x)(g . w)] = x . w``.
+
+    Args:
+        u: ``(..., D)``.
+        projections: ``K`` matrices ``(m, D)``.
+
+    Returns:
+        ``[phi_1(u), ..., phi_K(u)]``, each ``(..., m)``.
+    """
+    out, running = [], None
+    for g in projections:
+        factor = u @ g.mT
+        running = factor if running is None else running * factor
+        out.append(running)
+    return out

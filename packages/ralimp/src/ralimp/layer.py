@@ -1,0 +1,382 @@
+"""The RaLiMP layer: ``activation(W x + b) ~ Psi(W) Phi(x)`` through a rational surrogate (Sec. 2)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import rf_matrices
+from ralimp.base import (
+    FeatureLinearization,
+    augmented,
+    check_input,
+    resolve_activation,
+    rms_input_norm,
+    rms_preactivation,
+    seeds,
+    warn_pole_width,
+    work_dtype,
+)
+from ralimp.features import complex_exponential_features, product_features
+from ralimp.quadrature import gauss_laguerre, resolvable_argument
+from ralimp.rational import DEFAULT_INTERVAL, RationalFunction, activation_fit, fit_rational
+from rf_matrices.weight_matrix import check_positive_int
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+class RaLiMP(FeatureLinearization):
+    """Rationally linearized feed-forward layer: ``y = Psi(W) Phi(x) ~ activation(x @ W.T + b)``.
+
+    The activation is replaced by its rational fit ``R = P + sum_j a_j`` and every part is linearized:
+
+    - ``P`` by EUGen product features on ``[x; 1]`` and ``[w; b]`` (``poly_features = m`` rows per factor);
+    - each atom ``a_j`` by its Laplace representation, discretized at ``num_freqs`` Gauss-Laguerre nodes
+      with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
+      random features (:func:`ralimp.complex_exponential_features`).
+
+    Poles live in the scaled variable ``v = t / tau^2`` (features evaluated at ``u / tau``): the trainable
+    ``A', B', p', q'`` are the fit's ``A / tau^4, B / tau^2, p / tau^2, q / tau^2``, an exact change of
+    variables, so the layer approximates ``activation(t)`` at initialization for every ``tau``.
+
+    Args:
+        in_features: ``d``.
+        out_features: ``l``.
+        activation: a registered name (``"gelu"``, ``"silu"``, ...), an elementwise callable (fitted now), or
+            a :class:`RationalFunction` (its ``K`` and ``J`` override ``poly_degree`` and ``num_atoms``).
+        poly_degree: ``K``.
+        poly_features: ``m`` of the polynomial block.
+        num_atoms: ``J``.
+        num_freqs: Gauss-Laguerre nodes per atom.
+        freq_features: random projections per node.
+        tau: the scale ``tau``, or ``"auto"``: ``tau^2 = tau_c * RMS(t)`` over ``sample`` (standard-normal
+            inputs when there is none).
+        bias: learn a bias ``b`` (folded in as ``[x; 1] . [w; b]``).
+        learn_poles: train ``A, B, p, q`` (else they are buffers).
+        weight_matrix: ``rf_matrices`` name (or class) of every projection matrix.
+        seed: seed of the projections.
+        interval: the interval of the rational fit.
+        tau_c: the constant ``c`` of ``tau="auto"``.
+        balance: ``lambda`` of the rational features, evaluated at ``[x; 1] / lambda`` and ``lambda [w; b]``
+            (``t`` unchanged); ``"auto"`` takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which
+            minimizes ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1).
+            1 disables it.
+        resolution_tol: a pole whose atom the ``num_freqs``-node rule misses by more than this (relative to
+            the atom's peak) somewhere on ``interval`` is too narrow: the fit is redone with ``q`` floored
+            (with a :class:`ralimp.PoleWidthWarning`).
+        sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
+        device: where parameters live.
+        dtype: parameter dtype.
+        matrix_kw: extra keyword arguments of ``rf_matrices.create``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        activation: str | Callable | RationalFunction = "gelu",
+        poly_degree: int = 2,
+        poly_features: int = 8,
+        num_atoms: int = 1,
+        num_freqs: int = 3,
+        freq_features: int = 4,
+        tau: float | str = "auto",
+        bias: bool = True,
+        learn_poles: bool = True,
+        weight_matrix: str | type = "base",
+        seed: int | None = None,
+        interval: tuple[float, float] = DEFAULT_INTERVAL,
+        tau_c: float = 1.0,
+        balance: float | str = "auto",
+        resolution_tol: float = 0.5,
+        sample: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        matrix_kw: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
+        if isinstance(poly_degree, bool) or not isinstance(poly_degree, int) or poly_degree < 0:
+            raise ValueError(f"poly_degree: expected an integer >= 0, got {poly_degree!r}")
+        if isinstance(num_atoms, bool) or not isinstance(num_atoms, int) or num_atoms < 0:
+            raise ValueError(f"num_atoms: expected an integer >= 0, got {num_atoms!r}")
+        self.num_freqs = check_positive_int("num_freqs", num_freqs)
+        if not (tau == "auto" or (isinstance(tau, int | float) and tau > 0)):
+            raise ValueError(f"tau: expected 'auto' or a positive number, got {tau!r}")
+        if not (balance == "auto" or (isinstance(balance, int | float) and balance > 0)):
+            raise ValueError(f"balance: expected 'auto' or a positive number, got {balance!r}")
+        if not tau_c > 0:
+            raise ValueError(f"tau_c: expected a positive constant, got {tau_c!r}")
+        self.tau_option, self.tau_c, self.balance_option = tau, float(tau_c), balance
+        self.resolution_tol, self.interval, self.learn_poles = resolution_tol, tuple(interval), learn_poles
+        factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+
+        if isinstance(activation, RationalFunction):
+            self.activation_name, fit = None, activation
+        else:
+            self.activation_name, fn = resolve_activation(activation)
+            if self.activation_name is not None:
+                fit = activation_fit(
+                    self.activation_name, poly_degree=poly_degree, num_atoms=num_atoms, interval=interval
+                )
+            else:
+                fit = fit_rational(fn, interval, num_atoms=num_atoms, poly_degree=poly_degree)
+        self.fit = self._resolve_pole_widths(fit)
+        self.poly_degree, self.num_atoms = self.fit.poly_degree, self.fit.num_atoms
+
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(in_features)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+        dim = in_features + 1
+        mkw = dict(matrix_kw or {})
+        seed_list = seeds(seed, self.poly_degree + self.num_atoms * self.num_freqs)
+        self.poly_matrices = nn.ModuleList(
+            rf_matrices.create(weight_matrix, poly_features, dim, seed=s, **factory, **mkw)
+            for s in seed_list[: self.poly_degree]
+        )
+        self.freq_matrices = nn.ModuleList(
+            rf_matrices.create(weight_matrix, freq_features, dim, seed=s, **factory, **mkw)
+            for s in seed_list[self.poly_degree :]
+        )
+        nodes, gammas = gauss_laguerre(self.num_freqs)
+        self.register_buffer("nodes", nodes.to(**factory))
+        self.register_buffer("gammas", gammas.to(**factory))
+        self.register_buffer("tau", torch.ones((), **factory))
+        self.register_buffer("scale", torch.ones((), **factory))  # balance lambda
+        self.poly_coef = nn.Parameter(torch.zeros(self.poly_degree + 1, **factory))
+        pole = nn.Parameter if learn_poles else (lambda v: v)
+        self._pole_names = ("atom_a", "atom_b", "atom_p", "atom_q_raw")
+        for name in self._pole_names:
+            value = torch.zeros(self.num_atoms, **factory)
+            if learn_poles:
+                self.register_parameter(name, pole(value))
+            else:
+                self.register_buffer(name, value)
+        self.node_cos = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
+        self.node_sin = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
+        self._cache: tuple[tuple, torch.Tensor] | None = None
+        self.load_linear(
+            self.weight.detach().clone(),
+            None if self.bias is None else self.bias.detach().clone(),
+            sample=sample,
+        )
+
+    # ----------------------------------------------------------------------------------------------- init
+    def _resolve_pole_widths(self, fit: RationalFunction) -> RationalFunction:
+        """Refit with ``q`` floored when a pole is too narrow for the ``num_freqs``-node rule."""
+        if fit.num_atoms == 0:
+            return fit
+        u_max = resolvable_argument(self.num_freqs, self.resolution_tol)
+        a, b = fit.interval
+
+        def needed(candidate: RationalFunction) -> float:
+            return max(max(abs(a - p), abs(b - p)) / u_max for _, _, p, _ in candidate.atoms)
+
+        narrow = [q for _, _, p, q in fit.atoms if max(abs(a - p), abs(b - p)) / q > u_max]
+        if not narrow:
+            return fit
+        q_min = 0.0
+        # The refit may move the centers p, so floor again until every pole is resolved (a few rounds).
+        for _ in range(5):
+            if all(q >= needed(fit) * (1 - 1e-9) for *_, q in fit.atoms):
+                break
+            q_min = max(q_min, needed(fit))
+            if self.activation_name is not None:
+                fit = activation_fit(
+                    self.activation_name,
+                    poly_degree=fit.poly_degree,
+                    num_atoms=fit.num_atoms,
+                    interval=fit.interval,
+                    q_floor=q_min,
+                )
+            else:
+                fit = fit_rational(
+                    fit, fit.interval, num_atoms=fit.num_atoms, poly_degree=fit.poly_degree, q_floor=q_min
+                )
+        warn_pole_width(
+            f"activation: pole widths q={[round(q, 4) for q in narrow]} are too narrow for num_freqs="
+            f"{self.num_freqs} Gauss-Laguerre nodes on {fit.interval} (the rule misses the atom by more than "
+            f"resolution_tol={self.resolution_tol}); refitted with q >= {q_min:.4g} (max error now "
+            f"{fit.max_error:.2e}). More num_freqs resolve narrower poles."
+        )
+        return fit
+
+    @torch.no_grad()
+    def load_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
+    ) -> None:
+        """Set ``W, b``; calibrate ``tau``, ``lambda`` and the poles (in ``v = t / tau^2`` units) from them.
+
+        Every trainable coefficient is (re)initialized from the rational fit: ``c_n``, ``A', B', p', q'``,
+        and the per-node channel weights at the Gauss-Laguerre weights ``gamma_k``.
+        """
+        if weight.shape != self.weight.shape:
+            raise ValueError(f"weight: expected shape {tuple(self.weight.shape)}, got {tuple(weight.shape)}")
+        if (bias is None) != (self.bias is None):
+            raise ValueError(
+                f"bias: expected {'a tensor' if self.bias is not None else 'None'}, got {bias!r}"
+            )
+        if sample is not None:
+            check_input(sample, self.in_features)
+        self.weight.copy_(weight)
+        if bias is not None:
+            self.bias.copy_(bias)
+        rms_t = rms_preactivation(weight, bias, sample)
+        tau = (self.tau_c * rms_t) ** 0.5 if self.tau_option == "auto" else float(self.tau_option)
+        self.tau.fill_(max(tau, 1e-6))
+        if self.balance_option == "auto":
+            w_norm = float(
+                (weight.double().pow(2).sum(-1) + (0 if bias is None else bias.double() ** 2)).mean()
+            )
+            lam = (rms_input_norm(self.in_features, sample) / max(w_norm**0.5, 1e-12)) ** 0.5
+        else:
+            lam = float(self.balance_option)
+        self.scale.fill_(lam)
+        t2 = float(self.tau) ** 2
+        self.poly_coef.copy_(torch.tensor(self.fit.poly))
+        if self.num_atoms:
+            atoms = torch.tensor(self.fit.atoms, dtype=torch.float64)
+            self.atom_a.copy_(atoms[:, 0] / t2**2)
+            self.atom_b.copy_(atoms[:, 1] / t2)
+            self.atom_p.copy_(atoms[:, 2] / t2)
+            self.atom_q_raw.copy_(_inverse_softplus(atoms[:, 3] / t2))
+        self.node_cos.copy_(self.gammas.expand_as(self.node_cos))
+        self.node_sin.copy_(self.gammas.expand_as(self.node_sin))
+        self._cache = None
+
+    # ------------------------------------------------------------------------------------------- features
+    @property
+    def num_random_features(self) -> int:
+        """The budget as the paper counts it: ``m_poly + 2 J n_freq m`` (Sec. D.1: ``8 + 24 = 32``)."""
+        m_poly = self.poly_matrices[0].num_features if self.poly_degree else 0
+        return m_poly + sum(2 * mat.num_features for mat in self.freq_matrices)
+
+    @property
+    def feature_dim(self) -> int:
+        """``F``, the width of ``Phi(x)``: ``1 + K m_poly + 2 J n_freq m``."""
+        poly = sum(m.num_features for m in self.poly_matrices)
+        return 1 + poly + sum(2 * m.num_features for m in self.freq_matrices)
+
+    def pole_widths(self) -> torch.Tensor:
+        """``q'`` per atom, in ``v = t / tau^2`` units (multiply by ``tau^2`` for ``t`` units)."""
+        return F.softplus(self.atom_q_raw)
+
+    def _projections(
+        self, dtype: torch.dtype
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Dense poly projections, stacked frequency projections ``(J n m, D)``, row weights, frequencies."""
+        poly = [m.matrix().to(dtype) for m in self.poly_matrices]
+        if not self.num_atoms:
+            empty = torch.zeros(0, dtype=dtype, device=self.weight.device)
+            return poly, empty.reshape(0, self.in_features + 1), empty, empty
+        omega = torch.cat([m.matrix().to(dtype) for m in self.freq_matrices])
+        weights, freqs = [], []
+        q = self.pole_widths().to(dtype)
+        for index, mat in enumerate(self.freq_matrices):
+            j, k = divmod(index, self.num_freqs)
+            count = mat.num_features
+            cw = mat.component_weights
+            weights.append(
+                torch.full((count,), 1.0 / count, dtype=dtype, device=omega.device)
+                if cw is None
+                else cw.to(dtype)
+            )
+            freqs.append((self.nodes[k].to(dtype) / q[j]).expand(count))
+        return poly, omega, torch.cat(weights), torch.cat(freqs)
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``Phi(x) = [1, phi_1..phi_K ([x;1]), Re z([x;1] / (lambda tau)), Im z(...)]``, ``(..., F)``."""
+        check_input(x, self.in_features)
+        dtype = work_dtype(x.dtype)
+        u = augmented(x.to(dtype))
+        poly, omega, _, freqs = self._projections(dtype)
+        parts = [torch.ones_like(u[..., :1]), *product_features(u, poly)]
+        if self.num_atoms:
+            re, im = complex_exponential_features(u / (self.scale * self.tau).to(dtype), omega, freqs)
+            parts += [re, im]
+        return torch.cat(parts, -1)
+
+    def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per node, the coefficients ``(w_c, w_s)`` of ``C_k`` and ``S_k``, ``(J, n)`` each (Sec. 2.4).
+
+        Atom ``j`` is ``rho^c_jk c_A cos(s_k (v - p)/q) + rho^s_jk c_B sin(s_k (v - p)/q)`` summed over nodes,
+        with ``c_A = A/q^2``, ``c_B = B/q``; the phase ``phi_k = s_k p / q`` rotates it onto the estimators
+        ``C_k ~ cos(s_k v / q)`` and ``S_k ~ sin(s_k v / q)``:
+        ``w_c = rho^c c_A cos(phi) - rho^s c_B sin(phi)``, ``w_s = rho^c c_A sin(phi) + rho^s c_B cos(phi)``.
+        """
+        q = self.pole_widths().to(dtype).unsqueeze(-1)
+        c_a = self.atom_a.to(dtype).unsqueeze(-1) / q**2 * self.node_cos.to(dtype)
+        c_b = self.atom_b.to(dtype).unsqueeze(-1) / q * self.node_sin.to(dtype)
+        phase = self.nodes.to(dtype) * self.atom_p.to(dtype).unsqueeze(-1) / q
+        return c_a * phase.cos() - c_b * phase.sin(), c_a * phase.sin() + c_b * phase.cos()
+
+    def weight_features(self) -> torch.Tensor:
+        """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in."""
+        dtype = work_dtype(self.weight.dtype)
+        w = self.weight.to(dtype)
+        b = torch.zeros_like(w[:, 0]) if self.bias is None else self.bias.to(dtype)
+        u = torch.cat([w, b.unsqueeze(-1)], -1)
+        poly, omega, row_weights, freqs = self._projections(dtype)
+        coef = self.poly_coef.to(dtype)
+        parts = [coef[0].expand(u.shape[0], 1)]
+        for n, phi in enumerate(product_features(u, poly), start=1):
+            parts.append(phi * (coef[n] / phi.shape[-1]))
+        if self.num_atoms:
+            re, im = complex_exponential_features(u * (self.scale / self.tau).to(dtype), omega, freqs)
+            w_c, w_s = self._channel_coefficients(dtype)
+            counts = [m.num_features for m in self.freq_matrices]
+            w_c = torch.repeat_interleave(w_c.reshape(-1), torch.tensor(counts, device=w_c.device))
+            w_s = torch.repeat_interleave(w_s.reshape(-1), torch.tensor(counts, device=w_s.device))
+            parts += [row_weights * (w_c * re + w_s * im), row_weights * (w_s * re - w_c * im)]
+        return torch.cat(parts, -1)
+
+    def psi(self) -> torch.Tensor:
+        """``Psi(W)``: recomputed in training mode, cached in eval mode until a parameter changes."""
+        if self.training:
+            self._cache = None
+            return self.weight_features()
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        if self._cache is None or self._cache[0] != key:
+            with torch.no_grad():
+                self._cache = (key, self.weight_features())
+        return self._cache[1]
+
+    def expected_output(self, t: torch.Tensor) -> torch.Tensor:
+        """The layer's output in expectation over the projections, as a function of ``t = w . x + b``.
+
+        ``P(t) + sum_jk [w_c cos(s_k t / (q tau^2)) + w_s sin(s_k t / (q tau^2))]``: the rational fit up to
+        the quadrature error of the nodes (the random features only add variance).
+        """
+        dtype = work_dtype(t.dtype)
+        t = t.to(dtype)
+        coef = self.poly_coef.to(dtype)
+        out = sum(coef[n] * t**n for n in range(coef.numel()))
+        if self.num_atoms:
+            w_c, w_s = self._channel_coefficients(dtype)
+            arg = t.unsqueeze(-1).unsqueeze(-1) * (
+                self.nodes.to(dtype) / self.pole_widths().to(dtype).unsqueeze(-1)
+            )
+            arg = arg / self.tau.to(dtype) ** 2
+            out = out + (w_c * arg.cos() + w_s * arg.sin()).sum((-1, -2))
+        return out
+
+    def extra_repr(self) -> str:
+        """Sizes and options shown by ``repr``."""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, activation="
+            f"{self.activation_name!r}, K={self.poly_degree}, J={self.num_atoms}, "
+            f"num_freqs={self.num_freqs}, "
+            f"num_random_features={self.num_random_features}, tau={float(self.tau):.4g}"
+        )

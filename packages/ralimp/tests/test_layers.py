@@ -1,0 +1,203 @@
+"""RaLiMP and the baselines: approximation, gradients, caching, compression, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ralimp
+from ralimp import SNNK, EUGen, LowRank, RaLiMP
+
+
+def relative_mse(y, target):
+    return float((y - target).pow(2).mean() / target.pow(2).mean())
+
+
+def test_ralimp_at_a_large_budget_approximates_gelu_and_the_error_falls_with_the_budget(small_layer_data):
+    linear, x = small_layer_data
+    target = F.gelu(linear(x)).detach()
+    errors = []
+    for m in (16, 256, 4096):
+        runs = []
+        for seed in range(3):
+            layer = RaLiMP.from_linear(
+                linear, "gelu", poly_features=m, freq_features=m, seed=seed, sample=x, tau=1.0
+            )
+            with torch.no_grad():
+                runs.append(relative_mse(layer(x), target))
+        errors.append(sum(runs) / len(runs))
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.1
+
+
+def test_expected_output_of_a_fresh_layer_is_the_quadrature_of_the_fit(small_layer_data):
+    linear, x = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", num_freqs=8, seed=0, sample=x)
+    t = torch.linspace(-1, 1, 101, dtype=torch.float64)
+    # 8 nodes resolve the gelu atom (q ~ 2.1) on |t| <= 1 to well below 1e-3
+    with torch.no_grad():
+        assert float((layer.expected_output(t) - layer.fit(t)).abs().max()) < 1e-3
+
+
+def test_tau_changes_the_units_of_the_poles_not_the_initial_layer(small_layer_data):
+    linear, x = small_layer_data
+    one = RaLiMP.from_linear(linear, "gelu", tau=1.0, seed=3)
+    three = RaLiMP.from_linear(linear, "gelu", tau=3.0, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(one(x), three(x), rtol=1e-9, atol=1e-10)
+        assert float(three.atom_p.abs().sum() + three.pole_widths().sum()) < float(one.pole_widths().sum())
+
+
+def test_gradients_reach_poles_node_coefficients_weights_and_bias(small_layer_data):
+    linear, x = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", num_atoms=2, seed=0)
+    layer.train()
+    layer(x).pow(2).mean().backward()
+    for name in (
+        "atom_a",
+        "atom_b",
+        "atom_p",
+        "atom_q_raw",
+        "node_cos",
+        "node_sin",
+        "poly_coef",
+        "weight",
+        "bias",
+    ):
+        grad = getattr(layer, name).grad
+        assert grad is not None, name
+        assert torch.isfinite(grad).all(), name
+        assert grad.abs().sum() > 0, name
+
+
+def test_fixed_poles_are_buffers_without_gradients(small_layer_data):
+    linear, _ = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", learn_poles=False, seed=0)
+    names = {n for n, _ in layer.named_parameters()}
+    assert "atom_p" not in names
+    assert "atom_p" in dict(layer.named_buffers())
+
+
+def test_psi_is_cached_in_eval_mode_and_refreshed_when_weights_change(small_layer_data):
+    linear, _x = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", seed=0).eval()
+    first = layer.psi()
+    assert layer.psi() is first
+    with torch.no_grad():
+        layer.weight.mul_(1.1)
+    assert layer.psi() is not first
+    layer.train()
+    assert layer.psi() is not layer.psi()
+
+
+@pytest.mark.parametrize("kind", ["ralimp", "eugen", "snnk"])
+def test_compress_equals_the_uncompressed_chain(kind, small_layer_data):
+    linear, x = small_layer_data
+    layer = ralimp.LAYERS.get(kind).from_linear(linear, "gelu", seed=0)
+    following = torch.nn.Linear(6, 5, dtype=torch.float64)
+    compressed = layer.compress(following)
+    with torch.no_grad():
+        torch.testing.assert_close(compressed(x), following(layer(x)), rtol=1e-10, atol=1e-10)
+    assert compressed.weight.shape == (5, layer.feature_map(x).shape[-1])
+
+
+def test_num_random_features_counts_as_the_paper():
+    layer = RaLiMP(16, 8, seed=0)  # K=2, m=8; J=1, 3 nodes, 4 projections each
+    assert layer.num_random_features == 8 + 2 * 1 * 3 * 4 == 32
+    assert layer.feature_dim == 1 + 2 * 8 + 24 == layer.feature_map(torch.zeros(2, 16)).shape[-1]
+
+
+@pytest.mark.parametrize("name", ["orf", "qmc", "sgq", "sorf"])
+def test_any_registered_weight_matrix_draws_the_projections(name, small_layer_data):
+    linear, x = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", weight_matrix=name, seed=0)
+    assert all(type(m).__name__.lower() == name for m in layer.freq_matrices)
+    with torch.no_grad():
+        assert torch.isfinite(layer(x)).all()
+
+
+def test_same_seed_gives_the_same_layer(small_layer_data):
+    linear, x = small_layer_data
+    with torch.no_grad():
+        a = RaLiMP.from_linear(linear, "silu", seed=5)(x)
+        b = RaLiMP.from_linear(linear, "silu", seed=5)(x)
+        c = RaLiMP.from_linear(linear, "silu", seed=6)(x)
+    torch.testing.assert_close(a, b)
+    assert not torch.allclose(a, c)
+
+
+def test_float32_and_bfloat16_inputs_give_outputs_of_their_dtype():
+    layer = RaLiMP(8, 4, seed=0)
+    for dtype in (torch.float32, torch.bfloat16):
+        y = layer(torch.randn(3, 8).to(dtype))
+        assert y.dtype == dtype
+        assert torch.isfinite(y.float()).all()
+
+
+def test_softsign_narrow_pole_warns_and_is_floored():
+    with pytest.warns(ralimp.PoleWidthWarning, match="too narrow for num_freqs=3"):
+        layer = RaLiMP(4, 2, activation="softsign", num_atoms=2, seed=0)
+    u_max = ralimp.resolvable_argument(3, 0.5)
+    for _, _, p, q in layer.fit.atoms:
+        assert max(abs(-4 - p), abs(4 - p)) / q <= u_max * (1 + 1e-6)
+
+
+def test_eugen_starts_unbiased_for_the_polynomial_fit(small_layer_data):
+    linear, x = small_layer_data
+    t = linear(x).detach()
+    runs = []
+    for seed in range(4):
+        layer = EUGen.from_linear(linear, "gelu", num_features=4096, seed=seed)
+        with torch.no_grad():
+            runs.append(layer(x))
+    poly = ralimp.activation_fit("gelu", poly_degree=2, num_atoms=0)
+    assert relative_mse(sum(runs) / 4, poly(t)) < 0.02
+    assert isinstance(layer.psi_weight, torch.nn.Parameter)
+
+
+def test_snnk_fourier_variant_is_unbiased_for_the_activations_fourier_series(small_layer_data):
+    linear, x = small_layer_data
+    t = linear(x).detach()
+    xi, amp = SNNK.fourier_representation(F.gelu, (-4.0, 4.0), 12)
+    grid = torch.linspace(-4, 4, 801, dtype=torch.float64)
+    series = (amp * torch.exp(1j * grid[:, None] * xi)).real.sum(-1)
+    assert float((series - F.gelu(grid)).abs().max()) < 0.05
+    xi, amp = SNNK.fourier_representation(F.gelu, (-4.0, 4.0), 3)
+    target = (amp * torch.exp(1j * t.unsqueeze(-1) * xi)).real.sum(-1)
+    runs = []
+    for seed in range(4):
+        layer = SNNK.from_linear(linear, "gelu", num_features=8192, num_terms=3, seed=seed, sample=x)
+        with torch.no_grad():
+            runs.append(layer(x))
+    assert relative_mse(sum(runs) / 4, target) < 0.05
+
+
+def test_snnk_relu_variant_has_width_m_and_a_trainable_psi(small_layer_data):
+    linear, x = small_layer_data
+    layer = SNNK.from_linear(linear, "relu", variant="relu", num_features=16, seed=0)
+    assert layer.feature_map(x).shape == (500, 16)
+    assert layer.psi_weight.requires_grad
+    assert (layer(x) >= 0).all()
+
+
+def test_lowrank_at_full_rank_is_exact_and_truncates_by_svd(small_layer_data):
+    linear, x = small_layer_data
+    full = LowRank.from_linear(linear, "gelu", rank=4)
+    with torch.no_grad():
+        torch.testing.assert_close(full(x), F.gelu(linear(x)))
+        low = LowRank.from_linear(linear, "gelu", rank=2)
+        product = low.up.weight @ low.down.weight
+        s = torch.linalg.svdvals(linear.weight)
+        assert float(torch.linalg.matrix_norm(product - linear.weight)) == pytest.approx(float(s[2:].norm()))
+
+
+def test_layer_errors_name_the_argument():
+    with pytest.raises(ValueError, match="in_features: expected an integer >= 1, got 0"):
+        RaLiMP(0, 3)
+    with pytest.raises(ValueError, match="tau: expected 'auto' or a positive number, got -1"):
+        RaLiMP(3, 3, tau=-1)
+    with pytest.raises(ValueError, match="x: expected last dimension 3"):
+        RaLiMP(3, 2, seed=0)(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="unknown weight matrix 'nope'"):
+        RaLiMP(3, 2, weight_matrix="nope")
+    with pytest.raises(ValueError, match=r"next_linear: expected an nn\.Linear with in_features=2"):
+        RaLiMP(3, 2, seed=0).compress(torch.nn.Linear(3, 3))
