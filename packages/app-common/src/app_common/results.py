@@ -1,0 +1,74 @@
+"""Results as JSON lines: one self-contained record per finished run, appended, never rewritten."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):  # 0-d tensors and numpy scalars
+        return value.item()
+    raise TypeError(f"record: {type(value).__name__} value {value!r:.60} is not JSON serializable")
+
+
+def append_jsonl(path: str | Path, record: dict) -> None:
+    """Append ``record`` as one line of JSON to ``path`` (created with its folders if missing).
+
+    The line is written with one ``write`` under an exclusive ``flock``, so processes sharing the file
+    (a sweep's shards on one machine) never interleave lines.
+
+    Raises:
+        TypeError: a value that is not JSON serializable (paths, tensors and numpy scalars are converted).
+    """
+    line = json.dumps(record, default=_default, sort_keys=False) + "\n"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict]:
+    """The records of a JSON-lines file, in order; blank lines are skipped.
+
+    A last line without its newline that does not parse (a writer killed mid-line) is skipped too.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: a line that is not a JSON object, naming the file and line number.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such results file")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):  # the torn tail of an interrupted append
+                return
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield record
+
+
+def read_jsonl(path: str | Path, *, missing_ok: bool = False) -> list[dict]:
+    """All records of a JSON-lines file (see :func:`iter_jsonl`); ``missing_ok``: [] for no file."""
+    if missing_ok and not Path(path).is_file():
+        return []
+    return list(iter_jsonl(path))

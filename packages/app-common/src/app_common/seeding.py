@@ -1,0 +1,47 @@
+"""Seeding and the random state that a checkpoint must carry for a resumed run to match an unbroken one.
+
+numpy's legacy global generator is seeded and saved on purpose (``noqa: NPY002``): it is the one that
+third-party data code calls implicitly; our own code draws from explicit ``torch.Generator`` objects.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, numpy's global generator and torch (CPU and every CUDA device)."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """The global random states (Python, numpy, torch CPU, torch CUDA) as plain lists and tensors.
+
+    The result holds only types that ``torch.load(..., weights_only=True)`` reads back.
+    """
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the random states saved by :func:`rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
