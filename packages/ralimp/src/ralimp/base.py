@@ -112,7 +112,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
         activation: str | Callable = "gelu",
         *,
         sample: torch.Tensor | None = None,
-        **kw,
+        **kw: object,
     ):
         """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
 

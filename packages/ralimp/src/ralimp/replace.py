@@ -81,7 +81,7 @@ def replace_mlp(
     *,
     last_k: int | None = None,
     activation: str | None = None,
-    **kw,
+    **kw: object,
 ) -> list[str]:
     """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers initialized from their weights.
 
