@@ -7,14 +7,28 @@ Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is 
     y = attn(x, key_padding_mask=mask)   # (B, N, 64) -> (B, N, 64)
 """
 
+from rf_attention.baselines import (
+    BigBirdAttention,
+    InformerAttention,
+    LinformerAttention,
+    NystromformerAttention,
+    ReformerAttention,
+    SkyformerAttention,
+)
 from rf_attention.functional import linear_attention, rf_attention, softmax_attention
 from rf_attention.modules import MultiheadSelfAttention, RandomFeatureAttention, SoftmaxAttention
 from rf_attention.registry import ATTENTIONS, create, names, register, split_pair
 
 __all__ = [
     "ATTENTIONS",
+    "BigBirdAttention",
+    "InformerAttention",
+    "LinformerAttention",
     "MultiheadSelfAttention",
+    "NystromformerAttention",
     "RandomFeatureAttention",
+    "ReformerAttention",
+    "SkyformerAttention",
     "SoftmaxAttention",
     "create",
     "linear_attention",

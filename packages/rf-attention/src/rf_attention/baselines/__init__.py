@@ -1,0 +1,23 @@
+"""The efficient-attention baselines of the Spectraformer paper's Table 1, one module each.
+
+Importing this package registers ``nystromformer``, ``skyformer``, ``linformer``, ``bigbird``, ``reformer``
+and ``informer`` in :func:`rf_attention.create`.
+"""
+
+from rf_attention.baselines.bigbird import BigBirdAttention
+from rf_attention.baselines.informer import InformerAttention
+from rf_attention.baselines.linformer import LinformerAttention
+from rf_attention.baselines.nystromformer import NystromformerAttention
+from rf_attention.baselines.reformer import ReformerAttention, SharedQueryKeyValue
+from rf_attention.baselines.skyformer import SkyformerAttention, gaussian_kernel_attention
+
+__all__ = [
+    "BigBirdAttention",
+    "InformerAttention",
+    "LinformerAttention",
+    "NystromformerAttention",
+    "ReformerAttention",
+    "SharedQueryKeyValue",
+    "SkyformerAttention",
+    "gaussian_kernel_attention",
+]
