@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -66,7 +68,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         global_blocks: int = 2,
         random_blocks: int = 3,
         seed: int | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         check_int("num_features", num_features, 1)

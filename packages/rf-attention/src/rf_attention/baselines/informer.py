@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rf_attention.baselines._common import (
@@ -61,7 +63,7 @@ class InformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         num_active_queries: int | None = None,
         num_sampled_keys: int | None = None,
         seed: int | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         check_int("num_features", num_features, 1)

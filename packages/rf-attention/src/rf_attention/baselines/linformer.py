@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -49,7 +51,7 @@ class LinformerAttention(MultiheadSelfAttention):
         max_seq_len: int = 4096,
         share_kv: bool = False,
         seed: int | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.projected_length = check_int("num_features", num_features, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -90,7 +92,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         pinv_iterations: int = 6,
         conv_kernel_size: int | None = 35,
         seed: int | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.num_landmarks = check_int(

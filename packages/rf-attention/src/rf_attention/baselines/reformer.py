@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,7 +87,7 @@ class ReformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         n_hashes: int = 2,
         n_buckets: int | None = None,
         seed: int | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.qkv = SharedQueryKeyValue(dim, bias=kw.get("bias", True))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rf_attention.baselines._common import (
@@ -90,7 +92,7 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         pinv_iterations: int = 6,
         ridge: float = 0.1,
         seed: int | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.num_landmarks = check_int(
