@@ -1,0 +1,264 @@
+"""``lra-bench report RESULTS``: the paper's Table 1, Table 7 and Table 8 layouts and Figure 4's heatmaps.
+
+Every cell aggregates the runs of one (task, attention, features) over seeds: accuracy as
+``mean (std)`` in percent (sample standard deviation, 0 for one seed), training time and peak memory as
+means. ``mu`` is the mean over the tasks the row has results for (the paper's rows have all five).
+
+- Table 1: one row per attention at one feature count (default 128), sorted by mean accuracy.
+- Table 7: one row per ``"<component>-<matrix>"`` attention and feature count.
+- Table 8: per feature count, the mean over weight matrices of each component function (type ``f``)
+  and the mean over component functions of each weight matrix (type ``W``).
+- Figure 4: per feature count, one heatmap per task of mean accuracy, component x weight matrix.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import app_common as ac
+import lra_data
+import rf_attention
+from lra_bench.config import ReportConfig
+from rf_matrices import markdown_table
+
+TASK_LETTERS = {"listops": "L", "text": "T", "retrieval": "R", "image": "I", "pathfinder": "P"}
+TIME_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (task, attention, features) aggregated over seeds."""
+
+    accuracy: float  # percent
+    accuracy_std: float
+    time_s: float
+    memory_bytes: float
+    seeds: int
+
+
+def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
+    """``(task, attention, features) -> Cell`` over the records' seeds (a repeated seed counts again)."""
+    groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    for record in records:
+        groups[(record["task"], record["attention"], int(record["features"]))].append(record)
+    cells = {}
+    for key, runs in groups.items():
+        accuracy = [100.0 * r["test_accuracy"] for r in runs]
+        cells[key] = Cell(
+            accuracy=statistics.fmean(accuracy),
+            accuracy_std=statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
+            time_s=statistics.fmean(r["train_time_s"] for r in runs),
+            memory_bytes=statistics.fmean(r["peak_memory_bytes"] for r in runs),
+            seeds=len(runs),
+        )
+    return cells
+
+
+def _tasks(cells) -> list[str]:
+    present = {task for task, _, _ in cells}
+    return [t for t in lra_data.TASKS if t in present]
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(values) if values else math.nan
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _metric_header(tasks: list[str], unit: str) -> list[str]:
+    letters = [TASK_LETTERS[t] for t in tasks] + ["mu"]
+    return (
+        [f"Acc {x} (%)" for x in letters]
+        + [f"Time {x} ({unit})" for x in letters]
+        + [f"Mem {x} (GiB)" for x in letters]
+    )
+
+
+def _metric_row(
+    cells: dict, tasks: list[str], attention: str, features: int, unit: str, std: bool
+) -> tuple[float, list[str]]:
+    """Accuracy, time and memory columns of one row; returns (mean accuracy, cells)."""
+    found = [cells.get((t, attention, features)) for t in tasks]
+    acc = [c.accuracy if c else math.nan for c in found]
+    time = [c.time_s / TIME_UNITS[unit] if c else math.nan for c in found]
+    mem = [c.memory_bytes / GIB if c else math.nan for c in found]
+    acc_text = [
+        "-" if c is None else (f"{c.accuracy:.2f} ({c.accuracy_std:.2f})" if std else f"{c.accuracy:.2f}")
+        for c in found
+    ]
+    digits = 2 if unit == "h" else 1
+    mu = _mean(acc)
+    row = [
+        *acc_text,
+        _fmt(mu),
+        *(_fmt(v, digits) for v in time),
+        _fmt(_mean(time), digits),
+        *(_fmt(v, 3) for v in mem),
+        _fmt(_mean(mem), 3),
+    ]
+    return mu, row
+
+
+def table1(cells: dict, features: int, unit: str = "h") -> tuple[list[str], list[list[str]]]:
+    """Table 1: every attention with results at ``features``, sorted by mean accuracy (descending)."""
+    tasks = _tasks(cells)
+    attentions = sorted({a for _, a, f in cells if f == features})
+    rows = [(_metric_row(cells, tasks, a, features, unit, std=True), a) for a in attentions]
+    rows.sort(key=lambda item: -item[0][0] if not math.isnan(item[0][0]) else math.inf)
+    return ["Model", *_metric_header(tasks, unit)], [[a, *row] for (_, row), a in rows]
+
+
+def _pairs(cells: dict) -> dict[str, tuple[str, str]]:
+    """Attention name -> (component, matrix) for the ``"<component>-<matrix>"`` attentions."""
+    pairs = {}
+    for _, attention, _ in cells:
+        pair = rf_attention.split_pair(attention)
+        if pair is not None:
+            pairs[attention] = pair
+    return pairs
+
+
+def table7(cells: dict, unit: str = "h") -> tuple[list[str], list[list[str]]]:
+    """Table 7: every ``"<component>-<matrix>"`` attention at every feature count it was run with."""
+    tasks = _tasks(cells)
+    pairs = _pairs(cells)
+    rows = []
+    for attention in sorted(pairs, key=lambda a: pairs[a]):
+        for features in sorted({f for _, a, f in cells if a == attention}):
+            _, row = _metric_row(cells, tasks, attention, features, unit, std=True)
+            rows.append([attention, str(features), *row])
+    return ["Model variant", "d", *_metric_header(tasks, unit)], rows
+
+
+def table8(cells: dict, unit: str = "h") -> tuple[list[str], list[list[str]]]:
+    """Table 8: means over weight matrices per component (``f``) and over components per matrix (``W``)."""
+    tasks = _tasks(cells)
+    pairs = _pairs(cells)
+    rows = []
+    for kind, position in (("f", 0), ("W", 1)):
+        for part in sorted({p[position] for p in pairs.values()}):
+            members = [a for a, p in pairs.items() if p[position] == part]
+            for features in sorted({f for _, a, f in cells if a in members}):
+                per_task = {
+                    t: [cells[(t, a, features)] for a in members if (t, a, features) in cells] for t in tasks
+                }
+                acc = [_mean([c.accuracy for c in per_task[t]]) for t in tasks]
+                time = [_mean([c.time_s / TIME_UNITS[unit] for c in per_task[t]]) for t in tasks]
+                mem = [_mean([c.memory_bytes / GIB for c in per_task[t]]) for t in tasks]
+                digits = 2 if unit == "h" else 1
+                rows.append(
+                    [
+                        kind,
+                        part,
+                        str(features),
+                        *(_fmt(v) for v in acc),
+                        _fmt(_mean(acc)),
+                        *(_fmt(v, digits) for v in time),
+                        _fmt(_mean(time), digits),
+                        *(_fmt(v, 3) for v in mem),
+                        _fmt(_mean(mem), 3),
+                    ]
+                )
+    return ["Type", "Method", "Features", *_metric_header(tasks, unit)], rows
+
+
+def heatmaps(cells: dict, out: Path) -> list[Path]:
+    """Figure 4: per feature count a PNG with one heatmap per task (mean test accuracy, %).
+
+    Rows are component functions, columns weight matrices; cells without results are blank. Each panel
+    has its own colour range (the paper fixes 20-40 for 10-class and 50-85 for 2-class tasks, which
+    would wash out short runs).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pairs = _pairs(cells)
+    if not pairs:
+        return []
+    tasks = _tasks(cells)
+    components = sorted({c for c, _ in pairs.values()})
+    matrices = sorted({m for _, m in pairs.values()})
+    paths = []
+    for features in sorted({f for _, a, f in cells if a in pairs}):
+        figure, axes = plt.subplots(
+            1,
+            len(tasks),
+            figsize=(1.2 + 0.9 * len(matrices) * len(tasks), 0.9 + 0.6 * len(components)),
+            squeeze=False,
+        )
+        for ax, task in zip(axes[0], tasks, strict=True):
+            grid = np.full((len(components), len(matrices)), np.nan)
+            for attention, (component, matrix) in pairs.items():
+                cell = cells.get((task, attention, features))
+                if cell is not None:
+                    grid[components.index(component), matrices.index(matrix)] = cell.accuracy
+            image = ax.imshow(grid, cmap="viridis", aspect="auto")
+            ax.set_xticks(range(len(matrices)), matrices, rotation=45, ha="right")
+            ax.set_yticks(range(len(components)), components)
+            ax.set_title(f"{TASK_LETTERS[task]} ({task})")
+            for i in range(len(components)):
+                for j in range(len(matrices)):
+                    if not np.isnan(grid[i, j]):
+                        ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", color="w", fontsize=8)
+            figure.colorbar(image, ax=ax, shrink=0.8)
+        figure.suptitle(f"Test accuracy (%), {features} features")
+        figure.tight_layout()
+        path = out / f"figure4_f{features}.png"
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def _write(out: Path, stem: str, header: list[str], rows: list[list[str]]) -> str:
+    with (out / f"{stem}.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    text = markdown_table(header, rows) if rows else f"(no rows: {stem} needs results of matching attentions)"
+    (out / f"{stem}.md").write_text(text + "\n")
+    return text
+
+
+def report(config: ReportConfig) -> dict[str, str]:
+    """Write Tables 1, 7, 8 (``.md``, ``.csv``) and ``figure4_f*.png``; returns each table's Markdown.
+
+    The files go to ``config.out`` (default: ``report/`` beside the results file).
+
+    Raises:
+        FileNotFoundError: no results file.
+        ValueError: no records in it, or a record missing a field, naming the line.
+    """
+    records = ac.read_jsonl(config.results)
+    if not records:
+        raise ValueError(f"{config.results}: no results yet")
+    needed = ("task", "attention", "features", "test_accuracy", "train_time_s", "peak_memory_bytes")
+    for number, record in enumerate(records, start=1):
+        missing = [k for k in needed if k not in record]
+        if missing:
+            raise ValueError(f"{config.results}: record {number} lacks {', '.join(missing)}")
+    if config.time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit: expected one of {', '.join(TIME_UNITS)}, got {config.time_unit!r}")
+    out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    cells = aggregate(records)
+    tables = {
+        "table1": table1(cells, config.table1_features, config.time_unit),
+        "table7": table7(cells, config.time_unit),
+        "table8": table8(cells, config.time_unit),
+    }
+    texts = {stem: _write(out, stem, *table) for stem, table in tables.items()}
+    heatmaps(cells, out)
+    return texts
