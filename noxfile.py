@@ -79,3 +79,14 @@ def docs(session: nox.Session) -> None:
     """Build the mkdocs-material site with --strict (every warning fails)."""
     sync(session, "--only-group", "docs")
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Speed and memory benchmarks (not a test): tables on stdout, the docs' plot under docs/img/."""
+    sync(session, "--all-packages", "--group", "bench")
+    session.run("python", "benchmarks/structured_transform.py")
+    session.run(
+        "python", "benchmarks/attention_scaling.py", "--plot", "docs/img/attention_scaling.png", *session.posargs
+    )
+    session.run("python", "benchmarks/ralimp_layer.py")

@@ -4,7 +4,7 @@ import torch
 from rf_matrices import fwht, hadamard_matrix, next_power_of_two
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 32, 256])
+@pytest.mark.parametrize("n", [1, 2, 4, 32, 64, 256, 2048])
 def test_fwht_equals_the_dense_sylvester_hadamard_product(n):
     x = torch.randn(3, 5, n, dtype=torch.float64)
     torch.testing.assert_close(fwht(x), x @ hadamard_matrix(n).T)

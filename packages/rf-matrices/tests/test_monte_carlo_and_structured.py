@@ -37,9 +37,10 @@ def sorf_dense(w: rf_matrices.SORF) -> torch.Tensor:
     return full[: w.num_features, : w.dim]
 
 
-@pytest.mark.parametrize("dim", [16, 20], ids=["power-of-two", "padded"])
-def test_sorf_fast_transform_equals_the_dense_product_in_float64(dim):
-    w = rf_matrices.create("sorf", 70, dim, sigma=1.3, seed=0, dtype=torch.float64)
+@pytest.mark.parametrize("fast", [True, False], ids=["transform", "dense"])
+@pytest.mark.parametrize("dim", [16, 20, 2048], ids=["power-of-two", "padded", "radix-32-twice"])
+def test_sorf_fast_transform_equals_the_dense_product_in_float64(dim, fast):
+    w = rf_matrices.create("sorf", 70, dim, sigma=1.3, seed=0, dtype=torch.float64, fast_transform=fast)
     x = torch.randn(4, dim, dtype=torch.float64)
     torch.testing.assert_close(w(x), x @ sorf_dense(w).T)
 
@@ -67,10 +68,11 @@ def fastfood_dense(w: rf_matrices.FastFood) -> torch.Tensor:
     return full[: w.num_features, : w.dim]
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["transform", "dense"])
 @pytest.mark.parametrize("name", ["fastfood", "fastfoodl"])
 @pytest.mark.parametrize("dim", [16, 20], ids=["power-of-two", "padded"])
-def test_fastfood_fast_transform_equals_the_dense_product_in_float64(name, dim):
-    w = rf_matrices.create(name, 70, dim, sigma=0.7, seed=0, dtype=torch.float64)
+def test_fastfood_fast_transform_equals_the_dense_product_in_float64(name, dim, fast):
+    w = rf_matrices.create(name, 70, dim, sigma=0.7, seed=0, dtype=torch.float64, fast_transform=fast)
     x = torch.randn(4, dim, dtype=torch.float64)
     torch.testing.assert_close(w(x), x @ fastfood_dense(w).T)
 
@@ -86,6 +88,24 @@ def test_fastfood_rows_have_exactly_chi_norms_and_gaussian_second_moment():
     torch.testing.assert_close(
         w.matrix().T @ w.matrix() / 4096, torch.eye(d, dtype=torch.float64), atol=0.1, rtol=0
     )
+
+
+def test_automatic_choice_takes_the_dense_product_for_small_dims_only():
+    assert not rf_matrices.create("sorf", 64, 32).fast_transform
+    assert rf_matrices.create("fastfood", 4096, 2048).fast_transform
+
+
+@pytest.mark.parametrize("name", ["sorf", "fastfoodl"])
+def test_transform_and_dense_paths_give_the_same_gradients(name):
+    x = torch.randn(5, 12, dtype=torch.float64)
+    grads = []
+    for fast in (True, False):
+        w = rf_matrices.create(name, 40, 12, seed=0, dtype=torch.float64, fast_transform=fast)
+        xi = x.clone().requires_grad_()
+        w(xi).square().sum().backward()
+        grads.append([xi.grad, *[p.grad for p in w.parameters()]])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_fastfoodl_parameters_receive_gradients():

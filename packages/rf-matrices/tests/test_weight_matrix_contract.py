@@ -71,6 +71,17 @@ def test_state_dict_round_trip_restores_the_matrix(name):
     assert torch.equal(loaded.matrix(), saved.matrix())
 
 
+@pytest.mark.parametrize("name", REDRAWN)
+def test_a_restored_matrix_redraws_as_the_saved_one(name):
+    saved = rf_matrices.create(name, 40, 6, seed=0)
+    saved.redraw()
+    loaded = rf_matrices.create(name, 40, 6, seed=1)
+    loaded.load_state_dict(saved.state_dict())
+    saved.redraw()
+    loaded.redraw()
+    assert torch.equal(loaded.matrix(), saved.matrix())
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_rows_have_second_moment_identity_over_sigma_squared_on_average(name):
     sigma, d = 2.0, 8

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -74,7 +76,7 @@ class SoftmaxAttention(MultiheadSelfAttention):
         **kw: :class:`MultiheadSelfAttention` arguments.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw) -> None:
+    def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw: Any) -> None:
         super().__init__(dim, num_heads, **kw)
         self.attention_dropout = attention_dropout
 
@@ -118,7 +120,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         kernel: str = "softmax",
         redraw_interval: int = 0,
         matrix_options: dict | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
         if redraw_interval < 0:

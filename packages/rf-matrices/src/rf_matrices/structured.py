@@ -25,16 +25,45 @@ class BlockTransform(WeightMatrix):
 
     ``d`` is zero-padded to ``d' = 2^k``, and ``ceil(s / d')`` independent ``d' x d'`` blocks are stacked,
     the last one truncated to reach ``s`` rows.
+
+    ``forward`` applies the fast transform (:meth:`transform`, O(s log d) per row) or multiplies by the
+    dense ``W`` built once per call from it (O(s d) per row, one matrix product), whichever is faster:
+    ``fast_transform=None`` (default) takes the dense product for ``d' <= DENSE_MAX_DIM``, where it won
+    every measurement on CPU (see the Performance page); ``True``/``False`` force one path. Both give the
+    same result (tested in float64) and the same gradients.
+
+    Args:
+        fast_transform: None (automatic), True (always the transform) or False (always the dense product).
     """
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    #: Largest padded dimension for which the automatic choice takes the dense product.
+    DENSE_MAX_DIM = 512
+
+    def __init__(self, num_features: int, dim: int, *, fast_transform: bool | None = None, **kw) -> None:
         super().__init__(num_features, dim, **kw)
         self.padded_dim = next_power_of_two(self.dim)
         self.num_blocks = math.ceil(self.num_features / self.padded_dim)
+        auto = self.padded_dim > self.DENSE_MAX_DIM
+        self.fast_transform = auto if fast_transform is None else fast_transform
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T``: ``(..., d)`` -> ``(..., s)``, by the fast transform or the dense product."""
+        self.check_input(x)
+        if self.fast_transform:
+            return self.transform(x)
+        return x @ self.matrix().to(x.dtype).mT
+
+    def matrix(self) -> torch.Tensor:
+        """The dense ``W``, ``(s, d)``: the fast transform applied to the identity."""
+        eye = torch.eye(self.dim, dtype=self._float_dtype(), device=self._device())
+        return self.transform(eye).mT
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` by the fast Walsh-Hadamard transforms, without building ``W``."""
+        raise NotImplementedError
 
     def _blocks_in(self, x: torch.Tensor) -> torch.Tensor:
         """``(..., d)`` -> ``(..., num_blocks, d')``: zero-padded and repeated for every block."""
-        self.check_input(x)
         x = torch.nn.functional.pad(x, (0, self.padded_dim - self.dim))
         return x.unsqueeze(-2).expand(*x.shape[:-1], self.num_blocks, self.padded_dim)
 
@@ -50,7 +79,8 @@ class SORF(BlockTransform):
     ``H`` is the normalized Walsh-Hadamard matrix and ``D1, D2, D3`` diagonal Rademacher matrices, so each
     block is orthogonal times ``sqrt(d')`` and rows have the Gaussian's typical norm ``sqrt(d) / sigma``
     (exactly ``sqrt(d') / sigma`` before the zero-padded columns are dropped). Applied with three fast
-    Walsh-Hadamard transforms: O(s log d) per input row, W never built.
+    Walsh-Hadamard transforms (O(s log d) per input row, W never built) or the dense product (see
+    :class:`BlockTransform`).
     """
 
     def __init__(self, num_features: int, dim: int, **kw) -> None:
@@ -61,8 +91,8 @@ class SORF(BlockTransform):
         shape = (3, self.num_blocks, self.padded_dim)
         self._set_state(signs=rademacher(shape, self.generator))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T``: ``(..., d)`` -> ``(..., s)``."""
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` with three fast Walsh-Hadamard transforms per block."""
         d1, d2, d3 = self.signs.to(x.dtype)
         y = fwht(self._blocks_in(x) * d3)
         y = fwht(y * d2)
@@ -78,7 +108,8 @@ class FastFood(BlockTransform):
     ``B``, Gaussian ``G`` and the scaling ``S_ii = s_i / ||G||_F`` with ``s_i ~ chi(d')``: every row of
     ``H G Pi H B`` has norm ``sqrt(d') ||G||_F``, so the rows of ``W`` have exactly the chi(d') norms of
     Gaussian rows. (The paper prints ``||G||_F^(-1/2)``; only the exponent -1 gives Gaussian row norms.)
-    Applied with two fast Walsh-Hadamard transforms, O(s log d) per input row, W never built.
+    Applied with two fast Walsh-Hadamard transforms (O(s log d) per input row, W never built) or the dense
+    product (see :class:`BlockTransform`).
     """
 
     #: names of the diagonals trained by gradient descent (none for the fixed FastFood).
@@ -102,8 +133,8 @@ class FastFood(BlockTransform):
             permutation=perm,
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T``: ``(..., d)`` -> ``(..., s)``.
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` with two fast Walsh-Hadamard transforms per block.
 
         ``H G Pi H B / sqrt(d')`` equals ``sqrt(d') Hn G Pi Hn B`` with the normalized ``Hn`` of :func:`fwht`.
         """

@@ -114,6 +114,14 @@ class WeightMatrix(nn.Module):
     def _resample(self) -> None:
         raise NotImplementedError
 
+    def get_extra_state(self) -> dict:
+        """The generator's state, kept in the ``state_dict`` so a restored matrix redraws as the saved one."""
+        return {"generator_state": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        """Restore the generator's state saved by :meth:`get_extra_state`."""
+        self.generator.set_state(state["generator_state"])
+
     def _set_state(self, learnable: tuple[str, ...] = (), **tensors: torch.Tensor) -> None:
         """Store the drawn state: registered on the first call, overwritten in place on redraws.
 

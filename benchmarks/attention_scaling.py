@@ -1,0 +1,261 @@
+"""Attention scaling: forward+backward time and peak memory against the sequence length.
+
+For each attention and each N, one fresh process builds ``q, k, v`` of shape ``(B, H, N, Dh)`` (float32,
+``requires_grad``), runs forward+backward once to measure the peak resident memory it adds (Linux: the
+high-water mark ``VmHWM``, reset through ``/proc/self/clear_refs`` just before, minus the resident size
+``VmRSS`` then), then times ``--repeats`` more runs (median). Every number is reported next to
+``softmax`` (``scaled_dot_product_attention``) measured in the same run, with the achieved GFLOP/s (from an
+analytic FLOP count) next to the machine's measured float32 matmul rate.
+
+    uv run --frozen nox -s bench                          # everything, as in the docs
+    python benchmarks/attention_scaling.py --lengths 1024 2048 --attentions softmax performer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_ATTENTIONS = [
+    "softmax",
+    "performer",
+    "performer-pytorch",
+    "posrf-fastfoodl",
+    "oprf-fastfoodl",
+    "oprf-qmc",
+    "saderf-orf",
+    "trigrf-sorf",
+    "oprf-sgq",
+]
+DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--help`` lists them)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attentions", nargs="+", default=DEFAULT_ATTENTIONS)
+    parser.add_argument("--lengths", type=int, nargs="+", default=DEFAULT_LENGTHS)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--features", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per point")
+    parser.add_argument("--out", type=Path, default=Path("results/bench/attention_scaling.json"))
+    parser.add_argument("--plot", type=Path, default=None, help="write a log-log PNG here")
+    parser.add_argument("--point", nargs=2, metavar=("ATTENTION", "N"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def build(name: str, args: argparse.Namespace):
+    """``fn(q, k, v) -> out`` for an attention name, on ``(B, H, N, Dh)`` tensors."""
+    if name == "performer-pytorch":
+        from performer_pytorch import FastAttention
+
+        module = FastAttention(dim_heads=args.head_dim, nb_features=args.features, causal=False)
+        return module
+    import rf_attention
+
+    module = rf_attention.create(
+        name, args.heads * args.head_dim, args.heads, num_features=args.features, seed=0
+    )
+    return lambda q, k, v: module.attend(q, k, v, None)
+
+
+def flops(name: str, n: int, args: argparse.Namespace) -> float:
+    """Analytic forward+backward FLOPs (backward counted as twice the forward's matmuls)."""
+    b, h, d, m = args.batch, args.heads, args.head_dim, args.features
+    if name == "softmax":
+        forward = 4 * b * h * n * n * d  # q k^T and p v
+    elif "-" in name or name == "performer":
+        width = 2 * m if name.startswith(("trigrf", "posrf-hyp")) else m
+        forward = 4 * b * h * n * d * m + 4 * b * h * n * width * d  # projections; phi_k^T v and phi_q (kv)
+    else:
+        return float("nan")
+    return 3.0 * forward
+
+
+def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
+    """Run in a fresh process: peak memory of one forward+backward, then the median time of more."""
+    torch.manual_seed(0)
+    attend = build(name, args)
+    shape = (args.batch, args.heads, n, args.head_dim)
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    before = reset_peak_rss_kib()
+    attend(q, k, v).sum().backward()
+    peak_mib = (peak_rss_kib() - before) / 1024
+    times = []
+    for _ in range(args.repeats):
+        for t in (q, k, v):
+            t.grad = None
+        start = time.perf_counter()
+        attend(q, k, v).sum().backward()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {
+        "attention": name,
+        "n": n,
+        "seconds": seconds,
+        "peak_mib": peak_mib,
+        "gflops": flops(name, n, args) / seconds / 1e9,
+    }
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak_rss_kib() -> int:
+    """Reset the peak resident size to the current one and return it (KiB)."""
+    if Path("/proc/self/clear_refs").exists():
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_kib("VmRSS")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # elsewhere: peak so far, not resettable
+
+
+def peak_rss_kib() -> int:
+    """Peak resident size since the last reset (KiB)."""
+    if Path("/proc/self/clear_refs").exists():
+        return _status_kib("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
+    """Measured float32 matmul GFLOP/s of this machine (``size x size`` by ``size x size``)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times) / 1e9
+
+
+def machine() -> str:
+    """CPU model, cores, threads and library versions."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return (
+        f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+        f"PyTorch {torch.__version__}, Python {platform.python_version()}"
+    )
+
+
+def run_point(name: str, n: int, args: argparse.Namespace) -> dict:
+    """One point in a fresh interpreter, so peak RSS belongs to this point alone."""
+    command = [sys.executable, __file__, "--point", name, str(n)]
+    for flag in ("batch", "heads", "head_dim", "features", "repeats"):
+        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"attention": name, "n": n, "error": f"timeout after {args.timeout:.0f} s"}
+    if done.returncode != 0:
+        return {"attention": name, "n": n, "error": done.stderr.strip().splitlines()[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
+    """Markdown: time and memory per attention and N, with ratios to softmax of the same run."""
+    from rf_matrices import markdown_table
+
+    reference = {r["n"]: r for r in results if r["attention"] == "softmax" and "error" not in r}
+    header = [
+        "attention",
+        "N",
+        "fwd+bwd ms",
+        "speed-up vs softmax",
+        "peak MiB",
+        "memory vs softmax",
+        "GFLOP/s",
+    ]
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append([r["attention"], str(r["n"]), r["error"], "", "", "", ""])
+            continue
+        ref = reference.get(r["n"])
+        speed = f"{ref['seconds'] / r['seconds']:.1f}x" if ref else "n/a"
+        memory = f"{ref['peak_mib'] / max(r['peak_mib'], 0.1):.1f}x less" if ref else "n/a"
+        gflops = "" if r["gflops"] != r["gflops"] else f"{r['gflops']:.1f}"
+        row = [
+            r["attention"],
+            str(r["n"]),
+            f"{1000 * r['seconds']:.1f}",
+            speed,
+            f"{r['peak_mib']:.0f}",
+            memory,
+        ]
+        rows.append([*row, gflops])
+    shape = f"B={args.batch}, H={args.heads}, Dh={args.head_dim}, {args.features} features"
+    return f"{shape}; machine: {machine()}; float32 matmul rate {rate:.0f} GFLOP/s\n\n" + markdown_table(
+        header, rows
+    )
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Log-log time and memory against N, one line per attention."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["attention"] for r in results):
+        points = [r for r in results if r["attention"] == name and "error" not in r]
+        ns = [r["n"] for r in points]
+        style = {"lw": 2.5, "color": "black"} if name == "softmax" else {"lw": 1.2}
+        axes[0].loglog(ns, [1000 * r["seconds"] for r in points], marker="o", label=name, **style)
+        axes[1].loglog(ns, [max(r["peak_mib"], 0.1) for r in points], marker="o", label=name, **style)
+    axes[0].set(xlabel="sequence length N", ylabel="forward+backward (ms)")
+    axes[1].set(xlabel="sequence length N", ylabel="peak memory added (MiB)")
+    axes[0].legend(fontsize=7)
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure every point (or one, with ``--point``) and print the table."""
+    args = parse_args(argv)
+    if args.point:
+        print(json.dumps(measure_point(args.point[0], int(args.point[1]), args)))
+        return
+    rate = matmul_rate()
+    results = []
+    for n in args.lengths:
+        for name in args.attentions:
+            results.append(run_point(name, n, args))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"machine": machine(), "matmul_gflops": rate, "results": results}, indent=1)
+    )
+    if args.plot:
+        plot(results, args.plot)
+    print(table(results, args, rate))
+
+
+if __name__ == "__main__":
+    main()
