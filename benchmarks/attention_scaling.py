@@ -36,7 +36,23 @@ DEFAULT_ATTENTIONS = [
     "saderf-orf",
     "trigrf-sorf",
     "oprf-sgq",
+    "nystromformer",
+    "skyformer",
+    "linformer",
+    "bigbird",
+    "reformer",
+    "informer",
 ]
+
+
+def baseline_options(name: str, n: int) -> dict:
+    """Constructor options of the baselines at length ``n``: Table 1's settings.
+
+    No Nystromformer convolution, as in the Skyformer LRA configuration; Linformer sized for exactly ``n``.
+    """
+    return {"nystromformer": {"conv_kernel_size": None}, "linformer": {"max_seq_len": n}}.get(name, {})
+
+
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 
 
@@ -57,8 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build(name: str, args: argparse.Namespace):
-    """``fn(q, k, v) -> out`` for an attention name, on ``(B, H, N, Dh)`` tensors."""
+def build(name: str, n: int, args: argparse.Namespace):
+    """``fn(q, k, v) -> out`` for an attention name at length ``n``, on ``(B, H, N, Dh)`` tensors."""
     if name == "performer-pytorch":
         from performer_pytorch import FastAttention
 
@@ -67,7 +83,12 @@ def build(name: str, args: argparse.Namespace):
     import rf_attention
 
     module = rf_attention.create(
-        name, args.heads * args.head_dim, args.heads, num_features=args.features, seed=0
+        name,
+        args.heads * args.head_dim,
+        args.heads,
+        num_features=args.features,
+        seed=0,
+        **baseline_options(name, n),
     )
     return lambda q, k, v: module.attend(q, k, v, None)
 
@@ -88,7 +109,7 @@ def flops(name: str, n: int, args: argparse.Namespace) -> float:
 def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     """Run in a fresh process: peak memory of one forward+backward, then the median time of more."""
     torch.manual_seed(0)
-    attend = build(name, args)
+    attend = build(name, n, args)
     shape = (args.batch, args.heads, n, args.head_dim)
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
     before = reset_peak_rss_kib()
