@@ -55,7 +55,7 @@ TABLE_6: dict[str, TaskHyperparameters] = {
 TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskHyperparameters))
 
 #: Fields that do not change what a run computes: left out of the run's identity (:func:`run_name`).
-NOT_IDENTITY = ("data", "results", "runs", "resume", "device", "compile", "workers", "log_every")
+NOT_IDENTITY = ("data", "results", "runs", "resume", "device", "compile", "workers", "threads", "log_every")
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class TrainConfig:
     dtype: str = field(default="float32", metadata={"help": "autocast precision", "choices": tuple(DTYPES)})
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
     workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+    threads: int = field(default=0, metadata={"help": "CPU threads of torch (0: torch's default)"})
     # Model (Table 6, the same for every task).
     embedding_dim: int = field(default=64, metadata={"help": "token and position embedding width"})
     dim: int = field(default=64, metadata={"help": "transformer width"})
@@ -230,14 +231,17 @@ class QuickstartConfig:
     attentions: tuple[str, ...] = field(
         default=("softmax", "performer", "oprf-fastfoodl"), metadata={"help": "attentions to train"}
     )
-    train_examples: int = field(default=2000, metadata={"help": "generated training expressions"})
+    train_examples: int = field(default=4000, metadata={"help": "generated training expressions"})
     eval_examples: int = field(default=500, metadata={"help": "generated validation and test expressions"})
     max_depth: int = field(default=4, metadata={"help": "ListOps tree depth"})
     max_args: int = field(default=4, metadata={"help": "ListOps arguments per operator"})
     max_length: int = field(default=100, metadata={"help": "longest generated expression (tokens)"})
     features: int = field(default=64, metadata={"help": "random features"})
-    max_steps: int = field(default=600, metadata={"help": "steps per attention"})
+    max_steps: int = field(default=1000, metadata={"help": "steps per attention"})
     batch_size: int = field(default=32, metadata={"help": "batch size"})
     learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     seed: int = field(default=0, metadata={"help": "seed"})
     device: str = field(default="auto", metadata={"help": "auto: CUDA if available"})
+    threads: int = field(
+        default=1, metadata={"help": "CPU threads of torch: the models are tiny; more threads only contend"}
+    )

@@ -54,6 +54,7 @@ def quickstart(config: QuickstartConfig) -> str:
             "results": results,
             "runs": out / "runs",
             "device": config.device,
+            "threads": config.threads,
             "batch_size": config.batch_size,
             "learning_rate": config.learning_rate,
             "warmup_steps": config.max_steps // 10,

@@ -185,6 +185,8 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         FileNotFoundError: no cache for the task under ``config.data``.
     """
     config = config.resolved()
+    if config.threads:
+        torch.set_num_threads(config.threads)
     dist = ac.setup_distributed(config.device)
     record = _train(config, dist, on_checkpoint)
     ac.teardown_distributed()
