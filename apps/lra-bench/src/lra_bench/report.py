@@ -192,12 +192,9 @@ def heatmaps(cells: dict, out: Path) -> list[Path]:
     matrices = sorted({m for _, m in pairs.values()})
     paths = []
     for features in sorted({f for _, a, f in cells if a in pairs}):
-        figure, axes = plt.subplots(
-            1,
-            len(tasks),
-            figsize=(1.2 + 0.9 * len(matrices) * len(tasks), 0.9 + 0.6 * len(components)),
-            squeeze=False,
-        )
+        width = max(4.5, 1.8 + 0.8 * len(matrices))
+        height = max(3.0, 1.6 + 0.5 * len(components))
+        figure, axes = plt.subplots(1, len(tasks), figsize=(width * len(tasks), height), squeeze=False)
         for ax, task in zip(axes[0], tasks, strict=True):
             grid = np.full((len(components), len(matrices)), np.nan)
             for attention, (component, matrix) in pairs.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -14,7 +15,7 @@ def progress(
     desc: str | None = None,
     initial: int = 0,
     disable: bool = False,
-    **kw,
+    **kw: Any,
 ) -> tqdm:
     """A tqdm bar on stderr; ``disable=True`` (e.g. on ranks other than 0) draws nothing.
 
