@@ -183,8 +183,9 @@ def rf_attention(
     """Random-feature attention approximating ``softmax_attention(q, k, v)`` in O(N).
 
     ``q`` and ``k`` are scaled by ``Dh^-1/4`` each (so ``phi(q) . phi(k) ~ exp(q . k / sqrt(Dh))``), mapped by
-    ``feature_map`` with query rows and key rows stabilized separately, and combined by
-    :func:`linear_attention`, which keeps the key scales causal.
+    ``feature_map`` with each query row and the keys stabilized (non-causal: one constant for all keys;
+    causal: per-key scales that :func:`linear_attention` combines over past keys only), and combined by
+    :func:`linear_attention`.
 
     Args:
         q: ``(B, H, N_q, Dh)``.
@@ -209,9 +210,12 @@ def rf_attention(
             "attention"
         )
     scale = q.shape[-1] ** -0.25
-    phi_q, phi_k, key_log_scale = feature_map.forward_with_key_scales(
-        q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
-    )
+    masks = {"key_padding_mask": key_padding_mask, "query_padding_mask": query_padding_mask}
+    if causal:
+        phi_q, phi_k, key_log_scale = feature_map.forward_with_key_scales(q * scale, k * scale, **masks)
+    else:  # one maximum over all keys is causal-safe here
+        phi_q, phi_k = feature_map(q * scale, k * scale, stabilize=True, **masks)
+        key_log_scale = None
     return linear_attention(
         phi_q,
         phi_k,

@@ -50,9 +50,10 @@ def gerf_log_features(
     log_mag = log_d - s * sqnorm / 2
     if omega_sqnorm is not None:
         log_mag = log_mag + a * omega_sqnorm
+    scaled = projection if isinstance(b, float) and b == 1.0 else b * projection
     if s == 1:
-        return log_mag + b * projection, None
-    phase = b * projection
+        return log_mag + scaled, None
+    phase = scaled
     log_mag = log_mag.expand_as(phase)
     return torch.cat((log_mag, log_mag), dim=-1), torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
 
