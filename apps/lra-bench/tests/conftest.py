@@ -79,6 +79,7 @@ def tiny_config(tmp_path, task="listops", **overrides):
         "embedding_dim": 32,
         "hidden_dim": 32,
         "log_every": 1,
+        "threads": 1,  # tiny models: on a shared 2-core machine more threads only contend
     }
     settings.update(overrides)
     return TrainConfig(**settings)
