@@ -1,0 +1,231 @@
+"""``layer-fit report RESULTS``: train MSE as mean +/- std over seeds, per activation, method and budget.
+
+Writes to the output folder:
+
+- ``table.md`` / ``table.csv``: activation x method at one budget (Fig. 2, left), with the lowest method;
+- ``sweep.md`` / ``sweep.csv``: activation x method x budget (Fig. 2, right), when several budgets were run;
+- ``mse_bars.png``: grouped bars per activation at the budget, log scale, error bars one std;
+- ``mse_vs_budget.png``: MSE against budget per activation, one line per method (several budgets only).
+
+The standard deviation is the sample standard deviation over seeds (0 for one seed). Diverged runs (a
+non-finite loss) are counted apart and left out of the mean.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import app_common as ac
+from layer_fit.config import ACTIVATIONS, PAPER_METHODS, ReportConfig
+from layer_fit.train import PROTOCOL_KEYS
+from rf_matrices import markdown_table
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The runs of one (activation, method, budget) aggregated over seeds."""
+
+    mean: float
+    std: float
+    seeds: int
+    diverged: int
+    seconds: float
+
+
+def _ordered(values: set[str], preferred: tuple[str, ...]) -> list[str]:
+    return [v for v in preferred if v in values] + sorted(values - set(preferred))
+
+
+def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
+    """``(activation, method, budget) -> Cell``.
+
+    Raises:
+        ValueError: no records, or records of different protocols (steps, sizes, ...) in one file.
+    """
+    if not records:
+        raise ValueError("results: no records to report")
+    protocols = {tuple((k, r.get(k)) for k in PROTOCOL_KEYS) for r in records}
+    if len(protocols) > 1:
+        listed = "; ".join(", ".join(f"{k}={v}" for k, v in p) for p in sorted(protocols, key=str))
+        raise ValueError(f"results: runs of {len(protocols)} different protocols in one file ({listed})")
+    groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    for record in records:
+        groups[(record["activation"], record["method"], int(record["budget"]))].append(record)
+    cells = {}
+    for key, runs in groups.items():
+        ok = [r["mse"] for r in runs if not r.get("diverged") and r.get("mse") is not None]
+        cells[key] = Cell(
+            mean=statistics.fmean(ok) if ok else math.nan,
+            std=statistics.stdev(ok) if len(ok) > 1 else 0.0,
+            seeds=len(ok),
+            diverged=len(runs) - len(ok),
+            seconds=statistics.fmean(r["train_seconds"] for r in runs),
+        )
+    return cells
+
+
+def _fmt(cell: Cell | None) -> str:
+    if cell is None:
+        return "-"
+    text = "diverged" if math.isnan(cell.mean) else f"{cell.mean:.3e} ± {cell.std:.1e}"
+    return text + (f" ({cell.diverged} diverged)" if cell.diverged else "")
+
+
+def _axes(cells: dict) -> tuple[list[str], list[str], list[int]]:
+    activations = _ordered({a for a, _, _ in cells}, ACTIVATIONS)
+    methods = _ordered({m for _, m, _ in cells}, PAPER_METHODS)
+    budgets = sorted({b for _, _, b in cells})
+    return activations, methods, budgets
+
+
+def lowest(cells: dict, activation: str, budget: int) -> str | None:
+    """The method with the lowest mean MSE for ``activation`` at ``budget`` (None if none finished)."""
+    found = {m: c.mean for (a, m, b), c in cells.items() if a == activation and b == budget}
+    found = {m: v for m, v in found.items() if not math.isnan(v)}
+    return min(found, key=found.get) if found else None
+
+
+def main_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
+    """Activation x method at ``budget``: ``mean ± std`` of the train MSE, and the lowest method."""
+    activations, methods, _ = _axes(cells)
+    header = ["activation", *methods, "lowest", "seeds"]
+    rows = []
+    for activation in activations:
+        if not any((activation, m, budget) in cells for m in methods):
+            continue
+        seeds = sorted(
+            {cells[(activation, m, budget)].seeds for m in methods if (activation, m, budget) in cells}
+        )
+        rows.append(
+            [
+                activation,
+                *(_fmt(cells.get((activation, m, budget))) for m in methods),
+                lowest(cells, activation, budget) or "-",
+                "/".join(map(str, seeds)),
+            ]
+        )
+    return header, rows
+
+
+def sweep_table(cells: dict) -> tuple[list[str], list[list[str]]]:
+    """Activation x method rows, one column per budget: ``mean ± std``."""
+    activations, methods, budgets = _axes(cells)
+    header = ["activation", "method", *(f"B={b}" for b in budgets)]
+    rows = [
+        [a, m, *(_fmt(cells.get((a, m, b))) for b in budgets)]
+        for a in activations
+        for m in methods
+        if any((a, m, b) in cells for b in budgets)
+    ]
+    return header, rows
+
+
+def write_csv(path: Path, cells: dict) -> None:
+    """Long format: ``activation, method, budget, mse_mean, mse_std, seeds, diverged, train_seconds``."""
+    activations, methods, budgets = _axes(cells)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            ["activation", "method", "budget", "mse_mean", "mse_std", "seeds", "diverged", "train_seconds"]
+        )
+        for a in activations:
+            for m in methods:
+                for b in budgets:
+                    c = cells.get((a, m, b))
+                    if c is not None:
+                        writer.writerow([a, m, b, c.mean, c.std, c.seeds, c.diverged, f"{c.seconds:.2f}"])
+
+
+def plot_bars(cells: dict, budget: int, path: Path) -> None:
+    """Fig. 2 (left): grouped bars of the mean MSE per activation, one bar per method, std error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    activations, methods, _ = _axes(cells)
+    activations = [a for a in activations if any((a, m, budget) in cells for m in methods)]
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(activations), 3.6))
+    for i, method in enumerate(methods):
+        found = [cells.get((a, method, budget)) for a in activations]
+        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(activations))]
+        means = [c.mean if c else math.nan for c in found]
+        stds = [c.std if c else 0.0 for c in found]
+        lower = [min(s, 0.9 * m) if not math.isnan(m) else 0.0 for m, s in zip(means, stds, strict=True)]
+        ax.bar(xs, means, width, yerr=[lower, stds], capsize=2, label=method)
+    ax.set_xticks(range(len(activations)), activations)
+    ax.set_yscale("log")
+    ax.set_ylabel("train MSE (standardized)")
+    ax.set_title(f"single-layer fit, budget {budget}")
+    ax.legend(fontsize=8, ncols=min(len(methods), 5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_budget(cells: dict, path: Path) -> None:
+    """Fig. 2 (right): mean MSE against budget, one panel per activation, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    activations, methods, budgets = _axes(cells)
+    fig, axes = plt.subplots(1, len(activations), figsize=(3.2 * len(activations), 3.2), squeeze=False)
+    for ax, activation in zip(axes[0], activations, strict=True):
+        for method in methods:
+            found = [(b, cells[(activation, method, b)]) for b in budgets if (activation, method, b) in cells]
+            if not found:
+                continue
+            xs = [b for b, _ in found]
+            means = [c.mean for _, c in found]
+            stds = [c.std for _, c in found]
+            ax.errorbar(xs, means, yerr=stds, marker="o", ms=3, capsize=2, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("random features / rank")
+        ax.set_title(activation)
+    axes[0][0].set_ylabel("train MSE (standardized)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def claim_line(cells: dict, budget: int, method: str = "ralimp") -> str:
+    """Whether ``method`` has the lowest mean MSE for every activation at ``budget`` (the paper's claim)."""
+    activations, _, _ = _axes(cells)
+    activations = [a for a in activations if lowest(cells, a, budget) is not None]
+    wins = [a for a in activations if lowest(cells, a, budget) == method]
+    verdict = "holds" if activations and len(wins) == len(activations) else "does not hold"
+    return (
+        f"{method} lowest mean MSE at budget {budget}: {len(wins)} of {len(activations)} activations "
+        f"({', '.join(wins) or 'none'}); the claim {verdict} in these results."
+    )
+
+
+def report(config: ReportConfig) -> dict[str, str]:
+    """Write the tables and plots of ``config.results``; returns the Markdown texts by name."""
+    cells = aggregate(ac.read_jsonl(config.results))
+    out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    _, _, budgets = _axes(cells)
+    budget = config.budget if config.budget in budgets else budgets[0]
+    _, methods, _ = _axes(cells)
+    claims = [claim_line(cells, budget, m) for m in ("ralimp", "ralimp-psi") if m in methods]
+    texts = {"table": "\n\n".join([markdown_table(*main_table(cells, budget)), *claims])}
+    (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
+    write_csv(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
+    plot_bars(cells, budget, out / "mse_bars.png")
+    if len(budgets) > 1:
+        texts["sweep"] = markdown_table(*sweep_table(cells))
+        (out / "sweep.md").write_text(texts["sweep"] + "\n", encoding="utf-8")
+        write_csv(out / "sweep.csv", cells)
+        plot_budget(cells, out / "mse_vs_budget.png")
+    return texts
