@@ -1,0 +1,464 @@
+"""GPT-2 in the style of nanoGPT: one file, a frozen config, a ``from_pretrained`` that maps HF weights.
+
+The model is GPT-2 (pre-LayerNorm blocks, learned positions, tied input/output embeddings, tanh GELU),
+with two places where a part can be swapped:
+
+- the attention of every block is ``rf_attention.create(config.attention, ..., causal=True)``: ``"softmax"``
+  is exact causal attention (``scaled_dot_product_attention``), any ``"<component>-<matrix>"`` name a causal
+  random-feature attention that is O(N) and strictly causal;
+- the MLP of the last ``last_k`` blocks becomes a linearized layer of ``ralimp`` (``config.mlp``:
+  ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``), initialized from the block's ``c_fc`` (random for
+  training from scratch, pretrained when uptraining), at the feature budget ``mlp_features``
+  (:data:`MLP_OPTIONS`).
+
+Parameter names follow nanoGPT (``transformer.h.3.mlp.c_fc.weight``), except the attention's projections,
+which are ``rf_attention``'s ``qkv`` and ``proj`` (HF's ``c_attn`` and ``c_proj``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ralimp
+import rf_attention
+from gpt_uptrain import hf
+from rf_matrices import Registry
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The architecture (defaults: GPT-2 small's shape with nanoGPT's padded vocabulary).
+
+    Attributes:
+        block_size: context length (learned positions).
+        vocab_size: token ids ``0 .. vocab_size - 1``.
+        n_layer: blocks.
+        n_head: attention heads.
+        n_embd: width.
+        dropout: dropout on embeddings, attention output and MLP output (0 for pretraining).
+        bias: biases in the linear layers and LayerNorms (GPT-2 has them).
+        layer_norm_epsilon: LayerNorm epsilon.
+        attention: an ``rf_attention`` name, used causally.
+        attention_features: random features of an RF attention (ignored by ``softmax``).
+        mlp: ``"dense"`` or a kind of :data:`MLP_OPTIONS` (``ralimp``, ``eugen``, ``snnk``, ``lowrank``).
+        last_k: replace the MLPs of the last ``last_k`` blocks; None: half of them (rounded up).
+        mlp_features: feature budget of a replacement (128 in the paper), see :data:`MLP_OPTIONS`.
+        mlp_weight_matrix: ``rf_matrices`` name of the replacements' projections.
+        seed: seed of every random projection (attention features, replacement layers).
+    """
+
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    layer_norm_epsilon: float = 1e-5
+    attention: str = "softmax"
+    attention_features: int = 128
+    mlp: str = "dense"
+    last_k: int | None = None
+    mlp_features: int = 128
+    mlp_weight_matrix: str = "base"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "attention_features"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_head: expected a divisor of n_embd={self.n_embd}, got {self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout: expected a rate in [0, 1), got {self.dropout!r}")
+        if self.mlp != "dense" and self.mlp not in MLP_OPTIONS:
+            raise ValueError(
+                f"mlp: expected 'dense' or one of {', '.join(MLP_OPTIONS.names())}, got {self.mlp!r}"
+            )
+        if self.last_k is not None and not 1 <= self.last_k <= self.n_layer:
+            raise ValueError(
+                f"last_k: expected an integer in [1, {self.n_layer}] (n_layer), got {self.last_k!r}"
+            )
+
+    @property
+    def replaced_blocks(self) -> int:
+        """How many trailing blocks have their MLP replaced (0 for ``mlp="dense"``)."""
+        if self.mlp == "dense":
+            return 0
+        return self.last_k if self.last_k is not None else (self.n_layer + 1) // 2
+
+
+#: Replacement kind -> ``options(budget)``: the keyword arguments of its ``ralimp`` layer at a feature budget.
+#: At ``budget = 128`` these are the paper's GPT-2 settings (ralimp.txt, App. "GPT-2"): RaLiMP a degree-2
+#: polynomial with 120 features plus one trainable atom ``(A, B, p, q)`` at 2 Gauss-Laguerre frequencies x
+#: ``m = 4`` projections (8 features) and ``tau = 3``; EUGen degree 2 with 128 features; SNNK 128 features.
+MLP_OPTIONS: Registry[Callable[[int], dict]] = Registry("MLP replacement")
+
+RALIMP_FREQS, RALIMP_FREQ_FEATURES, RALIMP_TAU = 2, 4, 3.0
+
+
+@MLP_OPTIONS.register("ralimp")
+def ralimp_options(budget: int) -> dict:
+    """``budget - 8`` polynomial features (degree 2) + 1 atom x 2 frequencies x 4 projections, ``tau = 3``."""
+    rational = RALIMP_FREQS * RALIMP_FREQ_FEATURES
+    if budget <= rational:
+        raise ValueError(
+            f"mlp_features: RaLiMP needs more than {rational} features (its rational block), got {budget}"
+        )
+    return {
+        "poly_degree": 2,
+        "poly_features": budget - rational,
+        "num_atoms": 1,
+        "num_freqs": RALIMP_FREQS,
+        "freq_features": RALIMP_FREQ_FEATURES,
+        "tau": RALIMP_TAU,
+        "learn_poles": True,
+    }
+
+
+@MLP_OPTIONS.register("eugen")
+def eugen_options(budget: int) -> dict:
+    """Degree-2 product features with ``budget`` rows per factor."""
+    return {"poly_degree": 2, "num_features": budget}
+
+
+@MLP_OPTIONS.register("snnk")
+def snnk_options(budget: int) -> dict:
+    """``budget`` complex-exponential random features (Fourier variant)."""
+    return {"num_features": budget}
+
+
+@MLP_OPTIONS.register("lowrank")
+def lowrank_options(budget: int) -> dict:
+    """Rank ``budget`` factorization of ``c_fc`` (no random features; the non-kernel baseline)."""
+    return {"rank": budget}
+
+
+class MLP(nn.Module):
+    """``c_proj(gelu(c_fc(x)))``: nanoGPT's layout, which ``ralimp.replace_mlp`` recognizes."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, C) -> (B, T, C)``."""
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
+
+    def __init__(self, config: GPTConfig, index: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.attn = rf_attention.create(
+            config.attention,
+            config.n_embd,
+            config.n_head,
+            num_features=config.attention_features,
+            causal=True,
+            dropout=config.dropout,
+            seed=config.seed + index,
+            bias=config.bias,
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, C) -> (B, T, C)``."""
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 language model ``idx (B, T) -> logits (B, T, vocab_size)``."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.vocab_size, config.n_embd),
+                "wpe": nn.Embedding(config.block_size, config.n_embd),
+                "drop": nn.Dropout(config.dropout),
+                "h": nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+                "ln_f": nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
+            }
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying, as GPT-2
+        self._init_weights()
+        self.replaced = self.linearize_mlps() if config.mlp != "dense" else []
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """GPT-2's init: N(0, 0.02) weights, zero biases, residual projections by ``1/sqrt(2 n_layer)``.
+
+        Only the model's own layers are touched (the attention's ``qkv``/``proj``, the MLP, the embeddings);
+        whatever else an attention module holds keeps its own initialization.
+        """
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, module in self.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            if isinstance(module, nn.Linear) and leaf in ("qkv", "proj", "c_fc", "c_proj", "lm_head"):
+                std = residual_std if leaf in ("proj", "c_proj") else 0.02
+                nn.init.normal_(module.weight, 0.0, std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+
+    def linearize_mlps(self) -> list[str]:
+        """Replace the MLPs of the last ``config.replaced_blocks`` blocks by ``config.mlp`` layers, in place.
+
+        Each ``c_fc`` + GELU becomes ``kind.from_linear(c_fc, "gelu", **MLP_OPTIONS[kind](mlp_features))``
+        (``ralimp.replace_mlp``; block ``i`` of the replaced ones gets seed ``config.seed + i``).
+
+        Returns:
+            The replaced blocks' names (``["h.10.mlp", "h.11.mlp"]``).
+        """
+        c = self.config
+        options = MLP_OPTIONS.get(c.mlp)(c.mlp_features)
+        if "weight_matrix" in inspect.signature(ralimp.LAYERS.get(c.mlp)).parameters:
+            options["weight_matrix"] = c.mlp_weight_matrix
+        names = ralimp.replace_mlp(
+            self.transformer, c.mlp, last_k=c.replaced_blocks, activation="gelu", seed=c.seed, **options
+        )
+        return names
+
+    def num_parameters(self, *, non_embedding: bool = True) -> int:
+        """Parameters (the position embedding excluded by default, as nanoGPT counts)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``idx (B, T)`` token ids -> ``(logits (B, T, V), loss)``; loss: mean cross entropy or None."""
+        if idx.dim() != 2:
+            raise ValueError(f"idx: expected token ids of shape (B, T), got {tuple(idx.shape)}")
+        _, t = idx.shape
+        if t > self.config.block_size:
+            raise ValueError(
+                f"idx: sequence of length {t} is longer than block_size={self.config.block_size}"
+            )
+        pos = torch.arange(t, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    # ------------------------------------------------------------------------------------ optimization
+    #: Trainable matrices that are coefficients, not weights, so get no weight decay (RaLiMP's per-node
+    #: channel weights).
+    NO_DECAY = ("node_cos", "node_sin")
+
+    def configure_optimizers(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+    ) -> torch.optim.AdamW:
+        """AdamW with weight decay on the matrices (dim >= 2) and none on biases, norms and coefficients."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (decay if p.dim() >= 2 and not name.endswith(self.NO_DECAY) else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = device_type == "cuda"
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+
+    # --------------------------------------------------------------------------------------- generation
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)`` (context cropped to ``block_size``).
+
+        Every step reruns the (causal) model on the context; this works unchanged with an RF attention.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature: expected a value > 0, got {temperature!r}")
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size :]
+            logits, _ = self(context)
+            logits = logits[:, -1, :].float() / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        return idx
+
+    @torch.no_grad()
+    def crop_block_size(self, block_size: int) -> None:
+        """Shorten the context (e.g. GPT-2's 1024 to a smaller ``block_size``) by cropping the positions."""
+        if not 1 <= block_size <= self.config.block_size:
+            raise ValueError(
+                f"block_size: expected an integer in [1, {self.config.block_size}], got {block_size}"
+            )
+        self.config = dataclasses.replace(self.config, block_size=block_size)
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].clone())
+
+    # --------------------------------------------------------------------- Hugging Face GPT-2 weights
+    #: Our attention's projections -> HF GPT-2's names.
+    HF_RENAMES = ((".attn.qkv", ".attn.c_attn"), (".attn.proj", ".attn.c_proj"))
+    #: The modules of HF GPT-2 (after the renames) that hold weights.
+    HF_MODULES = re.compile(
+        r"transformer\.(wte|wpe|ln_f|h\.\d+\.(ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj))"
+    )
+    #: HF GPT-2 stores these as ``Conv1D`` weights, ``(in, out)``: transposed against ``nn.Linear``.
+    HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    #: HF buffers that are no weights (the causal mask of older checkpoints).
+    HF_IGNORED = (".attn.bias", ".attn.masked_bias")
+
+    def hf_names(self) -> dict[str, str]:
+        """Our parameter name -> its name in an HF ``GPT2LMHeadModel`` state dict (dense GPT-2 parts only).
+
+        Covers the embeddings, norms, the attention's ``qkv``/``proj`` and the MLP layers that are still
+        ``nn.Linear``; the tied ``lm_head`` is left out (HF ties it too), and so are the tensors of a
+        replacement layer or of an RF attention's feature map.
+        """
+        names = {}
+        for module_name, module in self.named_modules():
+            if module_name == "lm_head" or not isinstance(module, nn.Linear | nn.LayerNorm | nn.Embedding):
+                continue
+            hf_module = module_name
+            for old, new in self.HF_RENAMES:
+                hf_module = hf_module.replace(old, new)
+            if self.HF_MODULES.fullmatch(hf_module):
+                for param, _ in module.named_parameters(recurse=False):
+                    names[f"{module_name}.{param}"] = f"{hf_module}.{param}"
+        return names
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy HF GPT-2 weights (``transformer.``-prefixed or not) into this model, transposing ``Conv1D``.
+
+        Raises:
+            ValueError: a tensor missing from ``state`` or of the wrong shape (naming it), an HF tensor this
+                model has no place for, or an ``lm_head.weight`` that is not tied to ``wte``.
+        """
+        state = {
+            (k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v
+            for k, v in state.items()
+        }
+        state = {k: v for k, v in state.items() if not k.endswith(self.HF_IGNORED)}
+        head = state.pop("lm_head.weight", None)
+        if head is not None and not torch.equal(head, state.get("transformer.wte.weight", head)):
+            raise ValueError(
+                "lm_head.weight: differs from transformer.wte.weight; GPT-2 ties them and so does this model"
+            )
+        targets = self.state_dict()
+        names = self.hf_names()
+        unknown = sorted(set(state) - set(names.values()))
+        if unknown:
+            raise ValueError(f"HF state dict: no place in this model for {', '.join(unknown[:5])}")
+        for ours, theirs in names.items():
+            if theirs not in state:
+                raise ValueError(f"HF state dict: missing {theirs!r}")
+            value = state[theirs]
+            if theirs.endswith(self.HF_TRANSPOSED):
+                value = value.t()
+            if value.shape != targets[ours].shape:
+                raise ValueError(
+                    f"HF state dict: {theirs!r} has shape {tuple(state[theirs].shape)}, expected "
+                    f"{tuple(targets[ours].shape)} (transposed Conv1D)"
+                    if theirs.endswith(self.HF_TRANSPOSED)
+                    else f"HF state dict: {theirs!r} has shape {tuple(value.shape)}, expected "
+                    f"{tuple(targets[ours].shape)}"
+                )
+            targets[ours].copy_(value)
+
+    @torch.no_grad()
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """This model's GPT-2 weights in HF ``GPT2LMHeadModel`` layout (``Conv1D`` weights transposed back).
+
+        Raises:
+            ValueError: the model has replaced MLPs (no HF GPT-2 layout holds them).
+        """
+        if self.replaced:
+            raise ValueError(
+                f"model: MLPs {', '.join(self.replaced)} are replaced ({self.config.mlp}); HF GPT-2 has none"
+            )
+        state = self.state_dict()
+        out = {}
+        for ours, theirs in self.hf_names().items():
+            value = state[ours]
+            out[theirs] = (
+                (value.t() if theirs.endswith(self.HF_TRANSPOSED) else value).detach().clone().contiguous()
+            )
+        out["lm_head.weight"] = out["transformer.wte.weight"].clone()
+        return out
+
+    def hf_config(self) -> dict:
+        """The ``config.json`` of an HF GPT-2 with this architecture."""
+        c = self.config
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": c.vocab_size,
+            "n_positions": c.block_size,
+            "n_embd": c.n_embd,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "n_inner": None,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": c.layer_norm_epsilon,
+            "tie_word_embeddings": True,
+        }
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, block_size: int | None = None, **overrides: object) -> GPT:
+        """GPT-2 from a local Hugging Face checkpoint folder, replacements applied after the weights are in.
+
+        The folder holds ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``.
+
+        Args:
+            path: the checkpoint folder (``save_pretrained`` output or a downloaded hub snapshot).
+            block_size: crop the context to this length.
+            **overrides: other :class:`GPTConfig` fields (``dropout``, ``attention``, ``mlp``, ``last_k``,
+                ``mlp_features``, ``seed``...); the shape fields come from ``config.json``.
+
+        Raises:
+            FileNotFoundError: no checkpoint at ``path``.
+            ValueError: a config that is no GPT-2 (or that the overrides contradict), or bad weights.
+        """
+        shape = hf.gpt2_config_fields(hf.read_config(path))
+        clash = sorted(k for k in overrides if k in shape and overrides[k] != shape[k])
+        if clash:
+            raise ValueError(f"overrides: {', '.join(clash)} are fixed by {path}/config.json ({shape})")
+        config = GPTConfig(**{**shape, **overrides})
+        model = cls(dataclasses.replace(config, mlp="dense"))
+        model.load_hf_state_dict(hf.read_state_dict(path))
+        if block_size is not None and block_size != config.block_size:
+            model.crop_block_size(block_size)
+        model.config = dataclasses.replace(model.config, mlp=config.mlp)
+        if config.mlp != "dense":
+            model.replaced = model.linearize_mlps()
+        return model

@@ -1,0 +1,117 @@
+"""``gpt-uptrain report RESULTS``: validation perplexity table (Markdown, CSV) and loss curves (PNG)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import app_common as ac
+from rf_matrices import markdown_table
+
+HEADER = [
+    "Run",
+    "MLP",
+    "Replaced blocks",
+    "Attention",
+    "Iterations",
+    "Tokens",
+    "Val loss",
+    "Val perplexity",
+    "Parameters (M)",
+    "Time (s)",
+]
+
+
+def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """One row per record, in file order (the latest record of a run label wins)."""
+    latest = {r["run"]: r for r in records}
+    rows = [
+        [
+            r["run"],
+            r["mlp"],
+            str(r["last_k"]),
+            r["attention"],
+            str(r["iters"]),
+            f"{r['tokens']:,}",
+            f"{r['val_loss']:.4f}",
+            f"{r['val_ppl']:.3f}",
+            f"{r['num_parameters'] / 1e6:.3f}",
+            f"{r['train_time_s']:.0f}",
+        ]
+        for r in latest.values()
+    ]
+    return HEADER, rows
+
+
+def loss_curves(records: list[dict], path: Path) -> Path:
+    """Training loss (thin) and validation loss (markers) against iterations, one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(7, 4.2))
+    latest = {r["run"]: r for r in records}
+    for index, record in enumerate(latest.values()):
+        log = ac.read_jsonl(record["log"], missing_ok=True)
+        color = f"C{index % 10}"
+        train = [(r["iter"], r["train_loss"]) for r in log if "train_loss" in r]
+        val = [(r["iter"], r["val_loss"]) for r in log if "val_loss" in r]
+        if train:
+            ax.plot(*zip(*train, strict=True), color=color, lw=0.8, alpha=0.6)
+        if val:
+            ax.plot(
+                *zip(*val, strict=True),
+                "o-",
+                color=color,
+                ms=4,
+                label=f"{record['run']} (val ppl {record['val_ppl']:.2f})",
+            )
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("cross entropy (nats/token)")
+    ax.set_title("Training (thin) and validation (markers) loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def report(results: str | Path, out: str | Path | None = None) -> str:
+    """Write ``table.md``, ``table.csv`` and ``loss_curves.png`` to ``out``; returns the Markdown table.
+
+    Raises:
+        FileNotFoundError: no results file.
+        ValueError: an empty file or a record without the fields of a ``train`` record.
+    """
+    records = ac.read_jsonl(results)
+    if not records:
+        raise ValueError(f"{results}: no results yet")
+    needed = (
+        "run",
+        "mlp",
+        "last_k",
+        "attention",
+        "iters",
+        "tokens",
+        "val_loss",
+        "val_ppl",
+        "num_parameters",
+        "log",
+    )
+    for number, record in enumerate(records, start=1):
+        missing = [k for k in needed if k not in record]
+        if missing:
+            raise ValueError(f"{results}: record {number} lacks {', '.join(missing)}")
+    out = Path(out) if out is not None else Path(results).parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    header, rows = table(records)
+    text = markdown_table(header, rows)
+    (out / "table.md").write_text(text + "\n", encoding="utf-8")
+    with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    loss_curves(records, out / "loss_curves.png")
+    return text

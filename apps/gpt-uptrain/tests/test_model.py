@@ -1,0 +1,129 @@
+import copy
+
+import pytest
+import torch
+
+import ralimp
+from gpt_uptrain import GPT, MLP_OPTIONS, GPTConfig
+
+TINY = {
+    "block_size": 16,
+    "vocab_size": 23,
+    "n_layer": 3,
+    "n_head": 2,
+    "n_embd": 32,
+    "mlp_features": 16,
+    "seed": 0,
+}
+
+CASES = [
+    pytest.param({"mlp": "dense"}, id="dense"),
+    pytest.param({"mlp": "ralimp", "last_k": 2}, id="ralimp"),
+    pytest.param({"mlp": "eugen", "last_k": 2}, id="eugen"),
+    pytest.param({"mlp": "snnk", "last_k": 2}, id="snnk"),
+    pytest.param({"mlp": "lowrank", "last_k": 3}, id="lowrank"),
+    pytest.param({"mlp": "ralimp", "last_k": 1, "attention": "performer"}, id="ralimp+performer"),
+    pytest.param({"mlp": "dense", "attention": "oprf-orf"}, id="dense+oprf-orf"),
+    pytest.param({"mlp": "snnk", "last_k": 1, "attention": "saderf-fastfoodl"}, id="snnk+saderf-fastfoodl"),
+]
+
+
+def _perturbed_after(idx, t, vocab, seed=1):
+    other = idx.clone()
+    gen = torch.Generator().manual_seed(seed)
+    other[:, t + 1 :] = (
+        idx[:, t + 1 :] + torch.randint(1, vocab, other[:, t + 1 :].shape, generator=gen)
+    ) % vocab
+    return other
+
+
+@pytest.mark.parametrize("options", CASES)
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_logits_at_position_t_do_not_depend_on_later_tokens(options, mode):
+    model = GPT(GPTConfig(**TINY, **options))
+    model.train(mode == "train")
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]), generator=gen)
+    for t in (0, 5, TINY["block_size"] - 2):
+        other = _perturbed_after(idx, t, TINY["vocab_size"])
+        # A fresh copy per forward pass: in training, running statistics (OPRF, SADERF) change with each call.
+        logits, _ = copy.deepcopy(model)(idx)
+        logits_other, _ = copy.deepcopy(model)(other)
+        torch.testing.assert_close(logits_other[:, : t + 1], logits[:, : t + 1], rtol=0, atol=1e-5)
+        # ... while the changed token does change the logits from t + 1 on (the check can fail).
+        assert (logits_other[:, t + 1] - logits[:, t + 1]).abs().max() > 1e-4
+
+
+def test_replacement_swaps_exactly_the_mlps_of_the_last_k_blocks():
+    model = GPT(GPTConfig(**{**TINY, "n_layer": 4}, mlp="ralimp", last_k=2))
+    assert model.replaced == ["h.2.mlp", "h.3.mlp"]
+    kinds = [type(block.mlp.c_fc) for block in model.transformer.h]
+    assert kinds == [torch.nn.Linear, torch.nn.Linear, ralimp.RaLiMP, ralimp.RaLiMP]
+    assert all(isinstance(block.mlp.gelu, torch.nn.Identity) for block in model.transformer.h[2:])
+    assert all(isinstance(block.mlp.c_proj, torch.nn.Linear) for block in model.transformer.h)
+
+
+def test_default_last_k_is_half_of_the_blocks_rounded_up():
+    assert GPTConfig(**{**TINY, "n_layer": 5}, mlp="eugen").replaced_blocks == 3
+    assert GPTConfig(**TINY).replaced_blocks == 0
+
+
+def test_ralimp_at_budget_128_is_the_papers_gpt2_layer():
+    model = GPT(GPTConfig(**{**TINY, "mlp_features": 128}, mlp="ralimp", last_k=1))
+    layer = model.transformer.h[-1].mlp.c_fc
+    assert isinstance(layer, ralimp.RaLiMP)
+    assert layer.poly_degree == 2
+    assert [m.num_features for m in layer.poly_matrices] == [120, 120]
+    assert layer.num_atoms == 1
+    assert layer.num_freqs == 2
+    assert [m.num_features for m in layer.freq_matrices] == [4, 4]  # 2 frequencies x m = 4: 8 projections
+    assert float(layer.tau) == 3.0
+    trainable = {name for name, p in layer.named_parameters() if p.requires_grad}
+    assert {"atom_a", "atom_b", "atom_p", "atom_q_raw"} <= trainable
+
+
+def test_eugen_and_snnk_get_the_same_budget():
+    model = GPT(GPTConfig(**{**TINY, "mlp_features": 128}, mlp="eugen", last_k=1))
+    assert model.transformer.h[-1].mlp.c_fc.num_random_features == 128
+    model = GPT(GPTConfig(**{**TINY, "mlp_features": 128}, mlp="snnk", last_k=1))
+    assert model.transformer.h[-1].mlp.c_fc.num_random_features == 128
+    assert MLP_OPTIONS.get("ralimp")(128)["poly_features"] + 2 * 4 == 128
+
+
+def test_generation_appends_tokens_with_an_rf_attention():
+    model = GPT(GPTConfig(**TINY, attention="oprf-orf", mlp="ralimp", last_k=1)).eval()
+    start = torch.zeros(2, 3, dtype=torch.long)
+    out = model.generate(start, 20, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 23)  # longer than block_size: the context is cropped
+    assert torch.equal(out[:, :3], start)
+    assert int(out.max()) < TINY["vocab_size"]
+
+
+def test_weight_decay_goes_to_matrices_not_to_biases_norms_or_coefficients():
+    model = GPT(GPTConfig(**TINY, mlp="ralimp", last_k=1))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
+    names = {name for name, p in model.named_parameters() if id(p) in decayed}
+    assert "transformer.h.2.mlp.c_fc.weight" in names
+    assert "transformer.h.0.attn.qkv.weight" in names
+    assert not any(n.endswith(("bias", "node_cos", "node_sin", "poly_coef")) or ".ln_" in n for n in names)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mlp": "mystery"}, "mlp: expected 'dense' or one of"),
+        ({"mlp": "ralimp", "last_k": 9}, r"last_k: expected an integer in \[1, 3\]"),
+        ({"n_head": 5}, "n_head: expected a divisor of n_embd=32"),
+        ({"mlp": "ralimp", "last_k": 1, "mlp_features": 8}, "mlp_features: RaLiMP needs more than 8"),
+    ],
+)
+def test_bad_settings_name_the_argument(options, message):
+    with pytest.raises(ValueError, match=message):
+        GPT(GPTConfig(**{**TINY, **options}))
+
+
+def test_too_long_input_is_refused():
+    model = GPT(GPTConfig(**TINY))
+    with pytest.raises(ValueError, match="longer than block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))

@@ -1,0 +1,172 @@
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import app_common as ac
+from gpt_uptrain import SampleConfig, learning_rate, report, sample, save_pretrained, train
+from gpt_uptrain.cli import main
+from gpt_uptrain.model import GPT, GPTConfig
+
+
+def _log(config):
+    return ac.read_jsonl(config.out / "log.jsonl")
+
+
+@pytest.mark.parametrize("mlp", ["dense", "ralimp", "eugen", "snnk"])
+def test_a_tiny_run_lowers_the_loss(tmp_path, data, helpers, mlp):
+    config = helpers.tiny_config(tmp_path, data, mlp=mlp, last_k=1, max_iters=40, eval_interval=40)
+    record = train(config)
+    first = _log(config)[0]
+    assert first["iter"] == 1
+    assert record["val_loss"] < first["train_loss"] - 1.0
+    assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
+    assert record["replaced"] == ([] if mlp == "dense" else ["h.1.mlp"])
+
+
+class Stop(Exception):
+    pass
+
+
+def _stop_at(iteration):
+    def hook(it):
+        if it == iteration:
+            raise Stop
+
+    return hook
+
+
+def test_resume_reproduces_the_next_steps_loss(tmp_path, data, helpers):
+    # Dropout and a causal OPRF attention (running statistics) make the random and buffer state matter.
+    options = {"mlp": "ralimp", "last_k": 1, "attention": "oprf-orf", "dropout": 0.1}
+    unbroken = helpers.tiny_config(tmp_path / "a", data, **options)
+    broken = helpers.tiny_config(tmp_path / "b", data, **options)
+    expected = train(unbroken)
+    with pytest.raises(Stop):
+        train(broken, on_checkpoint=_stop_at(3))
+    assert max(r["iter"] for r in _log(broken)) == 3
+    resumed = train(dataclasses.replace(broken, resume=True))
+    losses = [[r["train_loss"] for r in _log(c) if "train_loss" in r] for c in (unbroken, broken)]
+    assert len(losses[1]) == 6
+    assert losses[1][3] == losses[0][3]  # the next step after the checkpoint, exactly
+    assert losses[1] == losses[0]
+    assert resumed["val_loss"] == expected["val_loss"]
+    assert train(dataclasses.replace(broken, resume=True)) is None  # finished: nothing left to do
+
+
+def test_learning_rate_warms_up_then_follows_the_cosine_to_min_lr(tmp_path, helpers):
+    config = helpers.tiny_config(
+        tmp_path, tmp_path, learning_rate=6e-4, min_lr=6e-5, warmup_iters=500, max_iters=30_000
+    )
+    assert learning_rate(0, config) == pytest.approx(6e-4 / 501)
+    assert learning_rate(499, config) == pytest.approx(6e-4 * 500 / 501)
+    assert learning_rate(500, config) == pytest.approx(6e-4)
+    assert learning_rate(15_250, config) == pytest.approx((6e-4 + 6e-5) / 2)
+    assert learning_rate(30_000, config) == pytest.approx(6e-5)
+
+
+def test_sample_generates_text_from_a_checkpoint_trained_with_an_rf_attention(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path, data, attention="performer", mlp="eugen", last_k=1, max_iters=3)
+    train(config)
+    texts = sample(
+        SampleConfig(
+            checkpoint=config.out / "checkpoint.pt",
+            prompt="the ",
+            max_new_tokens=25,
+            num_samples=2,
+            device="cpu",
+        )
+    )
+    assert len(texts) == 2
+    assert all(t.startswith("the ") and len(t) == 29 for t in texts)
+    with pytest.raises(ValueError, match="--attention applies to Hugging Face folders"):
+        sample(SampleConfig(checkpoint=config.out / "checkpoint.pt", attention="performer", device="cpu"))
+
+
+def test_sample_runs_an_hf_gpt2_with_an_rf_attention(tmp_path):
+    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=16))
+    folder = save_pretrained(model, tmp_path / "hf")
+    config = SampleConfig(
+        checkpoint=folder,
+        attention="oprf-orf",
+        tokenizer="byte",
+        prompt="ab",
+        max_new_tokens=20,
+        device="cpu",
+    )
+    (text,) = sample(config)
+    assert text.startswith("ab")
+
+
+def test_report_writes_the_table_and_the_loss_curves(tmp_path, data, helpers):
+    for mlp in ("dense", "snnk"):
+        train(
+            helpers.tiny_config(tmp_path / mlp, data, mlp=mlp, last_k=1, results=tmp_path / "results.jsonl")
+        )
+    text = report(tmp_path / "results.jsonl", tmp_path / "report")
+    assert "| dense " in text
+    assert "| snnk (k=1) " in text
+    assert "Val perplexity" in text
+    assert (tmp_path / "report" / "loss_curves.png").stat().st_size > 1000
+    assert (tmp_path / "report" / "table.csv").read_text().count("\n") == 3
+
+
+def test_cli_trains_and_reports_errors_with_the_argument(tmp_path, data, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    assert exit_.value.code == 0
+    assert "--gradient-accumulation-steps" in capsys.readouterr().out
+    assert (
+        main(
+            ["prepare", str(data.parent / "corpus.txt"), "--out", str(tmp_path / "d2"), "--tokenizer", "byte"]
+        )
+        == 0
+    )
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--data", str(tmp_path / "missing"), "--device", "cpu"])
+    assert exit_.value.code == 2
+    assert "train.bin is missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--init-from",
+                str(tmp_path / "no-model"),
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+    assert "no Hugging Face checkpoint folder" in capsys.readouterr().err
+
+
+def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path / "one", data, mlp="ralimp", last_k=1, max_iters=4, eval_interval=2)
+    one = train(config)
+    two = tmp_path / "two"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "gpt_uptrain", "train", "--data", str(data), "--out", str(two / "run"),
+        "--results", str(two / "results.jsonl"),
+        "--device", "cpu", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
+        "--batch-size", "4", "--gradient-accumulation-steps", "2", "--max-iters", "4", "--warmup-iters", "1",
+        "--learning-rate", "3e-3", "--min-lr", "3e-4", "--eval-interval", "2", "--eval-iters", "2",
+        "--log-interval", "1", "--mlp-features", "16", "--seed", "0", "--mlp", "ralimp", "--last-k", "1",
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = ac.read_jsonl(two / "results.jsonl")
+    assert record["world_size"] == 2
+    logs = [ac.read_jsonl(path) for path in (config.out / "log.jsonl", two / "run" / "log.jsonl")]
+    losses = [[r["train_loss"] for r in log if "train_loss" in r] for log in logs]
+    assert len(losses[1]) == 4
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
+    assert record["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4, abs=1e-5)
