@@ -103,13 +103,13 @@ class FitConfig:
 class QuickConfig(FitConfig):
     """A reduced protocol that runs in under two minutes on two CPU cores, then prints the report.
 
-    Every activation and method at budget 32, but 1024 x 64 data, 300 steps, 2 seeds, one CPU thread: a
+    Every activation and method at budget 32, but 512 x 64 data, 200 steps, 2 seeds, one CPU thread: a
     check of the whole pipeline (data, training, results, tables, plots), not the paper's measurement.
     """
 
-    steps: int = field(default=300, metadata={"help": "Adam steps (full batch)"})
+    steps: int = field(default=200, metadata={"help": "Adam steps (full batch)"})
     seeds: int = field(default=2, metadata={"help": "number of seeds per run"})
-    samples: int = field(default=1024, metadata={"help": "rows of X"})
+    samples: int = field(default=512, metadata={"help": "rows of X"})
     dim: int = field(default=64, metadata={"help": "input and output width (W is dim x dim)"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads (0: leave torch's default)"})
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every this many steps (0: never)"})
