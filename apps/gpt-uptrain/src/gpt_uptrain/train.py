@@ -209,6 +209,9 @@ def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | N
     raw_model = model
     if config.compile:
         model = torch.compile(model)
+    # Evaluation runs on the module itself: under DDP every forward pass is a collective (buffer
+    # broadcast), and the processes evaluate different numbers of batches.
+    eval_model = model
     if dist.enabled:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -273,7 +276,7 @@ def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | N
             ac.append_jsonl(out / LOG, {"iter": it + 1, "train_loss": train_loss, "lr": lr})
         if (it + 1) % config.eval_interval == 0 or it + 1 == config.max_iters:
             state["train_time"] = timer.stop()
-            state["val_loss"] = evaluate(model, data, config, dist, dtype)
+            state["val_loss"] = evaluate(eval_model, data, config, dist, dtype)
             if dist.is_main:
                 ac.append_jsonl(out / LOG, {"iter": it + 1, "val_loss": state["val_loss"]})
                 bar.write(f"{config.label}: iteration {it + 1}: val loss {state['val_loss']:.4f}")
