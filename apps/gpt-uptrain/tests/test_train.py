@@ -7,7 +7,16 @@ import sys
 import pytest
 
 import app_common as ac
-from gpt_uptrain import SampleConfig, learning_rate, report, sample, save_pretrained, train
+from gpt_uptrain import (
+    SampleConfig,
+    learning_rate,
+    load_model,
+    prepare,
+    report,
+    sample,
+    save_pretrained,
+    train,
+)
 from gpt_uptrain.cli import main
 from gpt_uptrain.model import GPT, GPTConfig
 
@@ -170,3 +179,47 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
     assert len(losses[1]) == 4
     assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
     assert record["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4, abs=1e-5)
+
+
+def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("uptraining reads a local checkpoint. " * 60)
+    data = tmp_path / "bytes"
+    prepare([corpus], data, tokenizer="byte")
+    pretrained = GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
+    folder = save_pretrained(pretrained, tmp_path / "hf")
+    config = helpers.tiny_config(
+        tmp_path, data, init_from=str(folder), mlp="ralimp", last_k=1, max_iters=2, eval_interval=2
+    )
+    record = train(config)
+    assert record["init_from"] == str(folder)
+    assert record["replaced"] == ["h.1.mlp"]
+    model, meta = load_model(config.out / "checkpoint.pt")
+    assert meta["tokenizer"] == "byte"
+    assert model.config.block_size == 16  # cropped from 32
+    # Two small steps away from the pretrained weights, not a fresh initialization.
+    before = pretrained.transformer.h[0].mlp.c_fc.weight
+    after = model.transformer.h[0].mlp.c_fc.weight
+    assert (after - before).abs().max() < 0.05 < before.abs().max()
+    too_small = save_pretrained(
+        GPT(GPTConfig(block_size=32, vocab_size=8, n_layer=1, n_head=2, n_embd=8)), tmp_path / "s"
+    )
+    with pytest.raises(ValueError, match="does not fit the pretrained model's 8"):
+        train(dataclasses.replace(config, init_from=str(too_small), out=tmp_path / "small"))
+
+
+def test_bfloat16_autocast_trains(tmp_path, data, helpers):
+    # The CUDA precision path, exercised with CPU autocast: a replaced MLP and a causal RF attention.
+    config = helpers.tiny_config(
+        tmp_path,
+        data,
+        dtype="bfloat16",
+        mlp="ralimp",
+        last_k=1,
+        attention="oprf-orf",
+        max_iters=20,
+        eval_interval=20,
+    )
+    record = train(config)
+    assert record["dtype"] == "bfloat16"
+    assert record["val_loss"] < _log(config)[0]["train_loss"] - 0.5

@@ -109,7 +109,7 @@ def _kinds(args: argparse.Namespace) -> None:
     from gpt_uptrain.model import MLP_OPTIONS
 
     print("MLP: dense, " + ", ".join(MLP_OPTIONS.names()))
-    print("attention: " + ", ".join(rf_attention.names()))
+    print("attention (those with a causal form; the others are refused): " + ", ".join(rf_attention.names()))
 
 
 def main(argv: list[str] | None = None) -> int:
