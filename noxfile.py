@@ -87,6 +87,10 @@ def bench(session: nox.Session) -> None:
     sync(session, "--all-packages", "--group", "bench")
     session.run("python", "benchmarks/structured_transform.py")
     session.run(
-        "python", "benchmarks/attention_scaling.py", "--plot", "docs/img/attention_scaling.png", *session.posargs
+        "python",
+        "benchmarks/attention_scaling.py",
+        "--plot",
+        "docs/img/attention_scaling.png",
+        *session.posargs,
     )
     session.run("python", "benchmarks/ralimp_layer.py")
