@@ -196,6 +196,9 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     assert float(lowrank16["mse_mean"]) == pytest.approx(0.8)
     assert (lowrank16["seeds"], lowrank16["diverged"]) == ("3", "1")
     assert "(1 diverged)" in (out / "sweep.md").read_text()
+    ac.append_jsonl(path, {**_synthetic_records()[0], "activation": "silu"})  # one budget: not in the sweep
+    report(ReportConfig(results=path, budget=32))
+    assert "silu" not in (out / "sweep.md").read_text()
     for name in ("mse_bars.png", "mse_vs_budget.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -112,9 +112,16 @@ def main_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _swept(cells: dict) -> list[str]:
+    """The activations run at more than one budget."""
+    activations, _, _ = _axes(cells)
+    return [a for a in activations if len({b for x, _, b in cells if x == a}) > 1]
+
+
 def sweep_table(cells: dict) -> tuple[list[str], list[list[str]]]:
-    """Activation x method rows, one column per budget: ``mean ± std``."""
-    activations, methods, budgets = _axes(cells)
+    """Activation x method rows (activations run at several budgets), a ``mean ± std`` column per budget."""
+    _, methods, budgets = _axes(cells)
+    activations = _swept(cells)
     header = ["activation", "method", *(f"B={b}" for b in budgets)]
     rows = [
         [a, m, *(_fmt(cells.get((a, m, b))) for b in budgets)]
@@ -170,13 +177,14 @@ def plot_bars(cells: dict, budget: int, path: Path) -> None:
 
 
 def plot_budget(cells: dict, path: Path) -> None:
-    """Fig. 2 (right): mean MSE against budget, one panel per activation, one line per method."""
+    """Fig. 2 (right): mean MSE against budget, one panel per swept activation, one line per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    activations, methods, budgets = _axes(cells)
+    _, methods, budgets = _axes(cells)
+    activations = _swept(cells)
     fig, axes = plt.subplots(1, len(activations), figsize=(3.2 * len(activations), 3.2), squeeze=False)
     for ax, activation in zip(axes[0], activations, strict=True):
         for method in methods:
@@ -223,7 +231,7 @@ def report(config: ReportConfig) -> dict[str, str]:
     (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
     write_csv(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
     plot_bars(cells, budget, out / "mse_bars.png")
-    if len(budgets) > 1:
+    if _swept(cells):
         texts["sweep"] = markdown_table(*sweep_table(cells))
         (out / "sweep.md").write_text(texts["sweep"] + "\n", encoding="utf-8")
         write_csv(out / "sweep.csv", cells)
