@@ -1,0 +1,1 @@
+"""Coordinate networks with linearized MLPs: PINN (Burgers), SIREN, NeRF."""

@@ -1,0 +1,215 @@
+"""``nerf-pinn pinn``: a physics-informed network for viscous Burgers (Raissi et al. 2019).
+
+The network maps ``(t, x)``, rescaled to ``[-1, 1]^2``, through ``depth`` tanh layers of ``width`` units to
+``u``. The loss is the mean squared misfit at ``num_boundary`` initial/boundary points (``u(0, x) = -sin(pi
+x)``, ``u(t, +-1) = 0``) plus the mean squared residual ``u_t + u u_x - nu u_xx`` at ``num_collocation``
+points (Sobol, as Raissi's Latin hypercube: space-filling). Adam first, then L-BFGS with a strong-Wolfe line
+search. The error is the relative L2 error against :func:`nerf_pinn.burgers.burgers_solution` on the
+classic 256 x 100 grid.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import app_common as ac
+from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
+from nerf_pinn.config import PinnConfig, replaced_layers
+from nerf_pinn.experiment import Checkpointer, Family
+from nerf_pinn.layers import DENSE, FeedForward, linearize, stack_inputs
+
+
+class PINN(nn.Module):
+    """``u(t, x)``: ``depth`` tanh layers of ``width`` units and a linear output, Xavier-normal initialized.
+
+    Args:
+        depth: hidden layers (Raissi et al.: 8).
+        width: units per hidden layer (20).
+    """
+
+    def __init__(self, depth: int = 8, width: int = 20) -> None:
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ValueError(f"depth, width: expected positive integers, got {depth}, {width}")
+        self.layers = nn.ModuleList(FeedForward(2 if i == 0 else width, width, "tanh") for i in range(depth))
+        self.head = nn.Linear(width, 1)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_normal_(module.weight)
+                nn.init.zeros_(module.bias)
+        self.register_buffer("low", torch.tensor([T_RANGE[0], X_RANGE[0]]))
+        self.register_buffer("high", torch.tensor([T_RANGE[1], X_RANGE[1]]))
+
+    def normalize(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``(t, x)`` -> the network input ``(..., 2)`` in ``[-1, 1]^2``."""
+        tx = torch.stack([t, x], -1)
+        return 2 * (tx - self.low) / (self.high - self.low) - 1
+
+    def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``u(t, x)`` with the shape of ``t`` (and ``x``)."""
+        h = self.normalize(t, x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h).squeeze(-1)
+
+
+def training_points(
+    num_boundary: int, num_collocation: int, *, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(t_b, x_b, u_b)`` initial/boundary data and ``(t_f, x_f)`` collocation points (float32).
+
+    Half the initial/boundary candidates lie on ``t = 0`` and a quarter on each of ``x = -1``, ``x = 1``;
+    ``num_boundary`` of them are drawn at random (as Raissi et al. draw 100 of 456). The collocation points
+    are a scrambled Sobol sequence on ``[0, 1] x [-1, 1]``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.linspace(*X_RANGE, 256)
+    tb = torch.linspace(*T_RANGE, 100)
+    t_all = torch.cat([torch.zeros(256), tb, tb])
+    x_all = torch.cat([x0, torch.full((100,), X_RANGE[0]), torch.full((100,), X_RANGE[1])])
+    u_all = torch.cat([-torch.sin(math.pi * x0), torch.zeros(200)])
+    pick = torch.randperm(t_all.numel(), generator=gen)[:num_boundary]
+    sobol = torch.quasirandom.SobolEngine(2, scramble=True, seed=seed).draw(num_collocation)
+    t_f = T_RANGE[0] + (T_RANGE[1] - T_RANGE[0]) * sobol[:, 0]
+    x_f = X_RANGE[0] + (X_RANGE[1] - X_RANGE[0]) * sobol[:, 1]
+    return t_all[pick], x_all[pick], u_all[pick], t_f, x_f
+
+
+class PinnFamily(Family):
+    """The PINN family of :func:`nerf_pinn.experiment.compare`."""
+
+    name = "pinn"
+    metric = "relative_l2"
+    higher_is_better = False
+
+    def __init__(self, config: PinnConfig) -> None:
+        super().__init__(config)
+        self.config: PinnConfig = config
+        points = training_points(config.num_boundary, config.num_collocation, seed=config.seed)
+        self.t_b, self.x_b, self.u_b, self.t_f, self.x_f = (p.to(self.device) for p in points)
+        x, t, u = reference_grid(quadrature_nodes=config.quadrature_nodes)
+        self.grid_x, self.grid_t, self.reference = x, t, u
+        tt, xx = torch.meshgrid(t.float(), x.float(), indexing="xy")  # (256, 100) like u
+        self.eval_t, self.eval_x = tt.to(self.device), xx.to(self.device)
+
+    def build(self, kind: str) -> nn.Module:
+        """The PINN; for a linearized kind its hidden layers (or all layers) replaced."""
+        config = self.config
+        ac.seed_everything(config.seed)
+        model = PINN(config.depth, config.width).to(self.device)
+        if kind != DENSE:
+            sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
+            linearize(
+                model.layers,
+                kind,
+                budget=config.features,
+                indices=replaced_layers(config.replace, config.depth),
+                inputs=stack_inputs(model.layers, sample),
+                poly_degree=config.poly_degree,
+                num_atoms=config.num_atoms,
+                num_freqs=config.num_freqs,
+                weight_matrix=config.weight_matrix,
+                seed=config.seed,
+            )
+        return model
+
+    def loss(self, model: nn.Module) -> torch.Tensor:
+        """Initial/boundary misfit plus PDE residual, both mean squared."""
+        t_f = self.t_f.clone().requires_grad_(True)
+        x_f = self.x_f.clone().requires_grad_(True)
+        residual = burgers_residual(model(t_f, x_f), t_f, x_f, nu=NU)
+        misfit = model(self.t_b, self.x_b) - self.u_b
+        return misfit.pow(2).mean() + residual.pow(2).mean()
+
+    def train(self, model: nn.Module, checkpointer: Checkpointer, kind: str) -> list[float]:
+        """Adam for ``adam_steps``, then ``lbfgs_steps`` L-BFGS steps (20 iterations each at most)."""
+        config = self.config
+        model.train()
+        adam = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+        lbfgs = torch.optim.LBFGS(
+            model.parameters(), lr=1.0, max_iter=20, history_size=50, line_search_fn="strong_wolfe"
+        )
+        optimizers = {"adam": adam, "lbfgs": lbfgs}
+        start, losses = checkpointer.restore(model, optimizers)
+        total = config.adam_steps + config.lbfgs_steps
+        bar = ac.progress(range(start, total), total=total, initial=start, desc=f"pinn {kind}")
+        for step in bar:
+            if step < config.adam_steps:
+                adam.zero_grad(set_to_none=True)
+                loss = self.loss(model)
+                loss.backward()
+                adam.step()
+                value = loss.detach().item()
+            else:
+
+                def closure() -> torch.Tensor:
+                    lbfgs.zero_grad(set_to_none=True)
+                    loss = self.loss(model)
+                    loss.backward()
+                    return loss
+
+                lbfgs.step(closure)
+                value = self.loss(model).detach().item()
+            losses.append(value)
+            if not math.isfinite(value):
+                bar.write(f"pinn {kind}: the loss became {value} at step {step}; training stops (diverged)")
+                break
+            bar.set_postfix(loss=f"{value:.3g}")
+            checkpointer.step(step + 1, model, optimizers, losses)
+        return losses
+
+    @torch.no_grad()
+    def infer(self, model: nn.Module) -> torch.Tensor:
+        """``u`` on the 256 x 100 evaluation grid."""
+        return model(self.eval_t, self.eval_x)
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        """Relative L2 error on the grid, and the prediction for the plots."""
+        u = self.infer(model).double().cpu()
+        error = float((u - self.reference).norm() / self.reference.norm())
+        return {"relative_l2": error, "max_abs_error": float((u - self.reference).abs().max()), "outputs": u}
+
+    def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
+        """Reference, then every variant's prediction and its absolute error, as heatmaps over ``(t, x)``."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        kinds = list(outputs)
+        extent = [
+            float(self.grid_t[0]),
+            float(self.grid_t[-1]),
+            float(self.grid_x[0]),
+            float(self.grid_x[-1]),
+        ]
+        fig, axes = plt.subplots(
+            2, len(kinds) + 1, figsize=(2.9 * (len(kinds) + 1), 5.2), squeeze=False, layout="constrained"
+        )
+        style = {"extent": extent, "origin": "lower", "aspect": "auto"}
+        im = axes[0, 0].imshow(self.reference.numpy(), cmap="RdBu_r", vmin=-1, vmax=1, **style)
+        axes[0, 0].set_title("reference (Cole-Hopf)", fontsize=9)
+        axes[1, 0].axis("off")
+        errors = {k: (outputs[k] - self.reference).abs() for k in kinds}
+        finite = [float(e.max()) for e in errors.values() if torch.isfinite(e).all()]
+        vmax = max(finite) if finite else 1.0
+        for col, kind in enumerate(kinds, start=1):
+            axes[0, col].imshow(outputs[kind].numpy(), cmap="RdBu_r", vmin=-1, vmax=1, **style)
+            axes[0, col].set_title(f"{kind}: u(t, x)", fontsize=9)
+            err = axes[1, col].imshow(errors[kind].numpy(), cmap="magma", vmin=0, vmax=vmax, **style)
+            rel = float((outputs[kind] - self.reference).norm() / self.reference.norm())
+            axes[1, col].set_title(f"|error|, rel. L2 {rel:.2e}", fontsize=9)
+        fig.colorbar(im, ax=axes[0, :].tolist(), shrink=0.8, label="u")
+        fig.colorbar(err, ax=axes[1, 1:].tolist(), shrink=0.8, label="|u - reference|")
+        for ax in axes.flat:
+            ax.set_xlabel("t")
+            ax.set_ylabel("x")
+        path = out / "pinn.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return [path]

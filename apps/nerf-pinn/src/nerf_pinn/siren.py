@@ -1,0 +1,194 @@
+"""``nerf-pinn siren``: SIREN (Sitzmann et al. 2020) fitting an image, dense vs linearized sine layers.
+
+Every layer is ``sin(omega_0 (W x + b))`` with ``omega_0 = 30``; the first layer's weights are drawn from
+``U(-1/d, 1/d)`` and the others' from ``U(-sqrt(6/d)/omega_0, sqrt(6/d)/omega_0)`` (Sitzmann et al.,
+Sec. 3.2), so the pre-activations of the hidden layers start roughly standard normal. The image (by
+default scikit-image's bundled ``camera``, resized to ``size x size``) is fitted at every pixel with the
+mean squared error, pixels scaled to ``[-1, 1]``; PSNR is measured on ``[0, 1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import app_common as ac
+from nerf_pinn.config import SirenConfig, replaced_layers
+from nerf_pinn.experiment import Checkpointer, Family
+from nerf_pinn.layers import DENSE, FeedForward, linearize, stack_inputs
+
+
+def load_image(path: Path | None, size: int) -> torch.Tensor:
+    """A grayscale image ``(size, size)`` in ``[0, 1]``: the file at ``path``, or skimage's ``camera``.
+
+    Resized with anti-aliasing by ``skimage.transform.resize``; colour images are converted with
+    ``skimage.color.rgb2gray``.
+    """
+    import skimage.color
+    import skimage.data
+    import skimage.io
+    import skimage.transform
+
+    if size < 2:
+        raise ValueError(f"size: expected an image side >= 2, got {size!r}")
+    if path is None:
+        image = skimage.data.camera()
+    else:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such image file")
+        image = skimage.io.imread(path)
+    image = np.asarray(image)
+    if image.ndim == 3:
+        image = skimage.color.rgb2gray(image[..., :3])
+    elif image.dtype == np.uint8:
+        image = image / 255.0
+    image = skimage.transform.resize(image.astype(np.float64), (size, size), anti_aliasing=True)
+    return torch.tensor(np.clip(image, 0.0, 1.0), dtype=torch.float32)
+
+
+def pixel_coordinates(size: int) -> torch.Tensor:
+    """Pixel centres ``(size * size, 2)`` on ``[-1, 1]^2`` (row-major)."""
+    axis = torch.linspace(-1, 1, size)
+    return torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1).reshape(-1, 2)
+
+
+def psnr(prediction: torch.Tensor, target: torch.Tensor) -> float:
+    """Peak signal-to-noise ratio in dB of images in ``[0, 1]`` (``prediction`` clipped to it)."""
+    mse = float((prediction.clamp(0, 1) - target).pow(2).mean())
+    return 10 * math.log10(1 / max(mse, 1e-12))
+
+
+class Siren(nn.Module):
+    """``depth`` sine layers of ``width`` units and a linear output (Sitzmann et al.'s initialization).
+
+    Args:
+        in_features: coordinate dimension.
+        out_features: channels.
+        depth: sine layers.
+        width: units per layer.
+        omega_0: the frequency factor of every sine layer.
+    """
+
+    def __init__(
+        self,
+        in_features: int = 2,
+        out_features: int = 1,
+        depth: int = 4,
+        width: int = 64,
+        omega_0: float = 30.0,
+    ) -> None:
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ValueError(f"depth, width: expected positive integers, got {depth}, {width}")
+        self.layers = nn.ModuleList(
+            FeedForward(in_features if i == 0 else width, width, "sin", scale=omega_0) for i in range(depth)
+        )
+        self.head = nn.Linear(width, out_features)
+        with torch.no_grad():
+            for i, layer in enumerate(self.layers):
+                d = layer.linear.in_features
+                bound = 1 / d if i == 0 else math.sqrt(6 / d) / omega_0
+                layer.linear.weight.uniform_(-bound, bound)
+            bound = math.sqrt(6 / width) / omega_0
+            self.head.weight.uniform_(-bound, bound)
+
+    def forward(self, coords: torch.Tensor) -> torch.Tensor:
+        """``(..., in_features)`` -> ``(..., out_features)``."""
+        h = coords
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+class SirenFamily(Family):
+    """The SIREN family of :func:`nerf_pinn.experiment.compare`."""
+
+    name = "siren"
+    metric = "psnr"
+    higher_is_better = True
+
+    def __init__(self, config: SirenConfig) -> None:
+        super().__init__(config)
+        self.config: SirenConfig = config
+        self.image = load_image(config.image, config.size)
+        self.coords = pixel_coordinates(config.size).to(self.device)
+        self.target = (2 * self.image.reshape(-1, 1) - 1).to(self.device)
+
+    def build(self, kind: str) -> nn.Module:
+        """The SIREN; for a linearized kind its sine layers chosen by ``--replace`` replaced."""
+        config = self.config
+        ac.seed_everything(config.seed)
+        model = Siren(2, 1, config.depth, config.width, config.omega_0).to(self.device)
+        if kind != DENSE:
+            sample = self.coords[torch.randperm(self.coords.shape[0], device=self.device)[:2048]]
+            linearize(
+                model.layers,
+                kind,
+                budget=config.features,
+                indices=replaced_layers(config.replace, config.depth),
+                inputs=stack_inputs(model.layers, sample),
+                poly_degree=config.poly_degree,
+                num_atoms=config.num_atoms,
+                num_freqs=config.num_freqs,
+                weight_matrix=config.weight_matrix,
+                seed=config.seed,
+            )
+        return model
+
+    def train(self, model: nn.Module, checkpointer: Checkpointer, kind: str) -> list[float]:
+        """Full-batch Adam on the mean squared error over every pixel."""
+        config = self.config
+        model.train()
+        adam = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+        start, losses = checkpointer.restore(model, {"adam": adam})
+        bar = ac.progress(range(start, config.steps), total=config.steps, initial=start, desc=f"siren {kind}")
+        for step in bar:
+            adam.zero_grad(set_to_none=True)
+            loss = (model(self.coords) - self.target).pow(2).mean()
+            loss.backward()
+            adam.step()
+            value = loss.detach().item()
+            losses.append(value)
+            if not math.isfinite(value):
+                bar.write(f"siren {kind}: the loss became {value} at step {step}; training stops (diverged)")
+                break
+            bar.set_postfix(loss=f"{value:.3g}")
+            checkpointer.step(step + 1, model, {"adam": adam}, losses)
+        return losses
+
+    @torch.no_grad()
+    def infer(self, model: nn.Module) -> torch.Tensor:
+        """The whole image."""
+        return model(self.coords)
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        """PSNR of the reconstruction, and the reconstruction for the plots."""
+        image = ((self.infer(model).float().cpu() + 1) / 2).reshape(self.image.shape)
+        return {"psnr": psnr(image, self.image), "outputs": image}
+
+    def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
+        """Ground truth beside every variant's reconstruction."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        kinds = list(outputs)
+        fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(2.6 * (len(kinds) + 1), 2.9))
+        axes[0].imshow(self.image.numpy(), cmap="gray", vmin=0, vmax=1)
+        axes[0].set_title("ground truth")
+        for ax, kind in zip(axes[1:], kinds, strict=True):
+            ax.imshow(outputs[kind].clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
+            ax.set_title(f"{kind}: {psnr(outputs[kind], self.image):.1f} dB", fontsize=9)
+        for ax in axes:
+            ax.axis("off")
+        fig.tight_layout()
+        path = out / "siren.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return [path]

@@ -1,0 +1,247 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ralimp
+from nerf_pinn.cli import main
+from nerf_pinn.config import NerfConfig, PinnConfig, SirenConfig
+from nerf_pinn.experiment import Checkpointer, compare
+from nerf_pinn.layers import FeedForward, layer_options, linearize
+from nerf_pinn.nerf import NerfFamily
+from nerf_pinn.pinn import PinnFamily
+from nerf_pinn.scenes import load_blender, load_tiny_nerf, render_synthetic_scene
+from nerf_pinn.siren import SirenFamily
+
+# One Gauss-Laguerre node floors the poles of the fits (a PoleWidthWarning says so): expected here.
+pytestmark = pytest.mark.filterwarnings("ignore::ralimp.PoleWidthWarning")
+
+LAYER_CLASSES = {"ralimp": ralimp.RaLiMP, "snnk": ralimp.SNNK, "eugen": ralimp.EUGen}
+
+
+def tiny_pinn(tmp_path, **kw):
+    base = {
+        "depth": 3,
+        "width": 8,
+        "num_boundary": 32,
+        "num_collocation": 64,
+        "adam_steps": 40,
+        "lbfgs_steps": 0,
+        "learning_rate": 3e-3,
+        "features": 16,
+        "device": "cpu",
+        "out": tmp_path / "pinn",
+        "checkpoint_every": 1000,
+        "replace": "hidden",
+    }
+    return PinnConfig(**{**base, **kw})
+
+
+def tiny_siren(tmp_path, **kw):
+    base = {"size": 12, "depth": 3, "width": 16, "steps": 40, "features": 16, "device": "cpu"}
+    base["out"] = tmp_path / "siren"
+    return SirenConfig(**{**base, **kw})
+
+
+def tiny_nerf(tmp_path, **kw):
+    base = {
+        "image_size": 8,
+        "num_views": 6,
+        "eval_views": 1,
+        "depth": 3,
+        "width": 16,
+        "pos_freqs": 2,
+        "samples": 8,
+        "batch_rays": 64,
+        "steps": 30,
+        "learning_rate": 1e-2,
+        "features": 16,
+        "device": "cpu",
+        "out": tmp_path / "nerf",
+    }
+    return NerfConfig(**{**base, **kw})
+
+
+def train(family, kind, tmp_path):
+    torch.manual_seed(0)
+    model = family.build(kind)
+    losses = family.train(model, Checkpointer(tmp_path / f"{kind}.pt", 10_000, resume=False), kind)
+    return model, losses
+
+
+def test_tiny_pinn_run_lowers_its_loss(tmp_path):
+    _, losses = train(PinnFamily(tiny_pinn(tmp_path, lbfgs_steps=1)), "dense", tmp_path)
+    assert len(losses) == 41
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_tiny_siren_run_lowers_its_loss(tmp_path):
+    _, losses = train(SirenFamily(tiny_siren(tmp_path)), "dense", tmp_path)
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_tiny_nerf_run_lowers_its_loss(tmp_path):
+    family = NerfFamily(tiny_nerf(tmp_path, steps=60, batch_rays=320))
+
+    def loss_on_all_training_rays(model):
+        with torch.no_grad():
+            colour = family.render(model, family.origins, family.directions, jitter=False)
+        return float((colour - family.colours).pow(2).mean())
+
+    torch.manual_seed(0)
+    model = family.build("dense")
+    before = loss_on_all_training_rays(model)
+    family.train(model, Checkpointer(tmp_path / "n.pt", 10_000, resume=False), "dense")
+    assert loss_on_all_training_rays(model) < 0.5 * before
+
+
+@pytest.mark.parametrize("kind", ["ralimp", "snnk", "eugen"])
+def test_the_replacements_plug_into_the_pinn_and_train(kind, tmp_path):
+    family = PinnFamily(tiny_pinn(tmp_path, features=32, depth=4, replace="alternate"))
+    model, losses = train(family, kind, tmp_path)
+    replaced = [type(layer).__name__ for layer in model.layers]
+    name = LAYER_CLASSES[kind].__name__
+    assert replaced == ["FeedForward", name, "FeedForward", name]
+    assert all(np.isfinite(losses))
+    assert min(losses[-5:]) < losses[0]
+
+
+@pytest.mark.parametrize("kind", ["ralimp", "snnk", "eugen"])
+def test_the_replacements_plug_into_siren_and_train(kind, tmp_path):
+    family = SirenFamily(tiny_siren(tmp_path, replace="alternate"))
+    model, losses = train(family, kind, tmp_path)
+    assert isinstance(model.layers[1], LAYER_CLASSES[kind])
+    assert all(np.isfinite(losses))
+    assert min(losses[-5:]) < losses[0]
+
+
+def test_ralimp_fits_sin_on_the_layers_preactivation_range():
+    torch.manual_seed(0)
+    layers = nn.ModuleList([FeedForward(4, 8, "sin", scale=2.0)])
+    x = torch.rand(256, 4) * 2 - 1
+    with torch.no_grad():
+        t_max = float(layers[0].preactivation(x).abs().max())
+        dense_out = layers[0](x)
+    linearize(layers, "ralimp", budget=16, indices=[0], inputs=[x], num_freqs=3)
+    layer = layers[0]
+    assert isinstance(layer, ralimp.RaLiMP)
+    assert layer.fit.interval == pytest.approx((-1.1 * t_max, 1.1 * t_max))
+    grid = torch.linspace(*layer.fit.interval, 1001, dtype=torch.float64)
+    assert (layer.fit(grid) - torch.sin(grid)).abs().max() < 0.05
+    # in expectation over the projections the layer computes the fit of sin(scale * (W x + b))
+    t = (x.double() @ layer.weight.double().T + layer.bias.double()).detach()
+    torch.testing.assert_close(layer.expected_output(t).detach(), layer.fit(t), atol=0.05, rtol=0)
+    torch.testing.assert_close(layer.fit(t).float(), dense_out, atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["ralimp", "eugen"])
+def test_the_replacements_plug_into_nerf_and_train(kind, tmp_path):
+    family = NerfFamily(tiny_nerf(tmp_path))
+    model, losses = train(family, kind, tmp_path)
+    assert isinstance(model.layers[1], LAYER_CLASSES[kind])
+    assert all(np.isfinite(losses))
+
+
+def test_equal_budget_counts_the_papers_random_features():
+    opts = layer_options("ralimp", 32, poly_degree=2, num_atoms=1, num_freqs=3)
+    assert opts["poly_features"] + 2 * 1 * 3 * opts["freq_features"] == 32
+    assert (opts["poly_features"], opts["freq_features"]) == (8, 4)  # App. D.1
+    layer = ralimp.RaLiMP(8, 8, activation="tanh", **opts)
+    assert layer.num_random_features == 32
+    assert (
+        ralimp.SNNK(
+            8, 8, activation="tanh", **layer_options("snnk", 32, poly_degree=2, num_atoms=1, num_freqs=3)
+        ).num_random_features
+        == 32
+    )
+    with pytest.raises(ValueError, match="features"):
+        layer_options("ralimp", 4, poly_degree=2, num_atoms=1, num_freqs=3)
+
+
+def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
+    config = tiny_pinn(tmp_path, kinds=("dense", "eugen"), adam_steps=6, checkpoint_every=2)
+    records = compare(PinnFamily(config))
+    out = config.out
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in lines] == ["dense", "eugen"] == [r["kind"] for r in records]
+    assert lines[0]["time_ratio"] == 1.0
+    assert lines[1]["time_ratio"] > 0
+    assert lines[1]["params"] > 0
+    assert np.isfinite(lines[1]["relative_l2"])
+    assert "| eugen" in (out / "results.md").read_text()
+    assert (out / "pinn.png").stat().st_size > 0
+    assert (out / "losses.png").stat().st_size > 0
+    # a second run finds the finished variants and does not train again
+    again = compare(PinnFamily(config))
+    assert [r["train_seconds"] for r in again] == [r["train_seconds"] for r in records]
+    assert [r["relative_l2"] for r in again] == [r["relative_l2"] for r in records]
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
+    config = tiny_pinn(tmp_path, adam_steps=8, checkpoint_every=4)
+    family = PinnFamily(config)
+    torch.manual_seed(0)
+    full = family.build("dense")
+    losses_full = family.train(full, Checkpointer(tmp_path / "a.pt", 4, resume=False), "dense")
+    # run 4 steps (checkpoint at 4), then a new process-like start continues to 8
+    short = PinnFamily(tiny_pinn(tmp_path, adam_steps=4, checkpoint_every=4))
+    model = short.build("dense")
+    short.train(model, Checkpointer(tmp_path / "b.pt", 4, resume=False), "dense")
+    resumed_model = family.build("dense")
+    losses = family.train(resumed_model, Checkpointer(tmp_path / "b.pt", 4, resume=True), "dense")
+    assert len(losses) == 8
+    np.testing.assert_allclose(losses, losses_full, rtol=1e-5)
+
+
+def test_synthetic_scene_round_trips_through_the_tiny_nerf_loader(tmp_path):
+    path = render_synthetic_scene(tmp_path / "scene.npz", num_views=5, size=8, samples=64)
+    scene = load_tiny_nerf(path, held_out=2)
+    assert scene.images.shape == (5, 8, 8, 3)
+    assert scene.poses.shape == (5, 4, 4)
+    assert scene.train == [0, 1, 2]
+    assert scene.test == [3, 4]
+    assert scene.images.min() >= 0
+    assert scene.images.max() <= 1
+    centre = scene.images[:, 3:5, 3:5].mean()
+    corner = scene.images[:, 0, 0].mean()
+    assert centre > 0.2 > corner  # the shapes sit in the middle of every view, the background is black
+
+
+def test_blender_loader_reads_transforms_and_composites_on_white(tmp_path):
+    from PIL import Image
+
+    for split, count in (("train", 2), ("val", 1), ("test", 1)):
+        (tmp_path / split).mkdir()
+        frames = []
+        for i in range(count):
+            rgba = np.zeros((4, 4, 4), dtype=np.uint8)
+            rgba[1:3, 1:3] = (255, 0, 0, 255)  # an opaque red square on a transparent background
+            Image.fromarray(rgba).save(tmp_path / split / f"r_{i}.png")
+            frames.append({"file_path": f"./{split}/r_{i}", "transform_matrix": np.eye(4).tolist()})
+        (tmp_path / f"transforms_{split}.json").write_text(
+            json.dumps({"camera_angle_x": 0.69, "frames": frames})
+        )
+    scene = load_blender(tmp_path)
+    assert scene.images.shape == (3, 4, 4, 3)
+    assert scene.train == [0, 1]
+    assert scene.test == [2]
+    torch.testing.assert_close(scene.images[0, 0, 0], torch.ones(3))
+    torch.testing.assert_close(scene.images[0, 1, 1], torch.tensor([1.0, 0.0, 0.0]))
+    assert scene.focal == pytest.approx(0.5 * 4 / np.tan(0.5 * 0.69))
+    assert load_blender(tmp_path, downscale=2).images.shape == (3, 2, 2, 3)
+
+
+def test_missing_data_errors_name_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"transforms_train\.json"):
+        load_blender(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"nothing\.npz"):
+        load_tiny_nerf(tmp_path / "nothing.npz")
+
+
+def test_cli_refuses_bad_values_with_a_message(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["pinn", "--kinds", "ralimp", "--device", "cpu"])
+    assert info.value.code == 2
+    assert "kinds" in capsys.readouterr().err
