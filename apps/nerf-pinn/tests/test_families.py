@@ -179,6 +179,16 @@ def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
     assert [r["relative_l2"] for r in again] == [r["relative_l2"] for r in records]
 
 
+def test_resuming_under_other_settings_is_refused(tmp_path):
+    config = tiny_pinn(tmp_path, kinds=("dense",), adam_steps=3)
+    compare(PinnFamily(config))
+    changed = tiny_pinn(tmp_path, kinds=("dense",), adam_steps=5)
+    with pytest.raises(ValueError, match=r"final\.pt: saved under other settings \(adam_steps: 3 -> 5\)"):
+        compare(PinnFamily(changed))
+    # settings that do not change the variant (here the timing rounds) do not block resuming
+    compare(PinnFamily(tiny_pinn(tmp_path, kinds=("dense",), adam_steps=3, time_repeats=2)))
+
+
 def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     config = tiny_pinn(tmp_path, adam_steps=8, checkpoint_every=4)
     family = PinnFamily(config)

@@ -59,10 +59,9 @@ def _run_family(args: argparse.Namespace) -> None:
 
     toml = ac.read_toml(args.config) if args.config is not None else {}
     config = ac.config_from(FAMILIES[args.command], args, toml=toml)
-    records = compare(_family(args.command)(config))
+    compare(_family(args.command)(config))
     print((Path(config.out) / "results.md").read_text())
     print(f"records: {Path(config.out) / 'results.jsonl'}; plots: {Path(config.out)}/*.png")
-    del records
 
 
 def _scene(args: argparse.Namespace) -> None:

@@ -22,6 +22,24 @@ from nerf_pinn.config import CompareConfig
 from nerf_pinn.layers import DENSE, count_parameters, inference_parameters, time_inference
 from rf_matrices import markdown_table
 
+#: Settings that do not change what a variant computes: a checkpoint saved under other values still fits.
+NOT_IDENTITY = ("kinds", "out", "resume", "device", "threads", "checkpoint_every", "time_repeats")
+
+
+def identity(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that decide what a variant computes (:data:`NOT_IDENTITY` left out)."""
+    return {k: v for k, v in settings.items() if k not in NOT_IDENTITY}
+
+
+def check_settings(path: Path, state: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Refuse to resume from ``path`` when it was saved under other settings."""
+    saved = identity(state.get("settings", {}))
+    wanted = identity(settings)
+    changed = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
+        raise ValueError(f"{path}: saved under other settings ({details}); pass --no-resume or another --out")
+
 
 class Checkpointer:
     """Periodic checkpoints of one variant's training (model, optimizers, step, losses, RNG, seconds).
@@ -30,11 +48,14 @@ class Checkpointer:
         path: the checkpoint file.
         every: steps between checkpoints.
         resume: read an existing checkpoint (else start over).
+        settings: the run's settings, saved with each checkpoint and checked on resuming (None: no check).
     """
 
-    def __init__(self, path: Path, every: int, resume: bool) -> None:
-        self.path, self.every = Path(path), every
+    def __init__(self, path: Path, every: int, resume: bool, settings: dict[str, Any] | None = None) -> None:
+        self.path, self.every, self.settings = Path(path), every, settings
         self.state = ac.load_checkpoint(path) if resume else None
+        if self.state is not None and settings is not None:
+            check_settings(self.path, self.state, settings)
         self.timer = ac.Timer(elapsed=self.state["seconds"] if self.state else 0.0)
 
     def restore(
@@ -65,6 +86,7 @@ class Checkpointer:
                 "losses": losses,
                 "rng": ac.rng_state(),
                 "seconds": self.timer.running_total,
+                "settings": self.settings or {},
             },
         )
 
@@ -157,15 +179,24 @@ def compare(family: Family) -> list[dict]:
         final_path = out / kind / "final.pt"
         final = ac.load_checkpoint(final_path, map_location=family.device) if config.resume else None
         if final is not None:
+            check_settings(final_path, final, family.settings())
             model.load_state_dict(final["model"])
             losses, seconds = list(final["losses"]), float(final["seconds"])
         else:
-            checkpointer = Checkpointer(out / kind / "checkpoint.pt", config.checkpoint_every, config.resume)
+            checkpointer = Checkpointer(
+                out / kind / "checkpoint.pt", config.checkpoint_every, config.resume, family.settings()
+            )
             with checkpointer.timer:
                 losses = family.train(model, checkpointer, kind)
             seconds = checkpointer.timer.elapsed
             ac.save_checkpoint(
-                final_path, {"model": model.state_dict(), "losses": losses, "seconds": seconds}
+                final_path,
+                {
+                    "model": model.state_dict(),
+                    "losses": losses,
+                    "seconds": seconds,
+                    "settings": family.settings(),
+                },
             )
             (out / kind / "checkpoint.pt").unlink(missing_ok=True)
         model.eval()
