@@ -171,6 +171,9 @@ def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
     assert lines[1]["params"] > 0
     assert np.isfinite(lines[1]["relative_l2"])
     assert "| eugen" in (out / "results.md").read_text()
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("kind,relative_l2,params")
+    assert csv_lines[2].startswith("eugen,")
     assert (out / "pinn.png").stat().st_size > 0
     assert (out / "losses.png").stat().st_size > 0
     # a second run finds the finished variants and does not train again

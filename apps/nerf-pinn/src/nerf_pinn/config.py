@@ -7,24 +7,28 @@ defaults, the TOML file, the flags.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from app_common import DEVICES
 from nerf_pinn.layers import KINDS
 
-REPLACE = ("alternate", "hidden", "all")
+REPLACED_LAYERS: dict[str, Callable[[int], list[int]]] = {
+    "alternate": lambda depth: list(range(1, depth, 2)),
+    "hidden": lambda depth: list(range(1, depth)),
+    "all": lambda depth: list(range(depth)),
+}
+"""``--replace`` -> the indices of the layers to linearize, given the depth."""
+
+REPLACE = tuple(REPLACED_LAYERS)
 
 
 def replaced_layers(replace: str, depth: int) -> list[int]:
     """Indices of the layers to linearize: ``alternate`` 1, 3, 5, ...; ``hidden`` 1..depth-1; ``all``."""
-    if replace == "alternate":
-        return list(range(1, depth, 2))
-    if replace == "hidden":
-        return list(range(1, depth))
-    if replace == "all":
-        return list(range(depth))
-    raise ValueError(f"replace: expected one of {list(REPLACE)}, got {replace!r}")
+    if replace not in REPLACED_LAYERS:
+        raise ValueError(f"replace: expected one of {list(REPLACE)}, got {replace!r}")
+    return REPLACED_LAYERS[replace](depth)
 
 
 def _help(text: str, **extra) -> dict:

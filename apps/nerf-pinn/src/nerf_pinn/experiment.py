@@ -4,7 +4,8 @@ A family (PINN, SIREN, NeRF) gives a :class:`Family`: how to build each variant,
 :class:`Checkpointer` for resuming), evaluate it, run its inference, and plot. :func:`compare` trains the
 variants one after the other (a finished one is loaded from ``<out>/<kind>/final.pt``), then times the
 inference of all of them in interleaved rounds so that each ratio to the dense model is measured in the
-same run under the same load, and writes ``results.jsonl``, ``results.md`` and the family's plots.
+same run under the same load, and writes ``results.jsonl``, ``results.md``, ``results.csv`` and the
+family's plots.
 """
 
 from __future__ import annotations
@@ -163,6 +164,28 @@ def results_table(records: list[dict], metric: str) -> str:
     return markdown_table(header, rows)
 
 
+def write_csv(records: list[dict], metric: str, path: Path) -> Path:
+    """The table's columns as CSV, at full precision."""
+    import csv
+
+    columns = [
+        "kind",
+        metric,
+        "params",
+        "inference_params",
+        "time_ratio",
+        "inference_seconds",
+        "train_seconds",
+        "initial_loss",
+        "final_loss",
+    ]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows([r[c] for c in columns] for r in records)
+    return path
+
+
 def compare(family: Family) -> list[dict]:
     """Train, evaluate and time every variant of ``family``; write results and plots under ``config.out``.
 
@@ -231,6 +254,7 @@ def compare(family: Family) -> list[dict]:
         ac.append_jsonl(results, record)
     table = results_table(records, family.metric)
     (out / "results.md").write_text(table + "\n")
+    write_csv(records, family.metric, out / "results.csv")
     family.plot({kind: e["outputs"] for kind, e in evaluations.items()}, out)
     plot_losses(records, out / "losses.png")
     return records

@@ -67,6 +67,40 @@ class FeedForward(nn.Module):
         return f"activation={self.activation_name!r}, scale={self.scale:g}"
 
 
+def _ralimp_options(budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
+    per_node = 2 * num_atoms * num_freqs
+    freq_features = max(1, round(0.75 * budget / per_node)) if num_atoms else 1
+    poly_features = budget - per_node * freq_features if num_atoms else budget
+    if poly_features < 1:
+        raise ValueError(
+            f"features: {budget} is below RaLiMP's smallest budget 1 + 2 J n_freq = {1 + per_node} "
+            f"(num_atoms={num_atoms}, num_freqs={num_freqs})"
+        )
+    return {
+        "poly_degree": poly_degree,
+        "poly_features": poly_features,
+        "num_atoms": num_atoms,
+        "num_freqs": num_freqs,
+        "freq_features": freq_features,
+    }
+
+
+def _eugen_options(budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
+    return {"poly_degree": poly_degree, "num_features": budget}
+
+
+def _snnk_options(budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
+    return {"num_features": budget}
+
+
+BUDGETS: dict[str, Callable[..., dict]] = {
+    "ralimp": _ralimp_options,
+    "eugen": _eugen_options,
+    "snnk": _snnk_options,
+}
+"""Layer kind -> the constructor options spending a feature budget (a kind added to ``ralimp`` adds one)."""
+
+
 def layer_options(kind: str, budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
     """Constructor options of ``kind`` giving ``budget`` random features as the paper counts them.
 
@@ -75,27 +109,9 @@ def layer_options(kind: str, budget: int, *, poly_degree: int, num_atoms: int, n
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
         raise ValueError(f"features: expected an integer >= 2, got {budget!r}")
-    if kind == "ralimp":
-        per_node = 2 * num_atoms * num_freqs
-        freq_features = max(1, round(0.75 * budget / per_node)) if num_atoms else 1
-        poly_features = budget - per_node * freq_features if num_atoms else budget
-        if poly_features < 1:
-            raise ValueError(
-                f"features: {budget} is below RaLiMP's smallest budget 1 + 2 J n_freq = {1 + per_node} "
-                f"(num_atoms={num_atoms}, num_freqs={num_freqs})"
-            )
-        return {
-            "poly_degree": poly_degree,
-            "poly_features": poly_features,
-            "num_atoms": num_atoms,
-            "num_freqs": num_freqs,
-            "freq_features": freq_features,
-        }
-    if kind == "eugen":
-        return {"poly_degree": poly_degree, "num_features": budget}
-    if kind == "snnk":
-        return {"num_features": budget}
-    raise ValueError(f"kind: expected one of {list(KINDS[1:])}, got {kind!r}")
+    if kind not in BUDGETS:
+        raise ValueError(f"kind: expected one of {sorted(BUDGETS)}, got {kind!r}")
+    return BUDGETS[kind](budget, poly_degree=poly_degree, num_atoms=num_atoms, num_freqs=num_freqs)
 
 
 def sine_fit_interval(t: torch.Tensor, *, margin: float = 1.1, minimum: float = 1.0) -> tuple[float, float]:
