@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import ralimp
-from ralimp import SNNK, EUGen, LowRank, RaLiMP
+from ralimp import SNNK, EUGen, LowRank, PoleWidthWarning, RaLiMP
 
 
 def relative_mse(y, target):
@@ -201,3 +201,16 @@ def test_layer_errors_name_the_argument():
         RaLiMP(3, 2, weight_matrix="nope")
     with pytest.raises(ValueError, match=r"next_linear: expected an nn\.Linear with in_features=2"):
         RaLiMP(3, 2, seed=0).compress(torch.nn.Linear(3, 3))
+
+
+def test_a_narrow_pole_refit_of_a_plain_callable_fits_the_callable_not_the_old_rational():
+    # softsign given as a plain function: its two-atom fit has poles too narrow for one Gauss-Laguerre
+    # node; the refit must approximate softsign itself, so its reported error is softsign's error.
+    def softsign(t):
+        return t / (1 + t.abs())
+
+    with pytest.warns(PoleWidthWarning):
+        layer = RaLiMP(3, 2, activation=softsign, num_atoms=2, num_freqs=1, interval=(-4.0, 4.0), seed=0)
+    t = torch.linspace(-4, 4, 4001, dtype=torch.float64)
+    error = float((layer.fit(t) - softsign(t)).abs().max())
+    assert error == pytest.approx(layer.fit.max_error, rel=1e-6, abs=1e-9)

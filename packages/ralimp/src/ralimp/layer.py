@@ -121,6 +121,7 @@ class RaLiMP(FeatureLinearization):
 
         if isinstance(activation, RationalFunction):
             self.activation_name, fit = None, activation
+            fn = activation
         else:
             self.activation_name, fn = resolve_activation(activation)
             if self.activation_name is not None:
@@ -129,7 +130,7 @@ class RaLiMP(FeatureLinearization):
                 )
             else:
                 fit = fit_rational(fn, interval, num_atoms=num_atoms, poly_degree=poly_degree)
-        self.fit = self._resolve_pole_widths(fit)
+        self.fit = self._resolve_pole_widths(fit, fn)
         self.poly_degree, self.num_atoms = self.fit.poly_degree, self.fit.num_atoms
 
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -174,8 +175,8 @@ class RaLiMP(FeatureLinearization):
         )
 
     # ----------------------------------------------------------------------------------------------- init
-    def _resolve_pole_widths(self, fit: RationalFunction) -> RationalFunction:
-        """Refit with ``q`` floored when a pole is too narrow for the ``num_freqs``-node rule."""
+    def _resolve_pole_widths(self, fit: RationalFunction, target) -> RationalFunction:
+        """Refit ``target`` (the activation) with ``q`` floored when a pole is too narrow for the rule."""
         if fit.num_atoms == 0:
             return fit
         u_max = resolvable_argument(self.num_freqs, self.resolution_tol)
@@ -203,7 +204,7 @@ class RaLiMP(FeatureLinearization):
                 )
             else:
                 fit = fit_rational(
-                    fit, fit.interval, num_atoms=fit.num_atoms, poly_degree=fit.poly_degree, q_floor=q_min
+                    target, fit.interval, num_atoms=fit.num_atoms, poly_degree=fit.poly_degree, q_floor=q_min
                 )
         warn_pole_width(
             f"activation: pole widths q={[round(q, 4) for q in narrow]} are too narrow for num_freqs="
