@@ -1,0 +1,57 @@
+"""``vit-finetune sweep`` and ``quick``: the dense run and every layer kind at every k, one after another.
+
+Finished runs are skipped (their checkpoints say so), killed ones resume; ``quick`` is the offline demo:
+``vit-digits`` from random initialization on scikit-learn's digits, on the CPU in a few minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
+from vit_finetune.report import report
+from vit_finetune.train import train
+
+
+def runs_of(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
+    """The runs of the grid: the dense model once (with ``--attention``: at every k), each kind at each k."""
+    configs = []
+    for layer in sweep.layers:
+        once = layer == "dense" and base.attention is None
+        for k in sweep.ks[:1] if once else sweep.ks:
+            configs.append(dataclasses.replace(base, layer=layer, last_k=k))
+    return configs
+
+
+def run_sweep(sweep: SweepConfig, base: TrainConfig) -> list[dict]:
+    """Run every configuration of :func:`runs_of`; returns the records of the runs finished now."""
+    records = []
+    for config in runs_of(sweep, base):
+        record = train(config)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def quick(config: QuickConfig) -> str:
+    """The offline demo; returns the Markdown table (also in ``OUT/report`` with the curves)."""
+    out = Path(config.out)
+    base = TrainConfig(
+        data="digits",
+        model="vit-digits",
+        epochs=config.epochs,
+        features=config.features,
+        replaced_lr_scale=config.replaced_lr_scale,
+        attention=config.attention,
+        seed=config.seed,
+        device=config.device,
+        runs=out / "runs",
+        results=out / "results.jsonl",
+    )
+    if config.attention is not None:
+        run_sweep(
+            SweepConfig(layers=("dense",), ks=(config.ks[0],)), dataclasses.replace(base, attention=None)
+        )
+    run_sweep(SweepConfig(layers=config.layers, ks=config.ks), base)
+    return report(ReportConfig(results=out / "results.jsonl", out=out / "report"))

@@ -1,0 +1,157 @@
+"""Training runs on the tiny ViT and digits: the loss falls, a killed run resumes, the CLI and the report."""
+
+import math
+
+import pytest
+import torch
+
+import app_common as ac
+from vit_finetune import TrainConfig
+from vit_finetune.cli import main
+from vit_finetune.config import ReportConfig
+from vit_finetune.report import report
+
+
+def config(tmp_path, **kw):
+    base = {
+        "data": "digits",
+        "model": "vit-tiny-test",
+        "image_size": 8,
+        "layer": "ralimp",
+        "last_k": 2,
+        "features": 16,
+        "batch_size": 32,
+        "learning_rate": 3e-3,
+        "max_steps": 24,
+        "eval_every": 8,
+        "log_every": 4,
+        "throughput_batch": 8,
+        "throughput_repeats": 1,
+        "device": "cpu",
+        "tune": True,
+        "runs": tmp_path / "runs",
+        "results": tmp_path / "results.jsonl",
+    }
+    return TrainConfig(**{**base, **kw})
+
+
+def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
+    from vit_finetune.train import train
+
+    record = train(config(tmp_path, max_steps=40, learning_rate=1e-2, eval_every=20))
+    # The head starts at zero, so the loss before training is exactly ln(10) on any data.
+    assert record["eval_loss"] < math.log(10) - 0.15
+    log = ac.read_jsonl(record["log"])
+    losses = [r["train_loss"] for r in log if "train_loss" in r]
+    assert losses[-1] < losses[0]
+    assert record["replaced"] == ["blocks.2.mlp", "blocks.3.mlp"]
+    assert record["steps"] == 40
+    assert record["eval_split"] == "val"
+    assert record["parameters_compressed"] < record["parameters_dense"]
+    assert record["throughput"] > 0
+    assert record["throughput_dense"] > 0
+    assert ac.read_jsonl(tmp_path / "results.jsonl")[-1]["run"] == record["run"]
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
+    from vit_finetune.train import CHECKPOINT, train
+
+    whole = train(config(tmp_path / "a", attention="performer", attention_features=16))
+
+    class Killed(Exception):
+        pass
+
+    def kill(step):
+        if step == 16:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(config(tmp_path / "b", attention="performer", attention_features=16), on_checkpoint=kill)
+    resumed = train(config(tmp_path / "b", attention="performer", attention_features=16))
+    assert resumed["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-5)
+    assert resumed["attention_copied"] == 8  # qkv and proj weights and biases of 2 blocks
+    a = torch.load(tmp_path / "a" / "runs" / whole["run"] / CHECKPOINT, weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "runs" / resumed["run"] / CHECKPOINT, weights_only=True)["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+    steps = [
+        r["step"]
+        for r in ac.read_jsonl(tmp_path / "b" / "runs" / resumed["run"] / "log.jsonl")
+        if "train_loss" in r
+    ]
+    assert steps == sorted(set(steps))  # no line twice after the resume
+    assert train(config(tmp_path / "b", attention="performer", attention_features=16)) is None
+
+
+def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
+    args = [
+        "sweep",
+        "--layers",
+        "dense",
+        "eugen",
+        "--ks",
+        "1",
+        "2",
+        "--data",
+        "digits",
+        "--model",
+        "vit-tiny-test",
+        "--image-size",
+        "8",
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "4",
+        "--throughput-batch",
+        "4",
+        "--throughput-repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "r.jsonl"),
+        "--features",
+        "8",
+    ]
+    assert main(args) == 0
+    records = ac.read_jsonl(tmp_path / "r.jsonl")
+    assert sorted((r["layer"], r["last_k"]) for r in records) == [("dense", 0), ("eugen", 1), ("eugen", 2)]
+    table = report(ReportConfig(results=tmp_path / "r.jsonl"))
+    assert "| dense" in table
+    assert "eugen" in table
+    for name in ("table.md", "table.csv", "curves.png", "accuracy_vs_k.png"):
+        assert (tmp_path / "report" / name).is_file()
+    capsys.readouterr()
+    assert main(["layers"]) == 0
+    assert capsys.readouterr().out.split() == ["dense", "eugen", "lowrank", "ralimp", "snnk"]
+
+
+def test_cli_errors_name_the_setting(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "train",
+                "--layer",
+                "mlp",
+                "--model",
+                "vit-tiny-test",
+                "--image-size",
+                "8",
+                "--max-steps",
+                "1",
+                "--device",
+                "cpu",
+                "--runs",
+                str(tmp_path),
+                "--results",
+                str(tmp_path / "r.jsonl"),
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "layer: unknown 'mlp'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="layer_options: not valid JSON"):
+        TrainConfig(layer_options="{nope")
+    with pytest.raises(ValueError, match="warmup: expected a fraction"):
+        TrainConfig(warmup=1.5)
