@@ -34,6 +34,8 @@ def gerf_log_features(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GERF features for the softmax kernel (Eq. 21 with ``C = -s/2``), as ``(log_magnitude, multiplier)``.
 
+    The log-magnitude may be ``(..., n, 1)`` (broadcast over the features) when it does not depend on them.
+
     Args:
         projection: ``omega.x``, ``(..., n, r)``.
         sqnorm: ``||x||^2``, ``(..., n, 1)``.
@@ -54,8 +56,9 @@ def gerf_log_features(
     if s == 1:
         return log_mag + scaled, None
     phase = scaled
-    log_mag = log_mag.expand_as(phase)
-    return torch.cat((log_mag, log_mag), dim=-1), torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
+    if log_mag.shape[-1] != 1:  # A != 0: one magnitude per row and feature, for the cos and the sin
+        log_mag = torch.cat((log_mag, log_mag), dim=-1)
+    return log_mag, torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
 
 
 @register("gerf")

@@ -142,7 +142,8 @@ class FeatureMap(nn.Module):
             is_query: True for ``f^(1)`` (queries), False for ``f^(2)`` (keys).
 
         Returns:
-            ``(log_magnitude, multiplier)``, both ``(..., n, features_per_row * s)``: the features are
+            ``(log_magnitude, multiplier)``, ``(..., n, features_per_row * s)`` (the log-magnitude may be
+            ``(..., n, 1)`` when it is the same for every feature of a row): the features are
             ``multiplier * exp(log_magnitude)``; ``multiplier`` is None for positive features.
         """
         raise NotImplementedError
@@ -178,7 +179,7 @@ class FeatureMap(nn.Module):
         """
         out_dtype = q.dtype
         log_q, mult_q, log_k, mult_k, key_mask = self._log_features_pair(
-            q, k, key_padding_mask, query_padding_mask
+            q, k, key_padding_mask, query_padding_mask, stabilize
         )
         if stabilize:
             log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
@@ -210,7 +211,7 @@ class FeatureMap(nn.Module):
         """
         out_dtype = q.dtype
         log_q, mult_q, log_k, mult_k, key_mask = self._log_features_pair(
-            q, k, key_padding_mask, query_padding_mask
+            q, k, key_padding_mask, query_padding_mask, True
         )
         log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
         scale = log_k.amax(dim=-1, keepdim=True).detach()
@@ -227,8 +228,12 @@ class FeatureMap(nn.Module):
         k: torch.Tensor,
         key_padding_mask: torch.Tensor | None,
         query_padding_mask: torch.Tensor | None,
+        stabilized: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Weighted log-features and multipliers of queries and keys, and the broadcast key mask."""
+        """Weighted log-features and multipliers of queries and keys, and the broadcast key mask.
+
+        With ``stabilized`` (the caller subtracts per-row maxima) a uniform component weight is left out.
+        """
         self._check_inputs(q, k)
         key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
         query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
@@ -243,7 +248,8 @@ class FeatureMap(nn.Module):
             self.weight_matrix(tk), tk.pow(2).sum(-1, keepdim=True), stats, is_query=False
         )
         log_weight, sign = self._component_weights(work, q.device)
-        log_q, log_k = log_q + log_weight, log_k + log_weight
+        if not (stabilized and isinstance(log_weight, float)):  # a constant cancels in stabilization
+            log_q, log_k = log_q + log_weight, log_k + log_weight
         if sign is not None:
             mult_q = sign if mult_q is None else mult_q * sign
         if self.kernel == "gaussian":
@@ -272,12 +278,14 @@ class FeatureMap(nn.Module):
 
     def _component_weights(
         self, dtype: torch.dtype, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``0.5 log|a_i|`` and ``sign(a_i)`` (None if all positive), ``(m,)`` in the Eq. 11 column layout."""
+    ) -> tuple[torch.Tensor | float, torch.Tensor | None]:
+        """``0.5 log|a_i|`` and ``sign(a_i)``, ``(m,)`` in the Eq. 11 column layout.
+
+        For Monte Carlo matrices every ``a_i = 1/s``: a float, and no sign.
+        """
         a = self.weight_matrix.component_weights
-        s = self.weight_matrix.num_features
         if a is None:
-            return torch.full((self.num_features,), -0.5 * math.log(s), dtype=dtype, device=device), None
+            return -0.5 * math.log(self.weight_matrix.num_features), None
         a = a.to(dtype=dtype, device=device)
         log_weight, sign = 0.5 * a.abs().log(), torch.sign(a)
         return log_weight.repeat(self.features_per_row), sign.repeat(self.features_per_row)
