@@ -206,7 +206,7 @@ def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
         "fwd+bwd ms",
         "speed-up vs softmax",
         "peak MiB",
-        "memory vs softmax",
+        "memory / softmax",
         "GFLOP/s",
     ]
     rows = []
@@ -216,7 +216,7 @@ def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
             continue
         ref = reference.get(r["n"])
         speed = f"{ref['seconds'] / r['seconds']:.1f}x" if ref else "n/a"
-        memory = f"{ref['peak_mib'] / max(r['peak_mib'], 0.1):.1f}x less" if ref else "n/a"
+        memory = f"{r['peak_mib'] / max(ref['peak_mib'], 0.1):.1f}x" if ref else "n/a"
         gflops = "" if r["gflops"] != r["gflops"] else f"{r['gflops']:.1f}"
         row = [
             r["attention"],
@@ -240,16 +240,21 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name in dict.fromkeys(r["attention"] for r in results):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    names = list(dict.fromkeys(r["attention"] for r in results))
+    colors = plt.get_cmap("tab20").colors
+    for i, name in enumerate(names):
         points = [r for r in results if r["attention"] == name and "error" not in r]
         ns = [r["n"] for r in points]
-        style = {"lw": 2.5, "color": "black"} if name == "softmax" else {"lw": 1.2}
+        random_features = ("-" in name and name != "performer-pytorch") or name == "performer"
+        style = {"lw": 1.2, "color": colors[i % len(colors)], "ls": "-" if random_features else "--"}
+        if name == "softmax":
+            style = {"lw": 2.5, "color": "black"}
         axes[0].loglog(ns, [1000 * r["seconds"] for r in points], marker="o", label=name, **style)
         axes[1].loglog(ns, [max(r["peak_mib"], 0.1) for r in points], marker="o", label=name, **style)
     axes[0].set(xlabel="sequence length N", ylabel="forward+backward (ms)")
     axes[1].set(xlabel="sequence length N", ylabel="peak memory added (MiB)")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, ncol=2)
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
