@@ -2,34 +2,20 @@
 
 The weights are ``model.safetensors`` or ``pytorch_model.bin``.
 
-No ``transformers`` and no ``safetensors`` package are needed: the safetensors format is an 8-byte
-little-endian header length, a JSON header ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` and
-the raw little-endian tensor bytes, which :func:`read_safetensors` and :func:`write_safetensors` handle in a
-few lines. ``pytorch_model.bin`` is read with ``torch.load(weights_only=True)``. Nothing is downloaded: point
-``--init-from`` at a folder written by ``save_pretrained`` or a hub snapshot already on disk.
+No ``transformers`` and no ``safetensors`` package are needed: ``app_common.read_safetensors`` and
+``write_safetensors`` handle the safetensors format, and ``pytorch_model.bin`` is read with
+``torch.load(weights_only=True)``. Nothing is downloaded: point ``--init-from`` at a folder written by
+``save_pretrained`` or a hub snapshot already on disk.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import torch
 
-#: safetensors dtype codes -> torch dtypes.
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+from app_common import read_safetensors, write_safetensors
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -83,60 +69,6 @@ def gpt2_config_fields(config: dict) -> dict:
             f"config.json: activation_function {activation!r} is not a GELU, which this model has"
         )
     return fields
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a ``.safetensors`` file.
-
-    Raises:
-        ValueError: a truncated file, a bad header or an unknown dtype, naming the path.
-    """
-    path = Path(path)
-    data = path.read_bytes()
-    try:
-        (length,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + length])
-    except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a safetensors file ({error})") from None
-    body = memoryview(data)[8 + length :]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in SAFETENSORS_DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']!r}")
-        begin, end = info["data_offsets"]
-        if end > len(body):
-            raise ValueError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
-        dtype = SAFETENSORS_DTYPES[info["dtype"]]
-        chunk = bytearray(body[begin:end])
-        tensor = torch.frombuffer(chunk, dtype=dtype) if chunk else torch.empty(0, dtype=dtype)
-        out[name] = tensor.reshape(info["shape"])
-    return out
-
-
-def write_safetensors(
-    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict | None = None
-) -> Path:
-    """Write ``tensors`` (contiguous, CPU) as a ``.safetensors`` file; the header is padded to 8 bytes."""
-    codes = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
-    blobs, offset = [], 0
-    for name, tensor in tensors.items():
-        tensor = tensor.detach().cpu().contiguous()
-        blob = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        header[name] = {
-            "dtype": codes[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + len(blob)],
-        }
-        blobs.append(blob)
-        offset += len(blob)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    path = Path(path)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
-    return path
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -13,20 +13,20 @@ mapped onto it, so neither library is needed::
   ``norm1``/``norm2``, ``intermediate.dense``/``output.dense`` become ``mlp.fc1``/``fc2``; the pooler and
   the classifier are dropped.
 
-Files: ``.safetensors`` (read by :func:`read_safetensors`, no extra package), or anything ``torch.load``
-reads with ``weights_only=True`` (``.bin``, ``.pth``, ``.pt``), or a folder holding one of them.
+Files: ``.safetensors`` (read by ``app_common.read_safetensors``, no extra package), or anything
+``torch.load`` reads with ``weights_only=True`` (``.bin``, ``.pth``, ``.pt``), or a folder holding one of
+them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from app_common import read_safetensors
 from rf_matrices import Registry
 from vit_finetune.model import ViT, ViTConfig, resample_pos_embed
 
@@ -87,53 +87,6 @@ def names(pattern: str | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- files
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file (little-endian; an 8-byte header length, a JSON header, data).
-
-    Raises:
-        ValueError: a file that is not in that format, naming the path.
-    """
-    path = Path(path)
-    data = path.read_bytes()
-    try:
-        (length,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + length])
-    except (struct.error, ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a safetensors file ({error})") from None
-    body = memoryview(data)[8 + length :]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if entry.get("dtype") not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {entry.get('dtype')!r}")
-        dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-        start, end = entry["data_offsets"]
-        if not 0 <= start <= end <= len(body):
-            raise ValueError(f"{path}: tensor {name!r} lies outside the file (truncated download?)")
-        flat = (
-            torch.frombuffer(bytearray(body[start:end]), dtype=dtype)
-            if end > start
-            else torch.empty(0, dtype=dtype)
-        )
-        tensors[name] = flat.reshape(entry["shape"])
-    return tensors
-
-
 def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """The state dict in a checkpoint file or folder (``.safetensors``, or ``torch.load``-able files).
 

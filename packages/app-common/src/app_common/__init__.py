@@ -31,11 +31,13 @@ from app_common.distributed import (
 from app_common.measure import PeakMemory, Timer, peak_memory, reset_peak_memory
 from app_common.progress import progress
 from app_common.results import append_jsonl, iter_jsonl, read_jsonl
+from app_common.safetensors import SAFETENSORS_DTYPES, read_safetensors, write_safetensors
 from app_common.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = [
     "DEVICES",
     "DTYPES",
+    "SAFETENSORS_DTYPES",
     "Distributed",
     "PeakMemory",
     "Timer",
@@ -54,6 +56,7 @@ __all__ = [
     "peak_memory",
     "progress",
     "read_jsonl",
+    "read_safetensors",
     "read_toml",
     "reset_peak_memory",
     "resolve_device",
@@ -64,4 +67,5 @@ __all__ = [
     "set_rng_state",
     "setup_distributed",
     "teardown_distributed",
+    "write_safetensors",
 ]
