@@ -135,13 +135,7 @@ def _attentions(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``lra-bench`` with ``argv`` (default: the command line); errors exit with status 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        parser.exit(2, f"lra-bench {args.command}: error: {error}\n")
-    return 0
+    return ac.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -106,13 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``nerf-pinn`` with ``argv`` (default: the command line); errors exit with status 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        parser.exit(2, f"nerf-pinn {args.command}: error: {error}\n")
-    return 0
+    return ac.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -119,13 +119,7 @@ def _report(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``vit-finetune`` with ``argv`` (default: the command line); errors exit with status 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        parser.exit(2, f"vit-finetune {args.command}: error: {error}\n")
-    return 0
+    return ac.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ set-up from ``torchrun``'s environment, and frozen dataclass configurations read
 """
 
 from app_common.checkpoint import load_checkpoint, save_checkpoint
+from app_common.cli import USER_ERRORS, run_cli
 from app_common.config import add_dataclass_arguments, config_dict, config_from, flag, read_toml
 from app_common.device import DEVICES, DTYPES, autocast, resolve_device, resolve_dtype
 from app_common.distributed import (
@@ -38,6 +39,7 @@ __all__ = [
     "DEVICES",
     "DTYPES",
     "SAFETENSORS_DTYPES",
+    "USER_ERRORS",
     "Distributed",
     "PeakMemory",
     "Timer",
@@ -62,6 +64,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "rng_state",
+    "run_cli",
     "save_checkpoint",
     "seed_everything",
     "set_rng_state",

@@ -1,0 +1,30 @@
+import argparse
+
+import pytest
+
+from app_common import run_cli
+
+
+def parser_with(run):
+    parser = argparse.ArgumentParser(prog="tool")
+    commands = parser.add_subparsers(dest="command", required=True)
+    go = commands.add_parser("go")
+    go.add_argument("--value", type=int, default=1)
+    go.set_defaults(run=run)
+    return parser
+
+
+def test_run_cli_calls_the_subcommand_with_its_arguments():
+    seen = []
+    assert run_cli(parser_with(lambda args: seen.append(args.value)), ["go", "--value", "7"]) == 0
+    assert seen == [7]
+
+
+def test_user_errors_exit_with_status_2_and_a_one_line_message(capsys):
+    def fail(args):
+        raise FileNotFoundError("data: /nowhere does not exist")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(parser_with(fail), ["go"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "tool go: error: data: /nowhere does not exist\n"
