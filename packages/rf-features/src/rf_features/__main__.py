@@ -18,7 +18,7 @@ import torch
 import rf_matrices
 from rf_features.kernels import relative_mse
 from rf_features.registry import create, names
-from rf_matrices import markdown_table
+from rf_matrices import demo_device, print_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,9 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per (component, matrix) pair, one column per feature count."""
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = demo_device(args.device)
     data = torch.Generator().manual_seed(0)
     scale = args.scale * args.dim**-0.25
     q = torch.randn(args.points, args.dim, generator=data) * scale
@@ -73,12 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
     header, rows = error_table(args)
-    print(
+    print_report(
         f"Relative MSE of the {args.kernel}-kernel estimate (d={args.dim}, {args.points} queries and keys "
-        f"~ N(0, I) {args.scale:g} d^-1/4, mean of {args.seeds} seeds)\n"
+        f"~ N(0, I) {args.scale:g} d^-1/4, mean of {args.seeds} seeds)",
+        header,
+        rows,
+        start,
     )
-    print(markdown_table(header, rows))
-    print(f"\n{time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from rf_matrices.kernels import gaussian_kernel, relative_kernel_error, trig_ker
 from rf_matrices.monte_carlo import ORF, Base
 from rf_matrices.quadrature import SGQ, gauss_hermite, smolyak_gauss_hermite
 from rf_matrices.registry import WEIGHT_MATRICES, create, names, register
-from rf_matrices.report import markdown_table
+from rf_matrices.report import demo_device, markdown_table, print_report
 from rf_matrices.structured import SORF, BlockTransform, FastFood, FastFoodL
 from rf_matrices.unit_cube import MM, QMC
 from rf_matrices.weight_matrix import DenseWeightMatrix, WeightMatrix
@@ -35,6 +35,7 @@ __all__ = [
     "Registry",
     "WeightMatrix",
     "create",
+    "demo_device",
     "fwht",
     "gauss_hermite",
     "gaussian_kernel",
@@ -42,6 +43,7 @@ __all__ = [
     "markdown_table",
     "names",
     "next_power_of_two",
+    "print_report",
     "register",
     "relative_kernel_error",
     "smolyak_gauss_hermite",

@@ -15,7 +15,7 @@ import torch
 
 from rf_matrices.kernels import relative_kernel_error
 from rf_matrices.registry import create, names
-from rf_matrices.report import markdown_table
+from rf_matrices.report import demo_device, print_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,9 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the table: one row per matrix, one column per feature count."""
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = demo_device(args.device)
     data = torch.Generator().manual_seed(0)
     # Points with ||x - y|| ~ sigma, where the kernel varies most.
     x = torch.randn(args.points, args.dim, generator=data) * (args.sigma / args.dim**0.5)
@@ -63,12 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
     header, rows = error_table(args)
-    print(
+    print_report(
         f"Relative error ||K_hat - K||_F / ||K||_F of the TrigRF estimate of the RBF kernel "
-        f"(d={args.dim}, {args.points} points, sigma={args.sigma:g}, mean of {args.seeds} seeds)\n"
+        f"(d={args.dim}, {args.points} points, sigma={args.sigma:g}, mean of {args.seeds} seeds)",
+        header,
+        rows,
+        start,
     )
-    print(markdown_table(header, rows))
-    print(f"\n{time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+import time
+
+import torch
+
+
+def demo_device(name: str) -> torch.device:
+    """``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda[:i]"`` as a device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def print_report(title: str, header: list[str], rows: list[list[str]], started: float) -> None:
+    """Print ``title``, the Markdown table and the seconds since ``started`` (``time.perf_counter``)."""
+    print(f"{title}\n")
+    print(markdown_table(header, rows))
+    print(f"\n{time.perf_counter() - started:.1f} s")
+
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table with columns padded to equal width."""
