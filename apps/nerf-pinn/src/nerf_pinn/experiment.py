@@ -11,6 +11,7 @@ family's plots.
 from __future__ import annotations
 
 import abc
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from torch import nn
 
 import app_common as ac
 from nerf_pinn.config import CompareConfig
-from nerf_pinn.layers import DENSE, count_parameters, inference_parameters, time_inference
+from nerf_pinn.layers import DENSE, count_parameters, inference_parameters, linearize, time_inference
 from rf_matrices import markdown_table
 
 #: Settings that do not change what a variant computes: a checkpoint saved under other values still fits.
@@ -127,6 +128,46 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
         """PNG plots of every variant's outputs; the paths written."""
+
+    def linearize(
+        self, layers: nn.ModuleList, kind: str, indices: list[int], inputs: list[torch.Tensor]
+    ) -> None:
+        """:func:`~nerf_pinn.layers.linearize` with this family's budget, rational fit and projections."""
+        config = self.config
+        linearize(
+            layers,
+            kind,
+            budget=config.features,
+            indices=indices,
+            inputs=inputs,
+            poly_degree=config.poly_degree,
+            num_atoms=config.num_atoms,
+            num_freqs=config.num_freqs,
+            weight_matrix=config.weight_matrix,
+            seed=config.seed,
+        )
+
+    def record_step(
+        self,
+        bar: Any,
+        kind: str,
+        step: int,
+        value: float,
+        losses: list[float],
+        checkpointer: Checkpointer,
+        model: nn.Module,
+        optimizers: dict[str, torch.optim.Optimizer],
+    ) -> bool:
+        """Log step ``step``'s loss; False (diverged: stop training) if it is not finite, else checkpoint."""
+        losses.append(value)
+        if not math.isfinite(value):
+            bar.write(
+                f"{self.name} {kind}: the loss became {value} at step {step}; training stops (diverged)"
+            )
+            return False
+        bar.set_postfix(loss=f"{value:.3g}")
+        checkpointer.step(step + 1, model, optimizers, losses)
+        return True
 
     def settings(self) -> dict[str, Any]:
         """What the records say about the setting (the config, as plain values)."""

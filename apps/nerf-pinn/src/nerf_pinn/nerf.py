@@ -11,7 +11,6 @@ views are rendered at the bin centres and scored by PSNR.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch import nn
 import app_common as ac
 from nerf_pinn.config import NerfConfig, replaced_layers
 from nerf_pinn.experiment import Checkpointer, Family
-from nerf_pinn.layers import DENSE, FeedForward, linearize
+from nerf_pinn.layers import DENSE, FeedForward
 from nerf_pinn.render import camera_rays, positional_encoding, stratified_samples, volume_render
 from nerf_pinn.scenes import Scene, load_scene, render_synthetic_scene
 from nerf_pinn.siren import psnr
@@ -156,18 +155,7 @@ class NerfFamily(Family):
             indices = replaced_layers(config.replace, config.depth)
             if config.skip in indices:
                 raise ValueError(f"replace: the skip layer {config.skip} cannot be linearized ({indices})")
-            linearize(
-                model.layers,
-                kind,
-                budget=config.features,
-                indices=indices,
-                inputs=model.layer_inputs(sample),
-                poly_degree=config.poly_degree,
-                num_atoms=config.num_atoms,
-                num_freqs=config.num_freqs,
-                weight_matrix=config.weight_matrix,
-                seed=config.seed,
-            )
+            self.linearize(model.layers, kind, indices, model.layer_inputs(sample))
         return model
 
     def render(self, model: nn.Module, origins: torch.Tensor, directions: torch.Tensor, **kw) -> torch.Tensor:
@@ -203,12 +191,8 @@ class NerfFamily(Family):
             loss.backward()
             adam.step()
             value = loss.detach().item()
-            losses.append(value)
-            if not math.isfinite(value):
-                bar.write(f"nerf {kind}: the loss became {value} at step {step}; training stops (diverged)")
+            if not self.record_step(bar, kind, step, value, losses, checkpointer, model, {"adam": adam}):
                 break
-            bar.set_postfix(loss=f"{value:.3g}")
-            checkpointer.step(step + 1, model, {"adam": adam}, losses)
         return losses
 
     @torch.no_grad()

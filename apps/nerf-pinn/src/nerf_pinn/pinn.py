@@ -21,7 +21,7 @@ import app_common as ac
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig, replaced_layers
 from nerf_pinn.experiment import Checkpointer, Family
-from nerf_pinn.layers import DENSE, FeedForward, linearize, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
 
 
 class PINN(nn.Module):
@@ -104,17 +104,11 @@ class PinnFamily(Family):
         model = PINN(config.depth, config.width).to(self.device)
         if kind != DENSE:
             sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
-            linearize(
+            self.linearize(
                 model.layers,
                 kind,
-                budget=config.features,
-                indices=replaced_layers(config.replace, config.depth),
-                inputs=stack_inputs(model.layers, sample),
-                poly_degree=config.poly_degree,
-                num_atoms=config.num_atoms,
-                num_freqs=config.num_freqs,
-                weight_matrix=config.weight_matrix,
-                seed=config.seed,
+                replaced_layers(config.replace, config.depth),
+                stack_inputs(model.layers, sample),
             )
         return model
 
@@ -155,12 +149,8 @@ class PinnFamily(Family):
 
                 lbfgs.step(closure)
                 value = self.loss(model).detach().item()
-            losses.append(value)
-            if not math.isfinite(value):
-                bar.write(f"pinn {kind}: the loss became {value} at step {step}; training stops (diverged)")
+            if not self.record_step(bar, kind, step, value, losses, checkpointer, model, optimizers):
                 break
-            bar.set_postfix(loss=f"{value:.3g}")
-            checkpointer.step(step + 1, model, optimizers, losses)
         return losses
 
     @torch.no_grad()

@@ -20,7 +20,7 @@ from torch import nn
 import app_common as ac
 from nerf_pinn.config import SirenConfig, replaced_layers
 from nerf_pinn.experiment import Checkpointer, Family
-from nerf_pinn.layers import DENSE, FeedForward, linearize, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
 
 
 def load_image(path: Path | None, size: int) -> torch.Tensor:
@@ -126,17 +126,11 @@ class SirenFamily(Family):
         model = Siren(2, 1, config.depth, config.width, config.omega_0).to(self.device)
         if kind != DENSE:
             sample = self.coords[torch.randperm(self.coords.shape[0], device=self.device)[:2048]]
-            linearize(
+            self.linearize(
                 model.layers,
                 kind,
-                budget=config.features,
-                indices=replaced_layers(config.replace, config.depth),
-                inputs=stack_inputs(model.layers, sample),
-                poly_degree=config.poly_degree,
-                num_atoms=config.num_atoms,
-                num_freqs=config.num_freqs,
-                weight_matrix=config.weight_matrix,
-                seed=config.seed,
+                replaced_layers(config.replace, config.depth),
+                stack_inputs(model.layers, sample),
             )
         return model
 
@@ -153,12 +147,8 @@ class SirenFamily(Family):
             loss.backward()
             adam.step()
             value = loss.detach().item()
-            losses.append(value)
-            if not math.isfinite(value):
-                bar.write(f"siren {kind}: the loss became {value} at step {step}; training stops (diverged)")
+            if not self.record_step(bar, kind, step, value, losses, checkpointer, model, {"adam": adam}):
                 break
-            bar.set_postfix(loss=f"{value:.3g}")
-            checkpointer.step(step + 1, model, {"adam": adam}, losses)
         return losses
 
     @torch.no_grad()
