@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 META = "meta.json"
 SPLITS = ("train", "val")

@@ -32,7 +32,7 @@ from torch import nn
 import ralimp
 import rf_attention
 from gpt_uptrain import hf
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import ralimp
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 Builder = Callable[..., nn.Module]
 

@@ -22,7 +22,7 @@ from torch import nn
 import app_common as ac
 from nerf_pinn.config import CompareConfig
 from nerf_pinn.layers import DENSE, count_parameters, inference_parameters, linearize, time_inference
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 
 #: Settings that do not change what a variant computes: a checkpoint saved under other values still fits.
 NOT_IDENTITY = ("kinds", "out", "resume", "device", "threads", "checkpoint_every", "time_repeats")

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 SPLITS = ("train", "val", "test")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")

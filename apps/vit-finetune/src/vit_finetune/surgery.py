@@ -17,7 +17,7 @@ from torch import nn
 
 import ralimp
 import rf_attention
-from rf_matrices import Registry
+from spectraformer_core import Registry
 from vit_finetune.model import ViT
 
 #: ``layer kind -> (features -> constructor options)``: how a budget of ``F`` random features is spent.

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from app_common import read_safetensors
-from rf_matrices import Registry
+from spectraformer_core import Registry
 from vit_finetune.model import ViT, ViTConfig, resample_pos_embed
 
 

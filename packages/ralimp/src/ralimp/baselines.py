@@ -24,7 +24,7 @@ from ralimp.base import (
 )
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.rational import DEFAULT_INTERVAL, activation_fit, fit_rational
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 def _default_linear(out_features: int, in_features: int, bias: bool, factory: dict):

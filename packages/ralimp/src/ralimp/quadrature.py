@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 @functools.cache

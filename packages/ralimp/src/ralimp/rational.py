@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ralimp.activations import ACTIVATIONS
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 #: The interval the shipped fits cover.
 DEFAULT_INTERVAL = (-4.0, 4.0)

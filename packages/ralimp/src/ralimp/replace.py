@@ -9,7 +9,7 @@ from torch import nn
 from ralimp.activations import activation_name
 from ralimp.baselines import SNNK, EUGen, LowRank
 from ralimp.layer import RaLiMP
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 #: Layer kinds for :func:`replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``.
 LAYERS: Registry[type[nn.Module]] = Registry("layer kind")

@@ -9,7 +9,7 @@ from torch import nn
 import rf_features
 import rf_matrices
 from rf_attention.modules import RandomFeatureAttention, SoftmaxAttention
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 #: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
 #: ``"<component>-<matrix>"`` names are not stored: they follow the two registries they combine.

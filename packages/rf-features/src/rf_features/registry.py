@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rf_features.feature_map import FeatureMap
-from rf_matrices import Registry, WeightMatrix
+from rf_matrices import WeightMatrix
+from spectraformer_core import Registry
 
 COMPONENTS: Registry[type[FeatureMap]] = Registry("component function")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rf_matrices._registry import Registry
 from rf_matrices.weight_matrix import WeightMatrix
+from spectraformer_core import Registry
 
 WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
 

@@ -5,28 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def check_positive_int(name: str, value: object) -> int:
-    """``value`` as an int if it is an integer >= 1, else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    return value
-
-
-def make_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator:
-    """The generator a weight matrix draws from.
-
-    ``generator`` is used as it is; else a CPU generator seeded with ``seed``; else a CPU generator seeded
-    from the global torch RNG (so ``torch.manual_seed`` makes unseeded draws reproducible too). Drawing on
-    the CPU in float64 and moving the result makes the same seed give the same matrix on every device.
-    """
-    if generator is not None:
-        if seed is not None:
-            raise ValueError("seed, generator: pass at most one of them")
-        return generator
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item())
-    return torch.Generator().manual_seed(seed)
+from spectraformer_core import check_positive_int, make_generator
 
 
 def chi_samples(count: int, dof: int, generator: torch.Generator) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch import nn
 from rf_attention.baselines._common import check_int, compute_dtype, key_validity
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 @register("linformer")

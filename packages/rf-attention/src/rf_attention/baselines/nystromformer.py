@@ -17,7 +17,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 def segment_means(x: torch.Tensor, valid: torch.Tensor, num_segments: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 #: Logit given to a query's own position: it is attended to only when nothing else is (Kitaev et al.).
 SELF_LOGIT = -1e5

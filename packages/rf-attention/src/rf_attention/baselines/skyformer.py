@@ -16,7 +16,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
