@@ -1,4 +1,4 @@
-"""Swap the MLP blocks of a model for linearized layers: :func:`replace_mlp` and the layer registry."""
+"""Swap the MLP blocks of a model for linearized layers: `replace_mlp` and the layer registry."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ralimp.baselines import SNNK, EUGen, LowRank
 from ralimp.layer import RaLiMP
 from spectraformer_core import Registry
 
-#: Layer kinds for :func:`replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``.
+#: Layer kinds for `replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``.
 LAYERS: Registry[type[nn.Module]] = Registry("layer kind")
 LAYERS.register("ralimp")(RaLiMP)
 LAYERS.register("eugen")(EUGen)
@@ -34,7 +34,7 @@ def create(kind: str | type, in_features: int, out_features: int, **kw) -> nn.Mo
     return LAYERS.get(kind)(in_features, out_features, **kw)
 
 
-#: ``(up Linear, activation, down Linear)`` attribute names of the MLP layouts :func:`find_mlp_blocks` knows:
+#: ``(up Linear, activation, down Linear)`` attribute names of the MLP layouts `find_mlp_blocks` knows:
 #: timm ``Mlp`` and HF ViT 5.x ``mlp`` (fc1/act/fc2), nanoGPT ``MLP`` (c_fc/gelu/c_proj), and the
 #: ``intermediate`` module of HF ViT 4.x (dense/intermediate_act_fn; its ``output.dense`` stays).
 LAYOUTS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
@@ -56,7 +56,7 @@ class MLPBlock:
 
 
 def find_mlp_blocks(model: nn.Module) -> list[MLPBlock]:
-    """Every MLP block of ``model`` in module order (see :data:`LAYOUTS`).
+    """Every MLP block of ``model`` in module order (see `LAYOUTS`).
 
     A block is a module holding an ``nn.Linear`` up projection followed by an activation attribute (a module
     or function) under one of the known names. ``activation`` is its registered name, or None if unknown.

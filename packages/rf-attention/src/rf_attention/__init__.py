@@ -1,6 +1,6 @@
 """Linear-time kernelized attention, exact softmax attention and efficient-attention baselines.
 
-Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is an attention::
+Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is an attention:
 
     import rf_attention
     attn = rf_attention.create("oprf-fastfoodl", dim=64, num_heads=2, num_features=128)

@@ -184,8 +184,9 @@ def rf_attention(
 
     ``q`` and ``k`` are scaled by ``Dh^-1/4`` each (so ``phi(q) . phi(k) ~ exp(q . k / sqrt(Dh))``), mapped by
     ``feature_map`` with each query row and the keys stabilized (non-causal: one constant for all keys;
-    causal: per-key scales that :func:`linear_attention` combines over past keys only), and combined by
-    :func:`linear_attention`.
+    causal: per-key scales that [`linear_attention`][rf_attention.linear_attention] combines over past keys
+        only), and combined by
+    [`linear_attention`][rf_attention.linear_attention].
 
     Args:
         q: ``(B, H, N_q, Dh)``.
@@ -197,8 +198,8 @@ def rf_attention(
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         query_padding_mask: bool ``(B, N_q)``, True at padding (left out of the feature map's statistics;
             self-attention passes the same mask as ``key_padding_mask``).
-        eps: see :func:`linear_attention`.
-        chunk_size: see :func:`linear_attention`.
+        eps: see [`linear_attention`][rf_attention.linear_attention].
+        chunk_size: see [`linear_attention`][rf_attention.linear_attention].
 
     Returns:
         ``(B, H, N_q, Dv)``.

@@ -58,8 +58,8 @@ def create(
 
     Names: ``"softmax"``, ``"performer"`` (= ``"posrf-orf"``, FAVOR+), every ``"<component>-<matrix>"`` pair
     of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
-    of :func:`names`. Extra keyword arguments go to the attention (``kernel``, ``redraw_interval``,
-    ``attention_dropout``, ``matrix_options``, ...).
+    of [`names`][rf_attention.names]. Extra keyword arguments go to the attention (``kernel``,
+    ``redraw_interval``, ``attention_dropout``, ``matrix_options``, ...).
     """
     key = name.lower() if isinstance(name, str) else name
     if isinstance(key, str) and key not in ATTENTIONS:

@@ -1,4 +1,4 @@
-"""The :class:`FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
+"""The `FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,14 @@ class FeatureMap(nn.Module):
     the row's component weight ``a_i`` (``1/s``, or the matrix's quadrature weight, possibly negative)
     enters as ``sign(a_i) sqrt|a_i|`` on the query side and ``sqrt|a_i|`` on the key side.
 
-    Subclasses implement :meth:`log_features` for the softmax kernel and may override :meth:`statistics`
-    (data-dependent parameters such as OPRF's ``A``) and :meth:`transform` (SADERF's ``Psi``).
+    Subclasses implement [`log_features`][rf_features.FeatureMap.log_features] for the softmax kernel and may
+    override [`statistics`][rf_features.FeatureMap.statistics] (data-dependent parameters such as OPRF's
+    ``A``) and [`transform`][rf_features.FeatureMap.transform] (SADERF's ``Psi``).
 
     Args:
         dim: ``d``, the query/key dimension.
-        weight_matrix: a registered ``rf_matrices`` name or a :class:`~rf_matrices.WeightMatrix` of unit
-            bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
+        weight_matrix: a registered ``rf_matrices`` name or a [`WeightMatrix`][rf_matrices.WeightMatrix] of
+            unit bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
         num_features: ``s``, rows of the weight matrix (the output width is ``features_per_row * s``).
         seed: seed of the weight matrix.
         kernel: ``"softmax"`` or ``"gaussian"``.
@@ -118,7 +119,7 @@ class FeatureMap(nn.Module):
         return {}
 
     def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
-        """Initial values (and shapes) of the running averages of :meth:`statistics`; none by default.
+        """Initial values (and shapes) of the running averages of `statistics`; none by default.
 
         Each statistic is averaged over its leading (batch, head) dimensions into this shape.
         """
@@ -138,7 +139,7 @@ class FeatureMap(nn.Module):
         Args:
             projection: ``x @ W.T``, ``(..., n, s)``.
             sqnorm: ``||x||^2``, ``(..., n, 1)``.
-            stats: the output of :meth:`statistics`.
+            stats: the output of [`statistics`][rf_features.FeatureMap.statistics].
             is_query: True for ``f^(1)`` (queries), False for ``f^(2)`` (keys).
 
         Returns:

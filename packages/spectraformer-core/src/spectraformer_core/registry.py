@@ -1,8 +1,8 @@
 """A registry of interchangeable parts keyed by short lowercase names (timm-style).
 
 Every family of parts in the monorepo (weight matrices, component functions, attentions, layer kinds,
-activations, ...) is one :class:`Registry`, so users add their own part with ``@register("name")`` in their
-own code, without editing ours.
+activations, ...) is one [`Registry`][spectraformer_core.Registry], so users add their own part with
+``@register("name")`` in their own code, without editing ours.
 """
 
 from __future__ import annotations

@@ -98,5 +98,5 @@ class GeneratorStateMixin:
         return {"generator_state": self.generator.get_state()}
 
     def set_extra_state(self, state: dict) -> None:
-        """Restore the generator's state saved by :meth:`get_extra_state`."""
+        """Restore the generator's state saved by `get_extra_state`."""
         self.generator.set_state(state["generator_state"])

@@ -52,7 +52,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         global_blocks: number of global blocks (0 for none).
         random_blocks: random blocks per query block.
         seed: seeds the random blocks.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

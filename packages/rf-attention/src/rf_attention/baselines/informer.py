@@ -49,7 +49,7 @@ class InformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         num_active_queries: overrides ``u``.
         num_sampled_keys: overrides ``U``.
         seed: seeds the key draws.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

@@ -20,7 +20,7 @@ class LinformerAttention(MultiheadSelfAttention):
     Wang et al. 2020, "Linformer: Self-attention with linear complexity".
 
     Learned projections ``E, F (k, max_seq_len)`` per head shorten the keys and values along the sequence
-    (Eq. 7)::
+    (Eq. 7):
 
         softmax(q (E k)^T / sqrt(Dh)) (F v)
 
@@ -37,7 +37,7 @@ class LinformerAttention(MultiheadSelfAttention):
         max_seq_len: the longest sequence; longer ones raise a ``ValueError``.
         share_kv: one projection ``E = F``.
         seed: seeds the projections' initial values.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

@@ -53,11 +53,11 @@ class NystromformerAttention(MultiheadSelfAttention):
     Xiong et al. 2021, "Nystromformer: A Nystrom-based algorithm for approximating self-attention", AAAI.
 
     With ``q, k`` scaled by ``Dh^-1/4`` each and landmarks ``q~, k~ (m, Dh)`` (segment means of the queries
-    and keys, Section 3.3), softmax attention is approximated by (Eq. 14)::
+    and keys, Section 3.3), softmax attention is approximated by (Eq. 14):
 
         softmax(q k~^T) (softmax(q~ k~^T))^+ softmax(q~ k^T) v   [+ depthwise conv of v]
 
-    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (:func:`iterative_pinv`) and a
+    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (`iterative_pinv`) and a
     depthwise convolution of the values over the sequence added as a skip connection (Section 4, as in
     the authors' LRA code). Padded keys take no part in the landmarks nor in ``softmax(q~ k^T)``.
 
@@ -77,7 +77,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         conv_kernel_size: odd length of the depthwise convolution over the sequence (per head), or None
             for no convolution.
         seed: seeds the convolution's initial weights.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

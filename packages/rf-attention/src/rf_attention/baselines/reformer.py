@@ -26,7 +26,7 @@ SELF_LOGIT = -1e5
 class SharedQueryKeyValue(nn.Module):
     """The projection of shared-QK attention: ``x -> [q, q, v]`` from one ``dim -> 2 dim`` linear map.
 
-    Laid out as :class:`~rf_attention.MultiheadSelfAttention` expects of its ``qkv``.
+    Laid out as [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] expects of its ``qkv``.
     """
 
     def __init__(self, dim: int, *, bias: bool = True) -> None:
@@ -59,8 +59,8 @@ class ReformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
     module's generator). Padded positions get a bucket of their own, sorted last, so the padding changes
     nothing in the chunks of real tokens; they are never attended to.
 
-    The module's projection is :class:`SharedQueryKeyValue` (one map for queries and keys); :meth:`attend`
-    uses ``q`` as the keys and ignores ``k``.
+    The module's projection is `SharedQueryKeyValue` (one map for queries and keys);
+    [`attend`][rf_attention.ReformerAttention.attend] uses ``q`` as the keys and ignores ``k``.
 
     No causal form here: masking later keys inside chunks (as the paper does for language models) still
     lets later tokens decide, through the sorting, which earlier keys share a chunk with a query.
@@ -72,7 +72,8 @@ class ReformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         n_hashes: hashing rounds.
         n_buckets: buckets per round: 1 or an even number; None for the default above.
         seed: seeds the rotations.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments (``bias`` also for the shared map).
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments (``bias`` also for the
+            shared map).
     """
 
     supports_causal = False

@@ -30,7 +30,8 @@ def gaussian_kernel_attention(
     """Exact Gaussian-kernel ("kernelized") attention of Chen et al. 2021, Eq. 4, in O(N^2).
 
     ``kappa(q / Dh^1/4, k / Dh^1/4) v`` with ``kappa(a, b) = exp(-||a - b||^2 / 2)``, without row
-    normalization; padded keys contribute nothing. The reference :class:`SkyformerAttention` approximates.
+    normalization; padded keys contribute nothing. The reference
+    [`SkyformerAttention`][rf_attention.SkyformerAttention] approximates.
 
     Args:
         q: ``(B, H, N_q, Dh)``.
@@ -54,9 +55,9 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
     Chen et al. 2021, "Skyformer: Remodel self-attention with Gaussian kernel and Nystrom method", NeurIPS.
 
     Softmax is replaced by the Gaussian kernel, ``C = kappa(q / Dh^1/4, k / Dh^1/4) v`` (Eq. 4,
-    :func:`gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
+    `gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
     semi-definite) is approximated by the Nystrom method with ``m`` landmark points drawn uniformly from
-    them (Section 4, Eq. 6)::
+    them (Section 4, Eq. 6):
 
         C ~ kappa(q, L) (kappa(L, L) + ridge I)^+ kappa(L, k) v
 
@@ -77,7 +78,7 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         pinv_iterations: iterations of the pseudo-inverse.
         ridge: added to the diagonal of the landmark kernel matrix before inverting.
         seed: seeds the landmark draws.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
