@@ -81,7 +81,8 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
         n_hashes: hashing rounds.
         n_buckets: buckets per round: 1 or an even number; None for the default above.
         seed: seeds the rotations and the projections.
-        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments (``bias`` also for the shared map).
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments (``bias`` also for
+            the shared map).
     """
 
     supports_causal = False
