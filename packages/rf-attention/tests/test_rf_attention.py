@@ -165,7 +165,9 @@ def test_registry_lists_every_pair_and_refuses_unknown_names():
         assert f"{c}-fastfoodl" in names
     assert {"softmax", "performer", "posrf-hyp-orf"} <= set(names)
     assert rf_attention.names("oprf-*") == [n for n in names if n.startswith("oprf-")]
-    with pytest.raises(ValueError, match=r"unknown attention 'relu-orf'; known names: .*softmax"):
+    with pytest.raises(
+        ValueError, match=r"(?s)unknown attention 'relu-orf'; did you mean .*named: .*softmax"
+    ):
         rf_attention.create("relu-orf", 32, 2)
     with pytest.raises(ValueError, match="num_heads: expected a divisor of dim=32, got 3"):
         rf_attention.create("softmax", 32, 3)
