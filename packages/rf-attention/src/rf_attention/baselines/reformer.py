@@ -66,7 +66,7 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
     for large ``nb`` (HF factorizes ``nb`` into two rotations above ``2 max(sqrt(N / c), c)`` buckets, for
     ``N`` beyond about ``c^2``), keys normalized by ``max(||q||, 1e-12)`` (HF: ``sqrt(||q||^2 + 1e-6 Dh)``),
     and the rotations drawn afresh at every training step and kept in eval
-    (:class:`~rf_attention.baselines._common.StepDraws`; HF draws at every call).
+    (:class:`~rf_attention.baselines.StepDraws`; HF draws at every call).
 
     The module's projection is :class:`SharedQueryKeyValue` (one map for queries and keys); :meth:`attend`
     uses ``q`` as the keys and ignores ``k``.
