@@ -9,7 +9,7 @@ from torch import nn
 import rf_features
 import rf_matrices
 from rf_attention.modules import RandomFeatureAttention, SoftmaxAttention
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 #: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
 #: ``"<component>-<matrix>"`` names are not stored: they follow the two registries they combine.
@@ -58,8 +58,8 @@ def create(
 
     Names: ``"softmax"``, ``"performer"`` (= ``"posrf-orf"``, FAVOR+), every ``"<component>-<matrix>"`` pair
     of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
-    of :func:`names`. Extra keyword arguments go to the attention (``kernel``, ``redraw_interval``,
-    ``attention_dropout``, ``matrix_options``, ...).
+    of [`names`][rf_attention.names]. Extra keyword arguments go to the attention (``kernel``,
+    ``redraw_interval``, ``attention_dropout``, ``matrix_options``, ...).
     """
     key = name.lower() if isinstance(name, str) else name
     if isinstance(key, str) and key not in ATTENTIONS:

@@ -1,8 +1,9 @@
 """The efficient-attention baselines of the Spectraformer paper's Table 1, one module each.
 
 Importing this package registers ``nystromformer``, ``skyformer``, ``linformer``, ``bigbird``, ``reformer``
-and ``informer`` in :func:`rf_attention.create`. :class:`StepDraws` is how the random ones draw: once per
-training step, repeated in eval.
+and ``informer`` in [`rf_attention.create`][rf_attention.create].
+[`StepDraws`][rf_attention.baselines.StepDraws] is how the random ones draw: once per training step,
+repeated in eval.
 """
 
 from rf_attention.baselines._common import StepDraws

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -93,7 +93,7 @@ def without_autocast(attend: Callable) -> Callable:
     """Run an ``attend(q, k, v, key_padding_mask)`` method with autocast off on ``q``'s device.
 
     The baselines compute softmax sums, pseudo-inverses and kernel products in float32 for half-precision
-    inputs (:func:`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
+    inputs (`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
     precision and mixed-dtype results would meet (as the paper's code does, which disables autocast
     around every attention).
     """
@@ -159,7 +159,7 @@ class StepDraws:
         return {"generator_state": self.generator.get_state(), "draw_seed": self.draw_seed}
 
     def set_extra_state(self, state: dict) -> None:
-        """Restore what :meth:`get_extra_state` saved."""
+        """Restore what `get_extra_state` saved."""
         if not {"generator_state", "draw_seed"} <= state.keys():
             raise ValueError(
                 "state_dict: expected extra state with 'generator_state' and 'draw_seed', "

@@ -36,7 +36,7 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
       block attend to every key;
     - ``random_blocks`` blocks drawn per head and query block, uniformly among those not already
       attended (fewer when not enough remain), afresh at every training step and kept in eval
-      (:class:`~rf_attention.baselines.StepDraws`).
+      ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     A key block reached twice (window and global) counts once, so with a window covering the sequence
     this is exact softmax attention. Padded keys are masked everywhere; a query without real keys gets 0.
@@ -54,7 +54,7 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
         global_blocks: number of global blocks (0 for none).
         random_blocks: random blocks per query block.
         seed: seeds the random blocks and the projections.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

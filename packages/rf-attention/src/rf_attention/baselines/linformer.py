@@ -16,7 +16,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 @register("linformer")
@@ -26,7 +26,7 @@ class LinformerAttention(MultiheadSelfAttention):
     Wang et al. 2020, "Linformer: Self-attention with linear complexity".
 
     Learned projections ``E, F (k, max_seq_len)`` per head shorten the keys and values along the sequence
-    (Eq. 7)::
+    (Eq. 7):
 
         softmax(q (E k)^T / sqrt(Dh)) (F v)
 
@@ -43,7 +43,7 @@ class LinformerAttention(MultiheadSelfAttention):
         max_seq_len: the longest sequence; longer ones raise a ``ValueError``.
         share_kv: one projection ``E = F``.
         seed: seeds the initial values of ``E``, ``F`` and the projections.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

@@ -19,7 +19,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 def segment_means(x: torch.Tensor, valid: torch.Tensor, num_segments: int) -> torch.Tensor:
@@ -55,11 +55,11 @@ class NystromformerAttention(MultiheadSelfAttention):
     Xiong et al. 2021, "Nystromformer: A Nystrom-based algorithm for approximating self-attention", AAAI.
 
     With ``q, k`` scaled by ``Dh^-1/4`` each and landmarks ``q~, k~ (m, Dh)`` (segment means of the queries
-    and keys, Section 3.3), softmax attention is approximated by (Eq. 14)::
+    and keys, Section 3.3), softmax attention is approximated by (Eq. 14):
 
         softmax(q k~^T) (softmax(q~ k~^T))^+ softmax(q~ k^T) v   [+ depthwise conv of v]
 
-    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (:func:`iterative_pinv`) and a
+    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (`iterative_pinv`) and a
     depthwise convolution of the values over the sequence added as a skip connection (Section 4, as in
     the authors' LRA code). Padded keys take no part in the landmarks nor in ``softmax(q~ k^T)``.
 
@@ -79,7 +79,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         conv_kernel_size: odd length of the depthwise convolution over the sequence (per head), or None
             for no convolution.
         seed: seeds the initial values of the convolution and the projections.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False

@@ -28,7 +28,7 @@ SELF_LOGIT = -1e5
 class SharedQueryKeyValue(nn.Module):
     """The projection of shared-QK attention: ``x -> [q, q, v]`` from one ``dim -> 2 dim`` linear map.
 
-    Laid out as :class:`~rf_attention.MultiheadSelfAttention` expects of its ``qkv``.
+    Laid out as [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] expects of its ``qkv``.
     """
 
     def __init__(self, dim: int, *, bias: bool = True) -> None:
@@ -66,10 +66,10 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
     for large ``nb`` (HF factorizes ``nb`` into two rotations above ``2 max(sqrt(N / c), c)`` buckets, for
     ``N`` beyond about ``c^2``), keys normalized by ``max(||q||, 1e-12)`` (HF: ``sqrt(||q||^2 + 1e-6 Dh)``),
     and the rotations drawn afresh at every training step and kept in eval
-    (:class:`~rf_attention.baselines.StepDraws`; HF draws at every call).
+    ([`StepDraws`][rf_attention.baselines.StepDraws]; HF draws at every call).
 
-    The module's projection is :class:`SharedQueryKeyValue` (one map for queries and keys); :meth:`attend`
-    uses ``q`` as the keys and ignores ``k``.
+    The module's projection is `SharedQueryKeyValue` (one map for queries and keys);
+    [`attend`][rf_attention.ReformerAttention.attend] uses ``q`` as the keys and ignores ``k``.
 
     No causal form here: masking later keys inside chunks (as the paper does for language models) still
     lets later tokens decide, through the sorting, which earlier keys share a chunk with a query.
@@ -81,7 +81,8 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
         n_hashes: hashing rounds.
         n_buckets: buckets per round: 1 or an even number; None for the default above.
         seed: seeds the rotations and the projections.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments (``bias`` also for the shared map).
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments (``bias`` also for
+            the shared map).
     """
 
     supports_causal = False

@@ -31,7 +31,8 @@ def gaussian_kernel_attention(
     """Exact Gaussian-kernel ("kernelized") attention of Chen et al. 2021, Eq. 4, in O(N^2).
 
     ``kappa(q / Dh^1/4, k / Dh^1/4) v`` with ``kappa(a, b) = exp(-||a - b||^2 / 2)``, without row
-    normalization; padded keys contribute nothing. The reference :class:`SkyformerAttention` approximates.
+    normalization; padded keys contribute nothing. The reference
+    [`SkyformerAttention`][rf_attention.SkyformerAttention] approximates.
 
     Args:
         q: ``(B, H, N_q, Dh)``.
@@ -55,9 +56,9 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
     Chen et al. 2021, "Skyformer: Remodel self-attention with Gaussian kernel and Nystrom method", NeurIPS.
 
     Softmax is replaced by the Gaussian kernel, ``C = kappa(q / Dh^1/4, k / Dh^1/4) v`` (Eq. 4,
-    :func:`gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
+    `gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
     semi-definite) is approximated by the Nystrom method with ``m`` landmark points drawn uniformly from
-    them (Section 4, Eq. 6)::
+    them (Section 4, Eq. 6):
 
         C ~ kappa(q, L) (kappa(L, L) + ridge I)^+ kappa(L, k) v
 
@@ -68,7 +69,7 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
     of Nystromformer (6 iterations, scaled per matrix here). Departures: the landmarks are drawn without
     replacement (the code draws with replacement) and from the real tokens wherever the padding is (the
     code assumes padding at the end); with ``m >= 2N`` every point is a landmark. Landmarks are drawn
-    afresh at every training step and kept in eval (:class:`~rf_attention.baselines.StepDraws`).
+    afresh at every training step and kept in eval ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     No causal form (landmarks come from the whole sequence).
 
@@ -78,7 +79,7 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
         pinv_iterations: iterations of the pseudo-inverse.
         ridge: added to the diagonal of the landmark kernel matrix before inverting.
         seed: seeds the landmark draws and the projections.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
