@@ -5,6 +5,7 @@ import torch
 
 import rf_attention
 import rf_features
+from rf_attention import naive
 from rf_attention.decoding import KVCache, RecurrentState
 
 DIM, HEADS, FEATURES = 32, 2, 32
@@ -50,9 +51,19 @@ def decode(module, x, state=None):
     return torch.cat(outs, dim=1), state
 
 
+def float32_gain(name):
+    """Logit gain of the float32 comparisons: large logits, except for signed (TrigRF) features.
+
+    TrigRF's normalizer cancels at large logits (its relative variance is unbounded, Section 3.2.2): the
+    condition number ``|phi_q| . sum |phi_k| / |D|`` reaches 1e4 at gain 3, and float32 rounding of any
+    two summation orders differs by that much. The float64 test below covers large logits for it too.
+    """
+    return 1.0 if name.startswith("trigrf") else 3.0
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_token_by_token_outputs_equal_the_causal_forward(name):
-    module = trained(name, logit_gain=3.0)
+    module = trained(name, logit_gain=float32_gain(name))
     x = randn(2, 150, DIM, seed=1)  # crosses the causal forward's chunk boundary (128)
     with torch.no_grad():
         full = module(x)
@@ -77,22 +88,18 @@ def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(name):
 
 
 def plain_causal_reference(module, x):
-    """``proj(tril(phi_q phi_k^T) v / tril(phi_q phi_k^T) 1)`` from unstabilized features (float64)."""
+    """The module's projections around rf_attention.naive's quadratic causal formula (unstabilized)."""
     b, n, _ = x.shape
     q, k, v = module.qkv(x).view(b, n, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
     if isinstance(module, rf_attention.SoftmaxAttention):
-        scores = (q @ k.mT / (DIM // HEADS) ** 0.5).exp()
+        out = naive.naive_softmax_attention(q, k, v, causal=True)
     else:
-        scale = (DIM // HEADS) ** -0.25
-        phi_q, phi_k = module.feature_map(q * scale, k * scale)
-        scores = phi_q @ phi_k.mT
-    scores = scores.tril()
-    out = (scores @ v) / scores.sum(-1, keepdim=True)
+        out = naive.naive_rf_attention(q, k, v, module.feature_map, causal=True)
     return module.proj(out.transpose(1, 2).reshape(b, n, DIM))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_decoding_equals_the_plain_quadratic_formula_in_float64(name):
+def test_decoding_equals_the_naive_quadratic_formula_in_float64(name):
     module = trained(name, logit_gain=3.0).double()
     x = randn(2, 40, DIM, seed=3, dtype=torch.float64)
     with torch.no_grad():

@@ -1,12 +1,13 @@
 """Train and compare any attention of ``rf_attention`` on the Long Range Arena (Spectraformer Section 4).
 
-The command ``lra-bench`` (``train``, ``sweep``, ``report``, ``quickstart``) wraps these::
+The command ``lra-bench`` (``train``, ``sweep``, ``report``, ``quickstart``) wraps these:
 
     from lra_bench import TrainConfig, train
     record = train(TrainConfig(task="listops", attention="oprf-fastfoodl", features=128, data="data/lra"))
     record["test_accuracy"]
 
-Hyper-parameters default to Table 6 (:data:`TABLE_6`); the model is :class:`LRAClassifier`.
+Hyper-parameters default to Table 6 ([`TABLE_6`][lra_bench.TABLE_6]); the model is
+[`LRAClassifier`][lra_bench.LRAClassifier].
 """
 
 from lra_bench.config import (

@@ -54,7 +54,7 @@ TABLE_6: dict[str, TaskHyperparameters] = {
 
 TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskHyperparameters))
 
-#: Fields that do not change what a run computes: left out of the run's identity (:func:`run_name`).
+#: Fields that do not change what a run computes: left out of the run's identity (`run_name`).
 NOT_IDENTITY = ("data", "results", "runs", "resume", "device", "compile", "workers", "threads", "log_every")
 
 
@@ -62,8 +62,8 @@ NOT_IDENTITY = ("data", "results", "runs", "resume", "device", "compile", "worke
 class TrainConfig:
     """One training run: ``lra-bench train`` (every field is a flag, ``--batch-size`` for ``batch_size``).
 
-    The model rows of Table 6 are the defaults; per-task rows left at None come from :data:`TABLE_6`
-    when the run starts (:meth:`resolved`).
+    The model rows of Table 6 are the defaults; per-task rows left at None come from
+    [`TABLE_6`][lra_bench.TABLE_6] when the run starts ([`resolved`][lra_bench.TrainConfig.resolved]).
     """
 
     task: str = field(metadata={"help": "LRA task", "choices": lra_data.TASKS})
@@ -134,7 +134,8 @@ class TrainConfig:
                 ``[table6.listops]`` table).
 
         Raises:
-            ValueError: an override that is no field of :class:`TaskHyperparameters`.
+            ValueError: an override that is no field of
+                [`TaskHyperparameters`][lra_bench.TaskHyperparameters].
         """
         row = dataclasses.asdict(TABLE_6[self.task])
         overrides = dict((table6 or {}).get(self.task, {}))

@@ -24,7 +24,7 @@ import app_common as ac
 import lra_data
 import rf_attention
 from lra_bench.config import ReportConfig
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 
 TASK_LETTERS = {"listops": "L", "text": "T", "retrieval": "R", "image": "I", "pathfinder": "P"}
 TIME_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}

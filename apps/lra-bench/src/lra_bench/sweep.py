@@ -2,7 +2,7 @@
 
 The grid ``tasks x attentions x features x seeds`` is enumerated in a fixed order; shard ``i/n`` takes runs
 ``i, i + n, i + 2n, ...`` so ``n`` machines (or GPUs) split it without talking to each other. A run is done
-when the results file holds a line with its :func:`~lra_bench.config.run_name`; every other run starts
+when the results file holds a line with its [`run_name`][lra_bench.run_name]; every other run starts
 with ``resume=True``, so re-running the same command after a crash continues where it stopped.
 
 Each run gets its own process: its peak memory (on the CPU the peak RSS, which a process cannot reset) is
@@ -25,8 +25,8 @@ def grid(sweep: SweepConfig, settings: Mapping[str, Any], table6: Mapping | None
 
     Args:
         sweep: the grid.
-        settings: values of the other :class:`TrainConfig` fields, the same for every run.
-        table6: per-task overrides of Table 6 (see :meth:`TrainConfig.resolved`).
+        settings: values of the other [`TrainConfig`][lra_bench.TrainConfig] fields, the same for every run.
+        table6: per-task overrides of Table 6 (see [`TrainConfig.resolved`][lra_bench.TrainConfig.resolved]).
     """
     return [
         TrainConfig(

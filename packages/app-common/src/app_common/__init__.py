@@ -2,7 +2,7 @@
 
 Device and precision (``--device auto|cpu|cuda``, ``--dtype float32|bfloat16``), seeding and random state,
 timing, peak memory, JSON-lines results, atomic checkpoints, tqdm progress bars, DistributedDataParallel
-set-up from ``torchrun``'s environment, and frozen dataclass configurations read from flags and TOML::
+set-up from ``torchrun``'s environment, and frozen dataclass configurations read from flags and TOML:
 
     import app_common as ac
 

@@ -13,8 +13,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` with ``torch.save`` to a temporary file beside ``path``, then rename it over ``path``.
 
     The rename is atomic on POSIX file systems: readers see the old checkpoint or the new one, never half
-    of one. Keep ``state`` to tensors, numbers, strings, lists and dicts so that :func:`load_checkpoint`
-    reads it with ``weights_only=True``.
+    of one. Keep ``state`` to tensors, numbers, strings, lists and dicts so that
+    [`load_checkpoint`][app_common.load_checkpoint] reads it with ``weights_only=True``.
 
     Returns:
         ``path``.

@@ -12,7 +12,8 @@ def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> i
     """Parse ``argv`` (default: the command line) and call the subcommand's ``run(args)``.
 
     Subcommands set ``run`` with ``set_defaults(run=...)`` and are stored as ``args.command``. A
-    :data:`USER_ERRORS` exception exits with status 2 and ``"<prog> <command>: error: <message>"``.
+    [`USER_ERRORS`][app_common.USER_ERRORS] exception exits with status 2 and
+    ``"<prog> <command>: error: <message>"``.
 
     Returns:
         0 on success.

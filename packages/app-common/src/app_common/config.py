@@ -2,7 +2,7 @@
 
 A field ``batch_size: int | None = None`` becomes the flag ``--batch-size`` and the TOML key
 ``batch_size``. Values are taken in this order, later ones winning: the dataclass default, the TOML file,
-the flags given on the command line. A field's ``metadata`` may carry ``help`` and ``choices``::
+the flags given on the command line. A field's ``metadata`` may carry ``help`` and ``choices``:
 
     @dataclass(frozen=True)
     class Config:
@@ -61,8 +61,8 @@ def add_dataclass_arguments(
     """Add one flag per field of the dataclass ``cls`` to ``parser``.
 
     Flags that are not given leave no attribute on the parsed namespace (``argparse.SUPPRESS``), so
-    :func:`config_from` can tell them from values given explicitly. Booleans get ``--x/--no-x``; tuple
-    fields take one or more values (``--features 64 128``).
+    [`config_from`][app_common.config_from] can tell them from values given explicitly. Booleans get
+    ``--x/--no-x``; tuple fields take one or more values (``--features 64 128``).
 
     Args:
         parser: a parser or argument group.

@@ -3,11 +3,12 @@
 Causal kernelized attention (Eq. 7 with the sums over ``j <= i``) is a recurrence: after ``t`` tokens,
 everything later queries need is the ``m x Dv`` numerator state ``sum_j phi_k_j^T v_j``, the normalizer
 ``sum_j phi_k_j`` and the running stabilizer, whatever ``t`` is (O(1) memory and time per token). The
-stabilization is the one of :func:`~rf_attention.rf_attention` in causal mode: key ``j``'s features are
-``phi_k_j exp(c_j)`` with ``c_j`` its largest log-feature (``FeatureMap.forward_with_key_scales``), and
-the sums are kept relative to the running maximum ``M = max_{j <= t} c_j``, rescaled by
-``exp(M_old - M_new) <= 1`` when it grows. Exact softmax attention has no such state: it keeps every key
-and value (:class:`KVCache`, O(t) per token).
+stabilization is the one of [`rf_attention`][rf_attention.rf_attention] in causal mode: key ``j``'s
+features are ``phi_k_j exp(c_j)`` with ``c_j`` its largest log-feature
+(``FeatureMap.forward_with_key_scales``), and the sums are kept relative to the running maximum
+``M = max_{j <= t} c_j``, rescaled by ``exp(M_old - M_new) <= 1`` when it grows. Exact softmax
+attention has no such state: it keeps every key and value ([`KVCache`][rf_attention.decoding.KVCache],
+O(t) per token).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-#: New tokens per block when :func:`recurrent_attention` is given many at once.
+from rf_attention._kernels import guarded_denominator
+
+#: New tokens per block when ``recurrent_attention`` is given many at once.
 DEFAULT_BLOCK_SIZE = 128
 
 
@@ -80,19 +83,6 @@ def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
-def guard_denominator(den: torch.Tensor, bound: torch.Tensor, eps: float) -> torch.Tensor:
-    """The normalizer ``D`` made safe to divide by: ``|D| <= eps * bound`` becomes ``sign(D) eps bound``.
-
-    ``bound = |phi_q| . sum_j |phi_k_j| >= |D|`` (the rule of :func:`~rf_attention.linear_attention`): a
-    relative guard that only features with signs can reach; for positive features ``bound == D`` and only
-    ``D == 0`` (no key seen; the numerator is then 0) changes, to 1. No absolute floor.
-    """
-    floor = eps * bound
-    sign = torch.where(den < 0, -1.0, 1.0).to(den.dtype)
-    safe = torch.where(floor > 0, sign * floor, torch.ones_like(floor))
-    return torch.where(den.abs() <= floor, safe, den)
-
-
 def accumulate_keys(
     state: RecurrentState, phi_k: torch.Tensor, key_log_scale: torch.Tensor, v: torch.Tensor
 ) -> RecurrentState:
@@ -139,7 +129,7 @@ def _attend_block(
     bound = carry * (abs_q @ state.magnitude.unsqueeze(-1)) + ((abs_q @ phi_k.abs().mT) * weights).sum(
         -1, keepdim=True
     )
-    out = num / guard_denominator(den, bound, eps)
+    out = num / guarded_denominator(den, bound, eps)[0]
     return out, accumulate_keys(state, phi_k, key_log_scale, v)
 
 
@@ -160,13 +150,15 @@ def recurrent_attention(
     guard). ``T = 1`` is one decoding step, O(m Dv) whatever the context.
 
     Args:
-        state: the keys so far (:meth:`RecurrentState.empty` for none).
+        state: the keys so far
+            ([`RecurrentState.empty`][rf_attention.decoding.RecurrentState.empty] for none).
         phi_q: ``(..., T, m)`` query features, each row stabilized by its own constant.
         phi_k: ``(..., T, m)`` key features divided by ``exp(key_log_scale)``; zero rows at padding.
         key_log_scale: ``(..., T)``, ``-inf`` at padding (``FeatureMap.forward_with_key_scales``).
         v: ``(..., T, Dv)``.
-        eps: relative guard of the normalizer (:func:`guard_denominator`); default: machine epsilon of the
-            state's dtype.
+        eps: relative guard of the normalizer, as in [`linear_attention`][rf_attention.linear_attention]
+            (``|D| <= eps |phi_q| . sum_j |phi_k_j|`` becomes ``sign(D)`` times that bound; for positive
+            features only ``D == 0``, a row without keys, changes); default: the state dtype's epsilon.
         block_size: new tokens handled per block (``block x block`` products).
 
     Returns:
@@ -244,7 +236,8 @@ class KVCache:
         """Softmax attention of the last ``T`` positions' queries ``q (B, H, T, Dh)`` over the cache (Eq. 6).
 
         Query ``i`` (position ``length - T + i``) sees the cached keys up to its own position that are not
-        padding; a query that sees none gives zeros (as :func:`~rf_attention.softmax_attention`).
+        padding; a query that sees none gives zeros (as
+        [`softmax_attention`][rf_attention.softmax_attention]).
         """
         keys, values = self.keys[..., : self.length, :], self.values[..., : self.length, :]
         t, padding = q.shape[-2], self.padding[:, : self.length]

@@ -10,7 +10,7 @@ from torch import nn
 
 import rf_features
 from rf_attention.decoding import KVCache, RecurrentState, accumulate_keys, recurrent_attention
-from rf_attention.functional import linear_attention, rf_attention, softmax_attention
+from rf_attention.functional import _accumulation_dtype, linear_attention, rf_attention, softmax_attention
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
 #: ``seed`` come from different streams.
@@ -21,9 +21,12 @@ class MultiheadSelfAttention(nn.Module):
     """Multi-head self-attention ``(B, N, dim) -> (B, N, dim)``: projections around an attention kernel.
 
     ``q, k, v = x W_qkv`` split into ``num_heads`` heads of ``dim / num_heads``; subclasses implement
-    :meth:`attend` on ``(B, H, N, Dh)`` tensors; the heads are merged and projected back, then dropout.
-    Causal attentions with a recurrent form also implement :meth:`prefill_heads` and :meth:`step_heads`,
-    which :meth:`prefill` and :meth:`step` (token-by-token decoding) call.
+    [`attend`][rf_attention.MultiheadSelfAttention.attend] on ``(B, H, N, Dh)`` tensors; the heads are merged
+    and projected back, then dropout. Causal attentions with a recurrent form also implement
+    [`prefill_heads`][rf_attention.MultiheadSelfAttention.prefill_heads] and
+    [`step_heads`][rf_attention.MultiheadSelfAttention.step_heads], which
+    [`prefill`][rf_attention.MultiheadSelfAttention.prefill] and
+    [`step`][rf_attention.MultiheadSelfAttention.step] (token-by-token decoding) call.
 
     Args:
         dim: model width.
@@ -107,7 +110,7 @@ class MultiheadSelfAttention(nn.Module):
     def prefill(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, Any]:
-        """The causal forward pass of a prefix and the decoding state it leaves, for :meth:`step`.
+        """The causal forward pass of a prefix and the decoding state it leaves, for ``step``.
 
         Args:
             x: ``(B, N, dim)``, the prompt.
@@ -125,10 +128,12 @@ class MultiheadSelfAttention(nn.Module):
     def step(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """Decode: the outputs of the next token(s) ``x (B, 1, dim)`` given the state of the tokens before.
 
-        In ``eval()``, feeding a sequence token by token (from ``state=None`` or from :meth:`prefill`'s
-        state) gives the causal :meth:`forward` outputs to rounding. RF attention keeps an O(1) state
-        (:class:`~rf_attention.decoding.RecurrentState`), softmax attention a KV cache
-        (:class:`~rf_attention.decoding.KVCache`, updated in place). ``x`` may hold ``T > 1`` new tokens.
+        In ``eval()``, feeding a sequence token by token (from ``state=None`` or from the state of
+        [`prefill`][rf_attention.MultiheadSelfAttention.prefill]) gives the causal
+        [`forward`][rf_attention.MultiheadSelfAttention.forward] outputs to rounding. RF attention keeps an
+        O(1) state ([`RecurrentState`][rf_attention.decoding.RecurrentState]), softmax attention a KV cache
+        ([`KVCache`][rf_attention.decoding.KVCache], updated in place). ``x`` may hold ``T > 1`` new
+        tokens.
 
         Returns:
             ``(y (B, T, dim), state after the new tokens)``.
@@ -187,7 +192,7 @@ class SoftmaxAttention(MultiheadSelfAttention):
 
     Args:
         attention_dropout: dropout on the attention probabilities (training only).
-        **kw: :class:`MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw: Any) -> None:
@@ -195,14 +200,14 @@ class SoftmaxAttention(MultiheadSelfAttention):
         self.attention_dropout = attention_dropout
 
     def attend(self, q, k, v, key_padding_mask):
-        """:func:`~rf_attention.softmax_attention`."""
+        """[`softmax_attention`][rf_attention.softmax_attention]."""
         dropout_p = self.attention_dropout if self.training else 0.0
         return softmax_attention(
             q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p
         )
 
     def prefill_heads(self, q, k, v, key_padding_mask):
-        """Causal attention and a :class:`~rf_attention.decoding.KVCache` holding ``k``, ``v``."""
+        """Causal attention and a [`KVCache`][rf_attention.decoding.KVCache] holding ``k``, ``v``."""
         cache = KVCache.empty(k, v, capacity=max(16, k.shape[-2]))
         return self.attend(q, k, v, key_padding_mask), cache.append(k, v, key_padding_mask)
 
@@ -225,18 +230,20 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         weight_matrix: an ``rf_matrices`` weight matrix name (``"fastfoodl"``, ...).
         num_features: rows ``s`` of the weight matrix.
         seed: seeds all of the module's randomness but dropout: the weight matrix (and its redraws) and
-            the projections' initialization (see :class:`MultiheadSelfAttention`).
+            the projections' initialization (see
+            [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention]).
         kernel: ``"softmax"`` (approximates softmax attention) or ``"gaussian"`` (Skyformer-style).
         redraw_interval: redraw the random features before every ``redraw_interval``-th training forward
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
             (``fastfoodl``) are never redrawn.
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
-        **kw: :class:`MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's ``A``, SADERF's ``Psi``) come from
     running averages over earlier training batches (``statistics_mode="running"``): nothing computed for a
-    position depends on later positions. Decoding (:meth:`step`) keeps the ``m x Dv`` state of
-    :class:`~rf_attention.decoding.RecurrentState`; in ``eval()`` it gives the causal forward's outputs.
+    position depends on later positions. Decoding ([`step`][rf_attention.MultiheadSelfAttention.step])
+    keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.decoding.RecurrentState]; in ``eval()``
+    it gives the causal forward's outputs.
     In training, each call updates the running statistics and may redraw the features, which invalidates
     a state built before.
     """
@@ -272,7 +279,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))
 
     def attend(self, q, k, v, key_padding_mask):
-        """:func:`~rf_attention.rf_attention` with this module's feature map."""
+        """[`rf_attention`][rf_attention.rf_attention] with this module's feature map."""
         if self.training:
             calls = int(self.training_calls)
             if self.redraw_interval and calls and calls % self.redraw_interval == 0:
@@ -291,18 +298,22 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     def _features(
         self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Causal features of ``q, k (B, H, N, Dh)`` as :func:`~rf_attention.rf_attention` computes them."""
+        """Causal features of ``q, k (B, H, N, Dh)`` as ``rf_attention`` computes them."""
+        acc = _accumulation_dtype(q, k)
         scale = self.head_dim**-0.25
         return self.feature_map.forward_with_key_scales(
-            q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+            q.to(acc) * scale,
+            k.to(acc) * scale,
+            key_padding_mask=key_padding_mask,
+            query_padding_mask=key_padding_mask,
         )
 
     def _empty_state(self, q: torch.Tensor, v: torch.Tensor, phi_k: torch.Tensor) -> RecurrentState:
-        acc = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
+        acc = _accumulation_dtype(q, v)
         return RecurrentState.empty(q.shape[:2], phi_k.shape[-1], v.shape[-1], dtype=acc, device=q.device)
 
     def prefill_heads(self, q, k, v, key_padding_mask):
-        """Causal RF attention of the prefix and the :class:`~rf_attention.decoding.RecurrentState` left."""
+        """Causal RF attention of the prefix and the recurrent state it leaves."""
         phi_q, phi_k, log_scale = self._features(q, k, key_padding_mask)
         out = linear_attention(
             phi_q, phi_k, v, causal=True, key_padding_mask=key_padding_mask, key_log_scale=log_scale
@@ -310,7 +321,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         return out, accumulate_keys(self._empty_state(q, v, phi_k), phi_k, log_scale, v)
 
     def step_heads(self, q, k, v, state):
-        """:func:`~rf_attention.decoding.recurrent_attention` of the new positions from ``state``."""
+        """``recurrent_attention`` of the new positions from ``state``."""
         phi_q, phi_k, log_scale = self._features(q, k, None)
         if state is None:
             state = self._empty_state(q, v, phi_k)

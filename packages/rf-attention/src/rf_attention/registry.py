@@ -9,7 +9,7 @@ from torch import nn
 import rf_features
 import rf_matrices
 from rf_attention.modules import MultiheadSelfAttention, RandomFeatureAttention, SoftmaxAttention
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 #: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
 #: ``"<component>-<matrix>"`` names are not stored: they follow the two registries they combine.
@@ -58,14 +58,14 @@ def create(
 
     Names: ``"softmax"``, ``"performer"`` (= ``"posrf-orf"``, FAVOR+), every ``"<component>-<matrix>"`` pair
     of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
-    of :func:`names`. Extra keyword arguments go to the attention (``kernel``, ``redraw_interval``,
-    ``attention_dropout``, ``matrix_options``, ...).
+    of [`names`][rf_attention.names]. Extra keyword arguments go to the attention (``kernel``,
+    ``redraw_interval``, ``attention_dropout``, ``matrix_options``, ...).
 
     ``seed`` seeds all of the module's randomness except dropout (which draws from the global torch RNG):
     its random features or hashes and the initial projections, which
-    :meth:`~rf_attention.MultiheadSelfAttention.reset_projections` draws from ``seed`` here also for
-    modules that replace their projections after construction. Two modules created with the same name,
-    arguments and seed are equal, whatever the global torch seed.
+    [`reset_projections`][rf_attention.MultiheadSelfAttention.reset_projections] draws from ``seed``
+    here also for modules that replace their projections after construction. Two modules created with
+    the same name, arguments and seed are equal, whatever the global torch seed.
     """
     key = name.lower() if isinstance(name, str) else name
     if isinstance(key, str) and key not in ATTENTIONS:
