@@ -1,15 +1,15 @@
 """Train and compare any attention of ``rf_attention`` on the Long Range Arena (Spectraformer Section 4).
 
 The command ``lra-bench`` (``train``, ``sweep``, ``report``, ``quick``/``quickstart``, ``list``) wraps
-these::
+these:
 
     from lra_bench import train, train_config
     config = train_config({"task": "listops", "attention": "oprf-fastfoodl", "attention_features": 128})
     record = train(config)
     record["test_accuracy"]
 
-Hyper-parameters default to Table 6 (:data:`TABLE_6`); the model is :class:`LRAClassifier` of a
-:class:`ModelConfig`.
+Hyper-parameters default to Table 6 ([`TABLE_6`][lra_bench.TABLE_6]); the model is
+[`LRAClassifier`][lra_bench.LRAClassifier] of a [`ModelConfig`][lra_bench.ModelConfig].
 """
 
 from lra_bench.config import (

@@ -61,7 +61,8 @@ def table6_row(task: str, overrides: Mapping[str, Mapping[str, Any]] | None = No
     """Table 6's row of ``task`` with the overrides of a TOML file's ``[table6.<task>]`` table applied.
 
     Raises:
-        ValueError: an unknown task, or an override that is no field of :class:`TaskHyperparameters`.
+        ValueError: an unknown task, or an override that is no field of
+        [`TaskHyperparameters`][lra_bench.TaskHyperparameters].
     """
     if task not in TABLE_6:
         raise ValueError(f"--task: unknown {task!r}; expected one of {', '.join(lra_data.TASKS)}")
@@ -164,7 +165,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
 def train_config(
     settings: Mapping[str, Any], table6: Mapping[str, Mapping[str, Any]] | None = None
 ) -> TrainConfig:
-    """A :class:`TrainConfig` from flat settings (flags, TOML keys), with Table 6 overrides under them.
+    """A [`TrainConfig`][lra_bench.TrainConfig] from flat settings, Table 6 overrides under them.
 
     Args:
         settings: field values by name (the model's fields flat, as their flags), ``task`` among them;
@@ -186,7 +187,8 @@ def run_name(config: TrainConfig) -> str:
     """The run's identity: task, attention, features, seed and a digest of the other identity settings.
 
     ``listops-oprf-fastfoodl-f128-s0-3f2a9c1e``: its checkpoint folder, and the key by which a sweep
-    knows a run is done. The digest covers :func:`app_common.run_identity` (Table 6 filled in).
+    knows a run is done. The digest covers [`app_common.run_identity`][app_common.run_identity] (Table 6
+    filled in).
     """
     digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
     model = config.model

@@ -3,7 +3,7 @@
 Token and learned position embeddings (64), dropout, 2 pre-LayerNorm transformer blocks of width 64 with
 2 heads of 32 and a feed-forward of 128, a final LayerNorm, mean pooling over the tokens that are not
 padding, and a classifier MLP. Retrieval encodes both documents with the shared encoder and classifies
-``[u, v, u * v, u - v]``::
+``[u, v, u * v, u - v]``:
 
     model = LRAClassifier(config.model, vocab_size=16, num_classes=10, pair=False, max_length=2000, seed=0)
     logits = model(tokens, key_padding_mask)                          # (B, L), (B, L) -> (B, 10)
@@ -137,7 +137,7 @@ class LRAClassifier(nn.Module):
 
     @property
     def attention_dropout_applied(self) -> bool:
-        """Whether the attentions apply attention dropout (see :func:`create_attention`)."""
+        """Whether the attentions apply attention dropout (see `create_attention`)."""
         return all(block.attention_dropout_applied for block in self.encoder.blocks)
 
     def forward(

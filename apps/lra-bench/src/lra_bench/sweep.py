@@ -2,11 +2,12 @@
 
 The grid ``task x attention x attention_features x seed`` is enumerated in a fixed order; shard ``i/n``
 takes runs ``i, i + n, i + 2n, ...`` so ``n`` machines (or GPUs) split it without talking to each other.
-A run is done when the results file holds a line with its :func:`~lra_bench.config.run_name`; every other
+A run is done when the results file holds a line with its [`run_name`][lra_bench.run_name]; every other
 run resumes its checkpoint, so re-running the same command after a crash continues where it stopped.
 
 Every attention name and option of the grid is checked before the first run starts (a typo fails at
-once, not in every run). Each run gets its own process (:func:`app_common.run_child`): its peak memory
+once, not in every run). Each run gets its own process ([`app_common.run_child`][app_common.run_child]): its
+peak memory
 (on the CPU the peak RSS, which a process cannot reset) is its own, a crash of one run does not end the
 sweep, and SIGTERM sent to the sweep reaches the running child, which is waited for.
 """
@@ -29,7 +30,8 @@ def grid(sweep: SweepConfig, settings: Mapping[str, Any], table6: Mapping | None
 
     Args:
         sweep: the grid.
-        settings: values of the other :class:`TrainConfig` fields (flat), the same for every run.
+        settings: values of the other [`TrainConfig`][lra_bench.TrainConfig] fields (flat), the same
+            for every run.
         table6: per-task overrides of Table 6 (a TOML file's ``[table6.<task>]`` tables).
     """
     return [

@@ -47,7 +47,7 @@ def _truncate(tokens: torch.Tensor | tuple, max_length: int):
 
 
 def collate(items: list[tuple], *, max_length: int) -> lra_data.Batch | lra_data.PairBatch:
-    """:func:`lra_data.collate` after cutting every document to ``max_length`` tokens."""
+    """[`lra_data.collate`][lra_data.collate] after cutting every document to ``max_length`` tokens."""
     return lra_data.collate([(_truncate(tokens, max_length), label) for tokens, label in items])
 
 

@@ -15,7 +15,8 @@ class MultiheadSelfAttention(nn.Module):
     """Multi-head self-attention ``(B, N, dim) -> (B, N, dim)``: projections around an attention kernel.
 
     ``q, k, v = x W_qkv`` split into ``num_heads`` heads of ``dim / num_heads``; subclasses implement
-    :meth:`attend` on ``(B, H, N, Dh)`` tensors; the heads are merged and projected back, then dropout.
+    [`attend`][rf_attention.MultiheadSelfAttention.attend] on ``(B, H, N, Dh)`` tensors; the heads are merged
+    and projected back, then dropout.
 
     Args:
         dim: model width.
@@ -73,7 +74,7 @@ class SoftmaxAttention(MultiheadSelfAttention):
 
     Args:
         attention_dropout: dropout on the attention probabilities (training only).
-        **kw: :class:`MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw: Any) -> None:
@@ -81,7 +82,7 @@ class SoftmaxAttention(MultiheadSelfAttention):
         self.attention_dropout = attention_dropout
 
     def attend(self, q, k, v, key_padding_mask):
-        """:func:`~rf_attention.softmax_attention`."""
+        """[`softmax_attention`][rf_attention.softmax_attention]."""
         dropout_p = self.attention_dropout if self.training else 0.0
         return softmax_attention(
             q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p
@@ -101,7 +102,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
             (``fastfoodl``) are never redrawn.
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
-        **kw: :class:`MultiheadSelfAttention` arguments.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's ``A``, SADERF's ``Psi``) come from
     running averages over earlier training batches (``statistics_mode="running"``): nothing computed for a
@@ -139,7 +140,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))
 
     def attend(self, q, k, v, key_padding_mask):
-        """:func:`~rf_attention.rf_attention` with this module's feature map."""
+        """[`rf_attention`][rf_attention.rf_attention] with this module's feature map."""
         if self.training:
             calls = int(self.training_calls)
             if self.redraw_interval and calls and calls % self.redraw_interval == 0:

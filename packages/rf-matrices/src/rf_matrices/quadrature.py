@@ -97,8 +97,9 @@ class SGQ(DenseWeightMatrix):
     """Sparse-grid quadrature rows with quadrature weights (Section 3.1.7, Dao et al. 2017).
 
     The rows are the nodes of the Smolyak sparse-grid Gauss-Hermite rule for ``N(0, I / sigma^2)`` (see
-    :func:`smolyak_gauss_hermite`) and :attr:`component_weights` its weights: ``1 - d/3`` (negative for
-    ``d > 3``) on the origin and ``1/6`` on ``+-sqrt(3) e_i`` at the default degree 3.
+    [`smolyak_gauss_hermite`][rf_matrices.smolyak_gauss_hermite]) and
+    [`component_weights`][rf_matrices.SGQ.component_weights] its weights: ``1 - d/3`` (negative for ``d > 3``)
+    on the origin and ``1/6`` on ``+-sqrt(3) e_i`` at the default degree 3.
 
     One rule has a fixed number of nodes (``2d + 1`` at degree 3). To reach the requested ``s`` the rule is
     repeated: ``c = max(1, round((s - 1) / (2d)))`` copies share one origin node, the other weights divided by

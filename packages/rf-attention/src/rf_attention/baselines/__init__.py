@@ -1,7 +1,7 @@
 """The efficient-attention baselines of the Spectraformer paper's Table 1, one module each.
 
 Importing this package registers ``nystromformer``, ``skyformer``, ``linformer``, ``bigbird``, ``reformer``
-and ``informer`` in :func:`rf_attention.create`.
+and ``informer`` in [`rf_attention.create`][rf_attention.create].
 """
 
 from rf_attention.baselines.bigbird import BigBirdAttention
