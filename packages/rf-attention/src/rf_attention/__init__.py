@@ -7,6 +7,7 @@ Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is 
     y = attn(x, key_padding_mask=mask)   # (B, N, 64) -> (B, N, 64)
 """
 
+from rf_attention import naive
 from rf_attention.baselines import (
     BigBirdAttention,
     InformerAttention,
@@ -32,6 +33,7 @@ __all__ = [
     "SoftmaxAttention",
     "create",
     "linear_attention",
+    "naive",
     "names",
     "register",
     "rf_attention",

@@ -14,6 +14,8 @@ from rf_attention.baselines._common import (
     iterative_pinv,
     key_validity,
     masked_softmax,
+    seed_projections,
+    without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
@@ -76,7 +78,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         pinv_iterations: iterations of the pseudo-inverse.
         conv_kernel_size: odd length of the depthwise convolution over the sequence (per head), or None
             for no convolution.
-        seed: seeds the convolution's initial weights.
+        seed: seeds the initial values of the convolution and the projections.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
@@ -102,13 +104,16 @@ class NystromformerAttention(MultiheadSelfAttention):
         if conv_kernel_size is not None and (check_int("conv_kernel_size", conv_kernel_size, 1) % 2 == 0):
             raise ValueError(f"conv_kernel_size: expected an odd integer or None, got {conv_kernel_size}")
         self.conv_kernel_size = conv_kernel_size
+        generator = make_generator(seed, None)
+        seed_projections(self, generator)
         if conv_kernel_size is None:
             self.conv = None
         else:
             self.conv = nn.Parameter(torch.empty(num_heads, 1, conv_kernel_size, 1))
             # nn.Conv2d's default initialization, drawn from the seeded generator.
-            nn.init.kaiming_uniform_(self.conv, a=5**0.5, generator=make_generator(seed, None))
+            nn.init.kaiming_uniform_(self.conv, a=5**0.5, generator=generator)
 
+    @without_autocast
     def attend(self, q, k, v, key_padding_mask):
         """Eq. 14 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
