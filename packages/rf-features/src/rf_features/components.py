@@ -99,6 +99,11 @@ class GERF(FeatureMap):
     def __init__(self, dim: int, *, a: float = 0.0, s: int = 1, **kw: Any) -> None:
         if s not in (1, -1):
             raise ValueError(f"s: expected +1 or -1, got {s!r}")
+        if isinstance(a, complex):
+            raise ValueError(
+                f"a: expected a real A (a complex A never lowers the variance and doubles the features; "
+                f"see gerf_relative_variance), got {a!r}"
+            )
         if not a < 0.25:
             raise ValueError(f"a: expected A < 1/4 (so that 1 - 4A > 0), got {a!r}")
         # set before FeatureMap.__init__, which chooses the weight matrix's rule from them
