@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 #: Errors a subcommand raises for bad input (a wrong flag value, a missing file): reported, not traced.
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_LITERAL = re.compile(r"``([^`]*)``")
+
+
+def plain_text(text: str | None) -> str:
+    """A docstring as plain text for ``--help``.
+
+    Cross-reference roles become their name (the last part with ``~``), double back-quoted literals
+    lose their quotes, and a closing ``::`` becomes ``:``.
+    """
+    if not text:
+        return ""
+
+    def role(match: re.Match) -> str:
+        name = match.group(1).strip()
+        return name.rsplit(".", 1)[-1] if match.group(0)[match.group(0).index("`") + 1] == "~" else name
+
+    return _LITERAL.sub(r"\1", _ROLE.sub(role, text)).replace("::\n", ":\n")
 
 
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
