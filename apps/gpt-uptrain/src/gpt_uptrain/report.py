@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import app_common as ac
-from spectraformer_core import markdown_table
 
 HEADER = [
     "Run",
@@ -112,12 +110,6 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
             raise ValueError(f"{results}: record {number} lacks {', '.join(missing)}")
     out = Path(out) if out is not None else Path(results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
-    header, rows = table(records)
-    text = markdown_table(header, rows)
-    (out / "table.md").write_text(text + "\n", encoding="utf-8")
-    with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    text = ac.write_table(out / "table", *table(records))
     loss_curves(records, out / "loss_curves.png")
     return text

@@ -246,36 +246,15 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     )
     steps_per_epoch = max(1, len(fit_set) // config.batch_size)
     total = config.steps or config.epochs * steps_per_epoch
-    optimizer = torch.optim.AdamW(
-        parameter_groups(
-            model,
-            learning_rate=config.lr,
-            weight_decay=config.weight_decay,
-            replaced=changed["replaced"],
-            replaced_lr_scale=config.replaced_lr_scale,
-        ),
-        lr=config.lr,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, one_cycle(max(1, round(config.warmup * total)), total)
-    )
+    optimizer, scheduler = optimizer_and_schedule(model, config, changed["replaced"], total)
 
     checkpointer = ac.Checkpointer(
         run_dir / CHECKPOINT, ac.run_identity(config), resume=config.resume, on_save=on_checkpoint
     )
-    state = checkpointer.load()
-    progress = {"step": 0, "train_time": 0.0}
-    if state is not None:
-        if state["progress"]["finished"]:
-            print(f"{name}: finished earlier (see {config.results}); nothing to do")
-            return None
-        ac.load_state_dicts(state, model=model, optimizer=optimizer, scheduler=scheduler)
-        ac.set_rng_state(state["rng"])
-        progress.update(step=state["step"], train_time=state["progress"]["train_time"])
-        print(f"{name}: resuming at step {progress['step']} from {checkpointer.path}")
-        ac.rewind_log(run_dir / LOG, progress["step"])
-    else:
-        (run_dir / LOG).unlink(missing_ok=True)
+    progress = restore(checkpointer, log=run_dir / LOG, model=model, optimizer=optimizer, scheduler=scheduler)
+    if progress is None:
+        print(f"{name}: finished earlier (see {config.results}); nothing to do")
+        return None
 
     def save(finished: bool = False) -> None:
         parts = ac.state_dicts(model=model, optimizer=optimizer, scheduler=scheduler)
@@ -309,6 +288,43 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         f"({record['throughput_dense']:.0f} dense), {progress['train_time']:.1f} s"
     )
     return record
+
+
+def optimizer_and_schedule(
+    model: torch.nn.Module, config: TrainConfig, replaced: list[str], total: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over :func:`parameter_groups` and the :func:`one_cycle` schedule of ``total`` steps."""
+    optimizer = torch.optim.AdamW(
+        parameter_groups(
+            model,
+            learning_rate=config.lr,
+            weight_decay=config.weight_decay,
+            replaced=replaced,
+            replaced_lr_scale=config.replaced_lr_scale,
+        ),
+        lr=config.lr,
+    )
+    warmup = max(1, round(config.warmup * total))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle(warmup, total))
+
+
+def restore(checkpointer: ac.Checkpointer, *, log: Path, **parts) -> dict | None:
+    """The counters (``step``, ``train_time``) of the checkpoint, its ``parts`` and random state loaded.
+
+    Fresh counters (and no log) when there is no checkpoint to resume; None when it says the run finished.
+    The log loses the lines written after the checkpoint by the run that was killed.
+    """
+    state = checkpointer.load()
+    if state is None:
+        log.unlink(missing_ok=True)
+        return {"step": 0, "train_time": 0.0}
+    if state["progress"]["finished"]:
+        return None
+    ac.load_state_dicts(state, **parts)
+    ac.set_rng_state(state["rng"])
+    print(f"{log.parent.name}: resuming at step {state['step']} from {checkpointer.path}")
+    ac.rewind_log(log, state["step"])
+    return {"step": state["step"], "train_time": state["progress"]["train_time"]}
 
 
 def fit(
