@@ -86,7 +86,7 @@ def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
 
 def norm_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per pair, one column per norm ``||q|| = ||k||``."""
-    device = demo_device(args.device)
+    device = resolve_device(args.device)
     data = torch.Generator().manual_seed(0)
     directions = torch.randn(2, args.points, args.dim, generator=data, dtype=torch.float64)
     directions = (directions / directions.norm(dim=-1, keepdim=True)).to(device)
