@@ -25,13 +25,23 @@ def register(name: str, *, override: bool = False):
     return ATTENTIONS.register(name, override=override)
 
 
-def names(pattern: str | None = None) -> list[str]:
-    """Every attention name: the registered ones and each ``"<component>-<matrix>"`` pair, sorted."""
+def _all_names() -> Registry:
+    """The registered attentions and every ``"<component>-<matrix>"`` pair, listed by component."""
+
+    def family(name: str) -> str:
+        pair = split_pair(name)
+        return f"{pair[0]}-<matrix>" if pair else "named"
+
+    merged = Registry("attention", family=family)
     pairs = [f"{c}-{m}" for c in rf_features.names() for m in rf_matrices.names()]
-    merged = Registry("attention")
     for name in [*ATTENTIONS.names(), *pairs]:
         merged.register(name, override=True)(None)
-    return merged.names(pattern)
+    return merged
+
+
+def names(pattern: str | None = None) -> list[str]:
+    """Every attention name: the registered ones and each ``"<component>-<matrix>"`` pair, sorted."""
+    return _all_names().names(pattern)
 
 
 def split_pair(name: str) -> tuple[str, str] | None:
@@ -71,7 +81,7 @@ def create(
     if isinstance(key, str) and key not in ATTENTIONS:
         pair = split_pair(key)
         if pair is None:
-            raise ValueError(f"unknown attention {name!r}; known names: {', '.join(names())}")
+            raise ValueError(_all_names().unknown_name_message(name))
         factory = functools.partial(RandomFeatureAttention, component=pair[0], weight_matrix=pair[1])
     else:
         factory = ATTENTIONS.get(key)

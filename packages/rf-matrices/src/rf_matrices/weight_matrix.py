@@ -47,6 +47,8 @@ class WeightMatrix(nn.Module):
 
     #: False for matrices whose entries are learned (``redraw`` leaves them alone).
     redrawable: bool = True
+    #: True for rules whose ``component_weights`` can be negative (so can the kernel estimates built on them).
+    signed_weights: bool = False
 
     def __init__(
         self,

@@ -79,7 +79,11 @@ class Registry(Generic[T]):
         lines.append("known names by family:" if self.family else "known names:")
         for family, members in groups.items():
             text = f"{family}: {', '.join(members)}" if family else ", ".join(members)
-            lines.extend(textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="    "))
+            lines.extend(
+                textwrap.wrap(
+                    text, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False
+                )
+            )
         return "\n".join(lines)
 
     def names(self, pattern: str | None = None) -> list[str]:

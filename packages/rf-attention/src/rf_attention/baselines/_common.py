@@ -93,7 +93,7 @@ def without_autocast(attend: Callable) -> Callable:
     """Run an ``attend(q, k, v, key_padding_mask)`` method with autocast off on ``q``'s device.
 
     The baselines compute softmax sums, pseudo-inverses and kernel products in float32 for half-precision
-    inputs (:func:`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
+    inputs (`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
     precision and mixed-dtype results would meet (as the paper's code does, which disables autocast
     around every attention).
     """

@@ -36,7 +36,7 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
       block attend to every key;
     - ``random_blocks`` blocks drawn per head and query block, uniformly among those not already
       attended (fewer when not enough remain), afresh at every training step and kept in eval
-      (:class:`~rf_attention.baselines._common.StepDraws`).
+      ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     A key block reached twice (window and global) counts once, so with a window covering the sequence
     this is exact softmax attention. Padded keys are masked everywhere; a query without real keys gets 0.

@@ -46,7 +46,7 @@ class InformerAttention(StepDraws, MultiheadSelfAttention):
     wherever the padding is (the code knows no padding). As in the code, one set of draws serves the
     whole batch and every head (mapped onto each sequence's real keys), afresh at every training step and
     kept in eval
-    (:class:`~rf_attention.baselines._common.StepDraws`). With ``u = N`` every query is active: exact
+    ([`StepDraws`][rf_attention.baselines.StepDraws]). With ``u = N`` every query is active: exact
     softmax attention.
 
     No causal form: the top-``u`` ranking compares every query with every other, so a position's output

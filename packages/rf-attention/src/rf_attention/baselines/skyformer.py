@@ -69,7 +69,7 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
     of Nystromformer (6 iterations, scaled per matrix here). Departures: the landmarks are drawn without
     replacement (the code draws with replacement) and from the real tokens wherever the padding is (the
     code assumes padding at the end); with ``m >= 2N`` every point is a landmark. Landmarks are drawn
-    afresh at every training step and kept in eval (:class:`~rf_attention.baselines._common.StepDraws`).
+    afresh at every training step and kept in eval ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     No causal form (landmarks come from the whole sequence).
 
