@@ -35,4 +35,8 @@ def test_plain_text_drops_sphinx_roles_and_literal_quotes():
 
     text = "Runs ``lra-bench`` with :data:`TABLE_6`, :meth:`~lra_bench.TrainConfig.resolved` and::\n"
     assert plain_text(text) == "Runs lra-bench with TABLE_6, resolved and:\n"
+    text = (
+        "See [`run_name`][lra_bench.run_name] and `app_common` ([`Checkpointer`][app_common.Checkpointer])."
+    )
+    assert plain_text(text) == "See run_name and app_common (Checkpointer)."
     assert plain_text(None) == ""

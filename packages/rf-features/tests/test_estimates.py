@@ -117,6 +117,7 @@ def test_oprf_a_minimizes_the_second_moment_of_eq_21():
     assert float(oprf_optimal_a(torch.tensor(0.0), d)) == 0.0
 
 
+@pytest.mark.filterwarnings("ignore:weight_matrix.*negative:UserWarning")
 def test_quadrature_weights_enter_with_their_sign():
     d = 5
     q, k = small_inputs(dim=d)
@@ -126,7 +127,7 @@ def test_quadrature_weights_enter_with_their_sign():
             weight_matrix="sgq",
             num_features=2 * d + 1,
             dim=d,
-            matrix_options={"dtype": torch.float64, "radius": "fixed", "rotate": False},
+            matrix_options={"dtype": torch.float64, "rule": "smolyak", "rotate": False},
         )
         a = fm.weight_matrix.component_weights
         assert a[0].item() == pytest.approx(1 - d / 3)  # negative
@@ -175,3 +176,34 @@ def test_stabilized_features_are_finite_for_norms_up_to_10(name, dtype):
     assert torch.isfinite(phi_q).all()
     assert torch.isfinite(phi_k).all()
     assert torch.isfinite(phi_q.float() @ phi_k.float().mT).all()
+
+
+def all_pairs_objective(log_psi, q, k):
+    """``sum_{i,j} ||Psi q_i + Psi^-1 k_j||^2`` over every pair of the given queries and keys."""
+    psi = log_psi.exp()
+    return ((q * psi)[:, None, :] + (k / psi)[None, :, :]).pow(2).sum()
+
+
+def test_saderf_psi_is_the_all_pairs_optimum_with_masks_and_unequal_lengths():
+    g = torch.Generator().manual_seed(0)
+    d = 6
+    q = torch.randn(2, 5, d, generator=g, dtype=torch.float64) * torch.linspace(0.2, 2.0, d)
+    k = torch.randn(2, 9, d, generator=g, dtype=torch.float64) * torch.linspace(3.0, 0.5, d)
+    query_mask = torch.tensor([[False, False, False, True, True], [False] * 5])
+    key_mask = torch.tensor([[False] * 9, [False] * 2 + [True] * 7])
+    psi = rf_features.saderf_psi(q, k, query_mask, key_mask)
+    for b in range(2):
+        kept_q, kept_k = q[b][~query_mask[b]], k[b][~key_mask[b]]
+        log_psi = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.LBFGS(
+            [log_psi], max_iter=200, tolerance_grad=1e-12, line_search_fn="strong_wolfe"
+        )
+
+        def closure(kept_q=kept_q, kept_k=kept_k, log_psi=log_psi, optimizer=optimizer):
+            optimizer.zero_grad()
+            loss = all_pairs_objective(log_psi, kept_q, kept_k)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+        torch.testing.assert_close(psi[b], log_psi.detach().exp(), rtol=1e-6, atol=0)

@@ -100,7 +100,8 @@ def test_output_width_counts_components_per_row():
     assert rf_features.create("posrf", num_features=32, dim=8).num_features == 32
     assert rf_features.create("trigrf", num_features=32, dim=8).num_features == 64
     assert rf_features.create("posrf-hyp", num_features=32, dim=8).num_features == 64
-    assert rf_features.create("oprf", weight_matrix="sgq", num_features=32, dim=8).num_features == 33
+    assert rf_features.create("oprf", weight_matrix="sgq", num_features=33, dim=8).num_features == 33
+    assert rf_features.create("trigrf", weight_matrix="sgq", num_features=9, dim=8).num_features == 18
 
 
 def test_redraw_changes_the_features_and_a_seed_reproduces_them():

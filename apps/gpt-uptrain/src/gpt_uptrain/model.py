@@ -56,7 +56,7 @@ LAYER_OPTIONS: dict[str, dict] = {
     "eugen": {"poly_degree": 2},
 }
 
-#: The :class:`GPTConfig` fields that say how the MLPs are replaced (the rest is the dense architecture).
+#: The `GPTConfig` fields that say how the MLPs are replaced (the rest is the dense architecture).
 REPLACEMENT_FIELDS = ("layer", "last_k", "features", "weight_matrix")
 
 #: The initializations of a replacement layer: ``lstsq`` (readout fitted on real activations) or ``psi``.
@@ -190,7 +190,7 @@ class GPT(nn.Module):
 
     With ``config.layer`` other than ``"dense"`` the MLPs are replaced at construction, with the paper's
     ``Psi(W)`` start and no calibration (what loading a checkpoint needs); a run replaces them on a dense
-    model with :meth:`linearize_mlps` instead, calibrated on its data.
+    model with `linearize_mlps` instead, calibrated on its data.
     """
 
     def __init__(self, config: GPTConfig) -> None:
@@ -243,7 +243,7 @@ class GPT(nn.Module):
                 layer is calibrated (scales and, with ``init="lstsq"``, its readout) on the inputs its
                 ``c_fc`` received, at most 4096 of them.
             init: ``"psi"`` or ``"lstsq"`` (needs ``calibration``).
-            **replacement: fields of :data:`REPLACEMENT_FIELDS` to set in ``config`` first (``layer="ralimp"``
+            **replacement: fields of `REPLACEMENT_FIELDS` to set in ``config`` first (``layer="ralimp"``
                 on a dense model).
 
         Returns:
@@ -489,10 +489,10 @@ class GPT(nn.Module):
         Args:
             path: the checkpoint folder (``save_pretrained`` output or a downloaded hub snapshot).
             block_size: crop the context to this length.
-            calibration: token ids ``(B, T)`` that calibrate the replacement layers (see :class:`GPT`).
+            calibration: token ids ``(B, T)`` that calibrate the replacement layers (see `GPT`).
             init: ``"psi"`` or ``"lstsq"`` (the calibrated start, needs ``calibration``).
-            **overrides: other :class:`GPTConfig` fields (``dropout``, ``attention``, ``layer``, ``last_k``,
-                ``features``, ``seed``...); the shape fields come from ``config.json``.
+            **overrides: other [`GPTConfig`][gpt_uptrain.GPTConfig] fields (``dropout``, ``attention``,
+                ``layer``, ``last_k``, ``features``, ``seed``...); the shape fields come from ``config.json``.
 
         Raises:
             FileNotFoundError: no checkpoint at ``path``.

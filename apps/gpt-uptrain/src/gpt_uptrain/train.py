@@ -1,10 +1,10 @@
 """``gpt-uptrain train``: nanoGPT's training loop with the paper's protocol, checkpoints and exact resume.
 
-Top-down (:func:`train`): check that the data and the device can hold the run, build the model (from
+Top-down (`train`): check that the data and the device can hold the run, build the model (from
 scratch, or from a local HF GPT-2, the replacements applied after the pretrained weights are in and
-calibrated on a training batch), AdamW, then iterate. One optimizer step (:func:`train_step`) is
+calibrated on a training batch), AdamW, then iterate. One optimizer step (`train_step`) is
 ``gradient_accumulation_steps`` micro-batches (split over the processes under ``torchrun``) and one clipped
-AdamW step at the learning rate of :func:`learning_rate` (linear warm-up, cosine decay to ``min_lr``).
+AdamW step at the learning rate of `learning_rate` (linear warm-up, cosine decay to ``min_lr``).
 Every ``eval_every`` steps and at the end: validation loss over the same ``eval_batches`` batches, a log
 line and a checkpoint. The final validation perplexity ``exp(mean loss)`` at the fixed budget ``steps``
 goes to the results file.
@@ -73,7 +73,7 @@ def training_memory(model: GPTConfig, batch_size: int, dtype: str) -> dict[str, 
     """Estimated bytes that training ``model`` on micro-batches of ``batch_size`` sequences holds at once.
 
     - ``parameters``: 16 bytes per parameter (float32 weights and gradients, AdamW's two moments), counted
-      on the dense model (:meth:`GPTConfig.num_parameters`);
+      on the dense model (`GPTConfig.num_parameters`);
     - ``activations``: what the backward pass keeps, about ``34 n_embd`` bytes per token and block at 16
       bits (Korthikanti et al. 2022, Eq. 2 without the attention scores, which the fused attention kernels
       do not store) and twice that in float32;
@@ -105,7 +105,7 @@ def available_memory(device: torch.device) -> int:
 
 
 def check_fits(model: GPTConfig, config: TrainConfig, device: torch.device) -> None:
-    """Refuse a run whose :func:`training_memory` exceeds :func:`available_memory`, before building it.
+    """Refuse a run whose `training_memory` exceeds `available_memory`, before building it.
 
     Raises:
         MemoryError: naming the estimate's parts, what is available and the settings that lower it.
@@ -128,7 +128,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
-    batch of about 4096 tokens (:data:`CALIBRATION_SEED`) and started from ``config.init``.
+    batch of about 4096 tokens (`CALIBRATION_SEED`) and started from ``config.init``.
 
     Raises:
         ValueError: the data's vocabulary does not fit the pretrained model's.

@@ -110,7 +110,7 @@ class TrainConfig(
     throughput_batch: int = field(default=64, metadata={"help": "batch of the inference-throughput timing"})
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
     workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
-    out: Path = ac.option("out", RUNS, help="folder of the run folders (checkpoints, logs)")  # noqa: RUF009
+    out: Path = ac.option("out", RUNS, help="folder of the run folders (checkpoints, logs)")
     results: Path = field(
         default=Path("results/vit-finetune.jsonl"), metadata={"help": "JSON-lines file the result goes to"}
     )
@@ -172,7 +172,7 @@ class SweepConfig:
 class QuickConfig(ac.RuntimeFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
-    out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="folder of runs, results, report")  # noqa: RUF009
+    out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="folder of runs, results, report")
     layers: tuple[str, ...] = field(
         default=("dense", "ralimp", "snnk", "eugen"), metadata={"help": "layer kinds"}
     )

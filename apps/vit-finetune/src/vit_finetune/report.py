@@ -57,7 +57,7 @@ def dense_accuracy(records: list[dict], record: dict) -> float | None:
 
 
 def table_rows(records: list[dict]) -> list[list[str]]:
-    """The rows of :data:`HEADER`."""
+    """The rows of `HEADER`."""
     rows = []
     for r in sorted(
         records, key=lambda r: (r["data"], r["model"], r["layer"] != "dense", r["layer"], r["last_k"])

@@ -1,6 +1,6 @@
 """Changes made to a pretrained ViT: last k MLPs linearized, their attention swapped, MLP pairs compressed.
 
-::
+Usage:
 
     replace_mlps(model, "ralimp", last_k=4, features=32, inputs=x, init="lstsq")  # ralimp.replace_mlp
     swap_attention(model, "performer", last_k=4, num_features=128)    # rf_attention.create, qkv/proj copied

@@ -4,7 +4,7 @@ Device and precision, seeding and random state, the resumable batch order, timin
 median timers), peak memory, parameter counts, JSON-lines results and Markdown/CSV tables, atomic
 checkpoints under one resume policy, tqdm progress bars, child processes that die with their parent,
 DistributedDataParallel set-up from ``torchrun``'s environment, and frozen dataclass configurations read
-from flags and TOML, composed of the vocabulary's field groups::
+from flags and TOML, composed of the vocabulary's field groups:
 
     import app_common as ac
 

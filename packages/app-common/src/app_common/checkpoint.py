@@ -1,6 +1,7 @@
-"""Checkpoints: atomic writes, the apps' one resume policy (:class:`Checkpointer`), the log rewind.
+"""Checkpoints: atomic writes, the apps' one resume policy, and the log rewind.
 
-The rewind makes a resumed run's log equal an unbroken one's.
+The policy is [`Checkpointer`][app_common.Checkpointer]'s; the rewind makes a resumed run's log equal an
+unbroken one's.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` with ``torch.save`` to a temporary file beside ``path``, then rename it over ``path``.
 
     The rename is atomic on POSIX file systems: readers see the old checkpoint or the new one, never half
-    of one. Keep ``state`` to tensors, numbers, strings, lists and dicts so that :func:`load_checkpoint`
-    reads it with ``weights_only=True``.
+    of one. Keep ``state`` to tensors, numbers, strings, lists and dicts so that
+    [`load_checkpoint`][app_common.load_checkpoint] reads it with ``weights_only=True``.
 
     Returns:
         ``path``.
@@ -70,18 +71,18 @@ def changed_settings(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> lis
 class Checkpointer:
     """One run's checkpoint file under the apps' one resume policy.
 
-    The policy: with ``resume`` (``--resume``, the default in every app), :meth:`load` returns the saved
+    The policy: with ``resume`` (``--resume``, the default in every app), `load` returns the saved
     state when the file exists and was written under the same ``identity`` (the run's settings minus those
-    that may change on resume, :func:`~app_common.fields.run_identity`), and refuses with the changed keys
-    listed when it was not; without ``resume`` the run starts over and its first :meth:`save` replaces
+    that may change on resume, [`run_identity`][app_common.run_identity]), and refuses with the changed keys
+    listed when it was not; without ``resume`` the run starts over and its first `save` replaces
     the file.
 
     Args:
         path: the checkpoint file.
         identity: the run's identity (plain values: numbers, strings, lists, dicts).
-        resume: whether :meth:`load` reads an existing checkpoint.
-        on_save: called with the step after every :meth:`save` (progress hooks; tests raise there to
-            kill a run right after a checkpoint, see :func:`app_common.testing.kill_at`).
+        resume: whether `load` reads an existing checkpoint.
+        on_save: called with the step after every `save` (progress hooks; tests raise there to
+            kill a run right after a checkpoint, see `app_common.testing.kill_at`).
     """
 
     def __init__(
@@ -118,7 +119,7 @@ class Checkpointer:
 
         Args:
             step: steps done.
-            state: what to save (see :func:`state_dicts`).
+            state: what to save (see [`state_dicts`][app_common.state_dicts]).
             write: False on the processes that do not write (ranks other than 0); the hook still runs.
         """
         if write:
@@ -137,7 +138,7 @@ def state_dicts(**parts: Any) -> dict[str, Any]:
 
 
 def load_state_dicts(state: Mapping[str, Any], **parts: Any) -> None:
-    """Load ``state[name]`` into each ``part`` (the inverse of :func:`state_dicts`).
+    """Load ``state[name]`` into each ``part`` (the inverse of [`state_dicts`][app_common.state_dicts]).
 
     Raises:
         ValueError: a part the checkpoint does not hold, naming it.

@@ -4,7 +4,7 @@ A field ``batch_size: int | None = None`` becomes the flag ``--batch-size`` and 
 ``batch_size``. Values are taken in this order, later ones winning: the dataclass default, the TOML file,
 the flags given on the command line. A field's ``metadata`` may carry ``help``, ``choices`` and
 ``metavar``. A field whose type is itself a dataclass (``model: ModelConfig``) is a nested group: its
-fields are flags under their own names, and TOML gives them flat or in a ``[model]`` table::
+fields are flags under their own names, and TOML gives them flat or in a ``[model]`` table:
 
     @dataclass(frozen=True)
     class Config:
@@ -110,7 +110,8 @@ def add_dataclass_arguments(
     """Add one flag per field of the dataclass ``cls`` (nested dataclasses flattened) to ``parser``.
 
     Flags that are not given leave no attribute on the parsed namespace (``argparse.SUPPRESS``), so
-    :func:`config_from` can tell them from values given explicitly. Booleans get ``--x/--no-x``; tuple
+    [`config_from`][app_common.config_from] can tell them from values given explicitly. Booleans get
+    ``--x/--no-x``; tuple
     fields take one or more values (``--features 64 128``); a field's ``choices`` are listed in the help.
 
     Args:
@@ -173,7 +174,10 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 def read_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The TOML table of ``args.config`` (see :func:`add_config_argument`), or ``{}`` without one."""
+    """The TOML table of ``args.config``, or ``{}`` without one.
+
+    See [`add_config_argument`][app_common.add_config_argument].
+    """
     path = getattr(args, "config", None)
     return read_toml(path) if path is not None else {}
 

@@ -1,8 +1,8 @@
 """The apps' one vocabulary: flag meanings, the field groups configs compose, and a run's identity.
 
-Every app spells the same thing with the same flag (:data:`FLAGS`). A configuration is a frozen,
-keyword-only dataclass that inherits the groups it needs, and redeclares a field with :func:`option` where
-its default differs::
+Every app spells the same thing with the same flag ([`FLAGS`][app_common.FLAGS]). A configuration is a frozen,
+keyword-only dataclass that inherits the groups it needs, and redeclares a field with
+[`option`][app_common.option] where its default differs:
 
     @dataclass(frozen=True, kw_only=True)
     class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
@@ -10,8 +10,9 @@ its default differs::
         lr: float = ac.option("lr", 1e-2)                # the vocabulary's help, this app's default
         workers: int = field(default=0, metadata={"help": "DataLoader workers"})
 
-The one resume policy (:class:`~app_common.checkpoint.Checkpointer`): a run's identity is its settings
-minus those that may change on resume (:func:`run_identity`: the ``MAY_CHANGE_ON_RESUME`` of the config's
+The one resume policy ([`Checkpointer`][app_common.Checkpointer]): a run's identity is its settings
+minus those that may change on resume ([`run_identity`][app_common.run_identity]: the
+``MAY_CHANGE_ON_RESUME`` of the config's
 classes and of its nested groups); resuming under a different identity is refused with the changed keys.
 """
 
@@ -53,7 +54,7 @@ def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = 
     """A dataclass ``field`` for vocabulary flag ``name`` with this app's ``default``.
 
     Args:
-        name: a key of :data:`FLAGS` (its text is the help).
+        name: a key of [`FLAGS`][app_common.FLAGS] (its text is the help).
         default: the default (a tuple for a grid of values).
         help: replaces the vocabulary's text (say what this app adds, keep the meaning).
         **metadata: ``choices``, ``metavar``.
@@ -181,7 +182,7 @@ class OutputFields(Fields):
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("out", "resume")
 
-    out: Path = option("out", Path("results"))  # noqa: RUF009 (a Path is immutable)
+    out: Path = option("out", Path("results"))
     resume: bool = option("resume", True)
 
 

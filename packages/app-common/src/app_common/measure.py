@@ -18,7 +18,7 @@ import torch
 class Timer:
     """Accumulating wall-clock timer (``time.perf_counter``); waits for CUDA work before reading the clock.
 
-    ``with timer: ...`` adds the block's duration to :attr:`elapsed`; ``Timer(elapsed=t)`` continues a
+    ``with timer: ...`` adds the block's duration to `elapsed`; ``Timer(elapsed=t)`` continues a
     total saved earlier (a resumed run).
 
     Args:
@@ -41,7 +41,7 @@ class Timer:
         self._start = time.perf_counter()
 
     def stop(self) -> float:
-        """Stop counting; returns the total :attr:`elapsed` seconds."""
+        """Stop counting; returns the total `elapsed` seconds."""
         if self._start is None:
             raise RuntimeError("Timer.stop: the timer is not running; call start() first")
         self._sync()
@@ -86,7 +86,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory(device: torch.device) -> PeakMemory:
-    """The peak memory of ``device`` (see :class:`PeakMemory` for what each kind counts)."""
+    """The peak memory of ``device`` (see [`PeakMemory`][app_common.PeakMemory] for what each kind counts)."""
     if device.type == "cuda":
         return PeakMemory(int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

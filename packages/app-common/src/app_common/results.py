@@ -76,7 +76,7 @@ def iter_jsonl(path: str | Path) -> Iterator[dict]:
 
 
 def read_jsonl(path: str | Path, *, missing_ok: bool = False) -> list[dict]:
-    """All records of a JSON-lines file (see :func:`iter_jsonl`); ``missing_ok``: [] for no file."""
+    """All records of a JSON-lines file (see `iter_jsonl`); ``missing_ok``: [] for no file."""
     if missing_ok and not Path(path).is_file():
         return []
     return list(iter_jsonl(path))

@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 
 class Killed(Exception):
-    """Raised by :func:`kill_at`'s hook: stands for the process being killed."""
+    """Raised by `kill_at`'s hook: stands for the process being killed."""
 
 
 def kill_at(step: int) -> Callable[[int], None]:
-    """An ``on_save`` hook of :class:`~app_common.checkpoint.Checkpointer` that raises :class:`Killed`.
+    """An ``on_save`` hook of [`Checkpointer`][app_common.Checkpointer] that raises `Killed`.
 
     It raises once the checkpoint of ``step`` is on disk, leaving the run as a kill right after it would.
     """

@@ -54,8 +54,10 @@ def seeds(seed: int | None, count: int) -> list[int]:
 class FeatureLinearization(nn.Module, abc.ABC):
     """A layer ``y = Psi(W) Phi(x)`` standing in for ``activation(x @ W.T + b)``.
 
-    Subclasses give :meth:`feature_map` (``Phi``, on the input) and :meth:`weight_features` (``Psi``, one row
-    per output unit); ``forward`` is one matmul, and :meth:`compress` folds a following linear layer in.
+    Subclasses give [`feature_map`][ralimp.FeatureLinearization.feature_map] (``Phi``, on the input) and
+    [`weight_features`][ralimp.FeatureLinearization.weight_features] (``Psi``, one row per output unit);
+    ``forward`` is one matmul, and [`compress`][ralimp.FeatureLinearization.compress] folds a following linear
+    layer in.
     """
 
     in_features: int
@@ -88,8 +90,9 @@ class FeatureLinearization(nn.Module, abc.ABC):
     def compress(self, next_linear: nn.Linear) -> CompressedLinearization:
         """Fold ``next_linear`` (``W'``, ``b'``) in: ``W' Psi(W) Phi(x) + b' = W_hat Phi(x) + b'`` (App. B).
 
-        Returns a :class:`CompressedLinearization` that computes ``next_linear(self(x))`` with one
-        ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later training of ``self`` does not reach it).
+        Returns a [`CompressedLinearization`][ralimp.CompressedLinearization] that computes
+        ``next_linear(self(x))`` with one ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later
+        training of ``self`` does not reach it).
         """
         if not isinstance(next_linear, nn.Linear) or next_linear.in_features != self.out_features:
             raise ValueError(
@@ -102,7 +105,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
         return CompressedLinearization(self.frozen_feature_map(), w_hat.to(next_linear.weight.dtype), bias)
 
     def frozen_feature_map(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A snapshot of :meth:`feature_map` that no longer depends on this module's parameters."""
+        """A snapshot of `feature_map` that no longer depends on this module's parameters."""
         return FrozenFeatureMap(self)
 
     @property
@@ -292,5 +295,5 @@ class PoleWidthWarning(UserWarning):
 
 
 def warn_pole_width(message: str) -> None:
-    """Issue a :class:`PoleWidthWarning`."""
+    """Issue a [`PoleWidthWarning`][ralimp.PoleWidthWarning]."""
     warnings.warn(message, PoleWidthWarning, stacklevel=4)

@@ -1,6 +1,6 @@
 """The baselines RaLiMP is compared with: EUGen, SNNK and a low-rank factorization.
 
-All take the same constructor style as :class:`ralimp.RaLiMP` (``in_features, out_features, *,
+All take the same constructor style as [`ralimp.RaLiMP`][ralimp.RaLiMP] (``in_features, out_features, *,
 activation, ..., bias, weight_matrix, seed``) and ``from_linear(linear, activation, **kw)``.
 """
 
@@ -43,11 +43,12 @@ def _default_linear(out_features: int, in_features: int, bias: bool, factory: di
 class EUGen(FeatureLinearization):
     """Polynomial-only product features with a trainable ``Psi`` (Kim et al. 2025).
 
-    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]`` (:func:`ralimp.product_features`),
-    ``Psi`` a trainable ``(out, 1 + K m)`` matrix initialized as ``[c_0, c_n phi_n(w+) / m]`` with
-    ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial fit of the activation on ``interval``, so the
-    layer starts as an unbiased estimate of ``P(w . x + b)``. The ``||x||`` coordinate is EUGen's
-    augmentation; it enters at initialization with weight 0 and is available to training.
+    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]``
+    ([`ralimp.product_features`][ralimp.product_features]), ``Psi`` a trainable ``(out, 1 + K m)`` matrix
+    initialized as ``[c_0, c_n phi_n(w+) / m]`` with ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial
+    fit of the activation on ``interval``, so the layer starts as an unbiased estimate of ``P(w . x + b)``.
+    The ``||x||`` coordinate is EUGen's augmentation; it enters at initialization with weight 0 and is
+    available to training.
 
     Args:
         in_features: ``d``.

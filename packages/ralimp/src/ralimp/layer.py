@@ -40,7 +40,7 @@ class RaLiMP(FeatureLinearization):
     - ``P`` by EUGen product features on ``[x; 1]`` and ``[w; b]`` (``poly_features = m`` rows per factor);
     - each atom ``a_j`` by its Laplace representation, discretized at ``num_freqs`` Gauss-Laguerre nodes
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
-      random features (:func:`ralimp.complex_exponential_features`).
+      random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
     Poles live in the scaled variable ``v = t / tau^2`` (features evaluated at ``u / tau``): the trainable
     ``A', B', p', q'`` are the fit's ``A / tau^4, B / tau^2, p / tau^2, q / tau^2``, an exact change of
@@ -50,7 +50,8 @@ class RaLiMP(FeatureLinearization):
         in_features: ``d``.
         out_features: ``l``.
         activation: a registered name (``"gelu"``, ``"silu"``, ...), an elementwise callable (fitted now), or
-            a :class:`RationalFunction` (its ``K`` and ``J`` override ``poly_degree`` and ``num_atoms``).
+            a [`RationalFunction`][ralimp.RationalFunction] (its ``K`` and ``J`` override ``poly_degree`` and
+            ``num_atoms``).
         poly_degree: ``K``.
         poly_features: ``m`` of the polynomial block.
         num_atoms: ``J``.
@@ -72,7 +73,7 @@ class RaLiMP(FeatureLinearization):
             :mod:`ralimp.variance`.
         resolution_tol: a pole whose atom the ``num_freqs``-node rule misses by more than this (relative to
             the atom's peak) somewhere on ``interval`` is too narrow: the fit is redone with ``q`` floored
-            (with a :class:`ralimp.PoleWidthWarning`).
+            (with a [`ralimp.PoleWidthWarning`][ralimp.PoleWidthWarning]).
         sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
         dtype: parameter dtype.

@@ -1,4 +1,4 @@
-"""Swap the MLP blocks of a model for linearized layers: :func:`replace_mlp` and the layer registry."""
+"""Swap the MLP blocks of a model for linearized layers: `replace_mlp` and the layer registry."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
 from spectraformer_core import Registry
 
-#: Layer kinds of :func:`create` and :func:`replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``,
+#: Layer kinds of `create` and `replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``,
 #: ``dense``.
 #: An entry is a class with ``budget_options(budget, activation, *, count, **overrides) -> dict`` (its budget
 #: policy) and ``from_linear(linear, activation, *, sample, init, **kw)``.
@@ -91,7 +91,7 @@ def create(
     return layer
 
 
-#: ``(up Linear, activation, down Linear)`` attribute names of the MLP layouts :func:`find_mlp_blocks` knows:
+#: ``(up Linear, activation, down Linear)`` attribute names of the MLP layouts `find_mlp_blocks` knows:
 #: timm ``Mlp`` and HF ViT 5.x ``mlp`` (fc1/act/fc2), nanoGPT ``MLP`` (c_fc/gelu/c_proj), and the
 #: ``intermediate`` module of HF ViT 4.x (dense/intermediate_act_fn; its ``output.dense`` stays).
 LAYOUTS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
@@ -113,7 +113,7 @@ class MLPBlock:
 
 
 def find_mlp_blocks(model: nn.Module) -> list[MLPBlock]:
-    """Every MLP block of ``model`` in module order (see :data:`LAYOUTS`).
+    """Every MLP block of ``model`` in module order (see `LAYOUTS`).
 
     A block is a module holding an ``nn.Linear`` up projection followed by an activation attribute (a module
     or function) under one of the known names. ``activation`` is its registered name, or None if unknown.

@@ -8,8 +8,8 @@ Every one here is a member of the GERF family (Eq. 21, Likhosherstov et al. 2022
 
 which for omega ~ N(0, I) gives E[f^(1) f^(2)] = exp(-||x - y||^2 / 2). The softmax kernel is that times
 exp(||x||^2 / 2) exp(||y||^2 / 2) (Eq. 8), so here C becomes ``-s / 2``; the Gaussian target of
-``kernel="gaussian"`` is recovered in :class:`~rf_features.FeatureMap`. For ``s = -1``, B is imaginary and
-the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b omega.x), sin(b omega.x)]``
+``kernel="gaussian"`` is recovered in [`FeatureMap`][rf_features.FeatureMap]. For ``s = -1``, B is imaginary
+and the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b omega.x), sin(b omega.x)]``
 (``b = sqrt(1 - 4A)``) on both sides.
 """
 
@@ -68,17 +68,19 @@ class GERF(FeatureMap):
     Args:
         a: the real parameter ``A`` (``A < 1/4``; the variance is finite for ``A < 1/8`` when ``s = +1``).
         s: +1 for positive features, -1 for the trigonometric (complex) branch.
-        **kw: the :class:`~rf_features.FeatureMap` arguments.
+        **kw: the [`FeatureMap`][rf_features.FeatureMap] arguments.
     """
 
     def __init__(self, dim: int, *, a: float = 0.0, s: int = 1, **kw: Any) -> None:
-        super().__init__(dim, **kw)
         if s not in (1, -1):
             raise ValueError(f"s: expected +1 or -1, got {s!r}")
         if not a < 0.25:
             raise ValueError(f"a: expected A < 1/4 (so that 1 - 4A > 0), got {a!r}")
+        # set before FeatureMap.__init__, which chooses the weight matrix's rule from them
         self.a, self.s = float(a), s
         self.features_per_row = 1 if s == 1 else 2
+        self.positive, self.even_in_omega = s == 1, s == -1
+        super().__init__(dim, **kw)
 
     def log_features(self, projection, sqnorm, stats, is_query):
         """GERF features with this map's ``(A, s)``."""
@@ -124,6 +126,8 @@ class PosRFHyp(FeatureMap):
     """
 
     features_per_row = 2
+    positive = True
+    even_in_omega = True
 
     def log_features(self, projection, sqnorm, stats, is_query):
         """The ``+omega`` and ``-omega`` components side by side."""
@@ -167,12 +171,14 @@ class OPRF(FeatureMap):
     from the graph. Given the inputs, the estimate is unbiased for every ``A``.
     """
 
+    positive = True
+
     def running_statistics_defaults(self):
         """``A = 0`` (PosRF) until the first update."""
         return {"a": torch.zeros(())}
 
     def statistics(self, q, k, query_mask, key_mask):
-        """``{"a": A}`` with ``A (...)`` from :func:`oprf_optimal_a`."""
+        """``{"a": A}`` with ``A (...)`` from [`oprf_optimal_a`][rf_features.oprf_optimal_a]."""
         return {"a": oprf_optimal_a(mean_pair_sqnorm(q, k, query_mask, key_mask), self.dim)}
 
     def log_features(self, projection, sqnorm, stats, is_query):
@@ -188,13 +194,17 @@ def saderf_psi(
     key_mask: torch.Tensor | None,
     eps: float = 1e-12,
 ) -> torch.Tensor:
-    """SADERF's diagonal ``Psi_ll = (sum_j (k_j)_l^2 / sum_i (q_i)_l^2)^(1/4)`` (Eq. 23), ``(..., d)``.
+    """SADERF's diagonal ``Psi`` (Eq. 23), optimal over all (non-padded) query-key pairs, ``(..., d)``.
 
-    Sums run over the non-padded queries and keys of each batch element and head; ``eps`` keeps empty or
-    all-zero coordinates finite.
+    ``Psi`` minimizes ``L = sum_{i,j} ||Psi q_i + Psi^-1 k_j||^2`` over the ``n_q`` queries and ``n_k`` keys
+    left after padding. ``Psi q_i . Psi^-1 k_j = q_i . k_j``, so per coordinate ``l``
+    ``L = n_k psi_l^2 sum_i q_il^2 + n_q psi_l^-2 sum_j k_jl^2 + const``, minimized at
+    ``psi_l = (mean_j k_jl^2 / mean_i q_il^2)^(1/4)``: Eq. 23's ratio of sums when ``n_q = n_k`` (the
+    paper's self-attention), the ratio of means otherwise. ``eps`` keeps empty or all-zero coordinates
+    finite.
     """
-    q_sq = masked_mean(q.pow(2), query_mask) * q.shape[-2]
-    k_sq = masked_mean(k.pow(2), key_mask) * k.shape[-2]
+    q_sq = masked_mean(q.pow(2), query_mask)
+    k_sq = masked_mean(k.pow(2), key_mask)
     return ((k_sq + eps) / (q_sq + eps)) ** 0.25
 
 
@@ -202,10 +212,11 @@ def saderf_psi(
 class SADERF(OPRF):
     """Simplified asymmetric dense-exponential random features (Eq. 23, Likhosherstov et al. 2023).
 
-    Queries become ``Psi q`` and keys ``Psi^-1 k`` with the diagonal ``Psi`` of :func:`saderf_psi`, which
-    leaves ``q . k`` (so the softmax kernel) unchanged and balances their per-coordinate scales; then OPRF
-    (GERF with the optimal ``A`` of Eq. 22, from the norms of the *transformed* inputs) is applied.
-    ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)`` of the original inputs.
+    Queries become ``Psi q`` and keys ``Psi^-1 k`` with the diagonal ``Psi`` of
+    [`saderf_psi`][rf_features.saderf_psi], which leaves ``q . k`` (so the softmax kernel) unchanged and
+    balances their per-coordinate scales; then OPRF (GERF with the optimal ``A`` of Eq. 22, from the norms of
+    the *transformed* inputs) is applied. ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)``
+    of the original inputs.
     """
 
     def running_statistics_defaults(self):

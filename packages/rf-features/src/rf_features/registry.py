@@ -1,4 +1,4 @@
-"""The registry of component functions: :func:`create`, :func:`names`, :func:`register`."""
+"""The registry of component functions: `create`, `names`, `register`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ COMPONENTS: Registry[type[FeatureMap]] = Registry("component function")
 
 
 def register(name: str, *, override: bool = False):
-    """Class decorator adding a :class:`~rf_features.FeatureMap` subclass under ``name``."""
+    """Class decorator adding a [`FeatureMap`][rf_features.FeatureMap] subclass under ``name``."""
     return COMPONENTS.register(name, override=override)
 
 

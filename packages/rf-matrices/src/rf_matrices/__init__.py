@@ -2,7 +2,7 @@
 
 Section 3.1 of Spectraformer: Monte Carlo (``base``, ``orf``), structured (``sorf``, ``fastfood``),
 unit-cube (``qmc``, ``mm``), quadrature (``sgq``) and learned (``fastfoodl``) weight matrices, all behind
-one registry::
+one registry:
 
     import rf_matrices
     w = rf_matrices.create("orf", num_features=128, dim=32, seed=0)

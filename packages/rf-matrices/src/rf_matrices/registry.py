@@ -1,4 +1,4 @@
-"""The registry of weight matrices: :func:`create`, :func:`names`, :func:`register`."""
+"""The registry of weight matrices: `create`, `names`, `register`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
 
 
 def register(name: str, *, override: bool = False):
-    """Class decorator adding a :class:`WeightMatrix` subclass under ``name``.
+    """Class decorator adding a [`WeightMatrix`][rf_matrices.WeightMatrix] subclass under ``name``.
 
     Example:
         >>> @register("rademacher")

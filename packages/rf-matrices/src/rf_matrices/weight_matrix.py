@@ -1,4 +1,4 @@
-"""The :class:`WeightMatrix` interface shared by every weight matrix (Definition 3.1 of the paper)."""
+"""The `WeightMatrix` interface shared by every weight matrix (Definition 3.1 of the paper)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class WeightMatrix(nn.Module):
     Rows are draws for (or quadrature nodes of) the Gaussian ``N(0, I / sigma^2)``, the spectral density of
     the RBF kernel ``exp(-||x - y||^2 / (2 sigma^2))``, so ``E[W.T @ W] / s = I / sigma^2``.
 
-    Subclasses implement :meth:`forward` (``x @ W.T``, fast for structured matrices) and :meth:`_resample`,
+    Subclasses implement `forward` (``x @ W.T``, fast for structured matrices) and `_resample`,
     which fills the random state (buffers) from ``self.generator``. ``matrix()`` defaults to applying
     ``forward`` to the identity.
 
@@ -47,6 +47,8 @@ class WeightMatrix(nn.Module):
 
     #: False for matrices whose entries are learned (``redraw`` leaves them alone).
     redrawable: bool = True
+    #: True for rules whose ``component_weights`` can be negative (so can the kernel estimates built on them).
+    signed_weights: bool = False
 
     def __init__(
         self,
@@ -98,7 +100,7 @@ class WeightMatrix(nn.Module):
         return {"generator_state": self.generator.get_state()}
 
     def set_extra_state(self, state: dict) -> None:
-        """Restore the generator's state saved by :meth:`get_extra_state`."""
+        """Restore the generator's state saved by `get_extra_state`."""
         self.generator.set_state(state["generator_state"])
 
     def _set_state(self, learnable: tuple[str, ...] = (), **tensors: torch.Tensor) -> None:
@@ -146,7 +148,8 @@ class WeightMatrix(nn.Module):
 class DenseWeightMatrix(WeightMatrix):
     """A weight matrix stored as a dense ``(s, d)`` buffer ``weight``; ``forward`` is one matmul.
 
-    Subclasses implement :meth:`sample` returning unit-bandwidth rows in float64.
+    Subclasses implement [`sample`][rf_matrices.DenseWeightMatrix.sample] returning unit-bandwidth rows in
+    float64.
     """
 
     def __init__(self, num_features: int, dim: int, **kw) -> None:

@@ -1,8 +1,8 @@
 """A registry of interchangeable parts keyed by short lowercase names (timm-style).
 
 Every family of parts in the monorepo (weight matrices, component functions, attentions, layer kinds,
-activations, ...) is one :class:`Registry`, so users add their own part with ``@register("name")`` in their
-own code, without editing ours.
+activations, ...) is one [`Registry`][spectraformer_core.Registry], so users add their own part with
+``@register("name")`` in their own code, without editing ours.
 """
 
 from __future__ import annotations
@@ -79,7 +79,11 @@ class Registry(Generic[T]):
         lines.append("known names by family:" if self.family else "known names:")
         for family, members in groups.items():
             text = f"{family}: {', '.join(members)}" if family else ", ".join(members)
-            lines.extend(textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="    "))
+            lines.extend(
+                textwrap.wrap(
+                    text, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False
+                )
+            )
         return "\n".join(lines)
 
     def names(self, pattern: str | None = None) -> list[str]:
