@@ -33,7 +33,7 @@ def test_a_tiny_run_lowers_the_loss(tmp_path, data, helpers, layer):
     record = train(config)
     first = _log(config)[0]
     assert first["step"] == 1
-    # SNNK's Fourier features of LayerNorm'd inputs (||x|| ~ 5.7) start with a huge variance: slow learner.
+    # SNNK's Fourier features of LayerNorm'd inputs (||x|| ~ 5.7) start with a huge variance: slow to learn.
     assert record["val_loss"] < first["train_loss"] - (0.2 if layer == "snnk" else 1.0)
     assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
     assert record["replaced"] == ([] if layer == "dense" else ["transformer.h.1.mlp"])

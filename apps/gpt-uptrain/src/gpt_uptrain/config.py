@@ -3,15 +3,15 @@
 ``batch_size`` is the flag ``--batch-size`` and the key ``batch_size`` of the file given with ``--config``;
 flags win. The flags the apps share (``--device``, ``--dtype``, ``--steps``, ``--lr``, ``--eval-every``,
 ``--out``, ``--resume``, ...) come from ``app_common``'s field groups. The architecture is a
-[`GPTConfig`][gpt_uptrain.GPTConfig] held in ``TrainConfig.model``; its fields are flags of ``train`` too
+`GPTConfig` held in ``TrainConfig.model``; its fields are flags of ``train`` too
 (``--n-layer``, ``--layer``, ``--features``, ``--seed``), TOML keys at the top level or in a ``[model]``
 table.
 
-The defaults of [`TrainConfig`][gpt_uptrain.TrainConfig] are the paper's GPT-2 protocol (ralimp.txt,
-App. "GPT-2"): GPT-2 Large (36 blocks, width 1280, 20 heads, context 1024), AdamW (0.9, 0.95) with weight
-decay 0.1, learning rate 6e-4 with 500 warm-up steps and a cosine decay to 6e-5, 24 sequences x 30
-accumulated micro-steps per step, seed 1337, validation perplexity after 30k steps averaged over 200
-batches; the paper's bfloat16 is ``--dtype bfloat16``.
+The defaults of `TrainConfig` are the paper's GPT-2 protocol (ralimp.txt, App. "GPT-2"): GPT-2 Large
+(36 blocks, width 1280, 20 heads, context 1024), AdamW (0.9, 0.95) with weight decay 0.1, learning rate
+6e-4 with 500 warm-up steps and a cosine decay to 6e-5, 24 sequences x 30 accumulated micro-steps per
+step, seed 1337, validation perplexity after 30k steps averaged over 200 batches; the paper's bfloat16 is
+``--dtype bfloat16``.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         return self.model.seed
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The architecture of a run from scratch: ``model`` with the data's vocabulary."""
+        """The `GPTConfig` of a run from scratch: ``model`` with the data's vocabulary."""
         return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     @property
@@ -195,7 +195,7 @@ class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     seed: int = ac.option("seed", QUICK_RUN.seed)
 
     def run(self, layer: str, data: Path) -> TrainConfig:
-        """The settings of the run of MLP kind ``layer`` on the corpus in ``data``."""
+        """The `TrainConfig` of the run of MLP kind ``layer`` on the corpus in ``data``."""
         model = dataclasses.replace(
             QUICK_RUN.model,
             layer=layer,

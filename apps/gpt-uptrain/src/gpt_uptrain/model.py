@@ -184,6 +184,17 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
+    def decode(self, x: torch.Tensor, state: object = None) -> tuple[torch.Tensor, object]:
+        """The block on new positions ``x (B, T, C)``, and its attention's decoding state.
+
+        ``state=None``: ``x`` is a prefix (``attn.prefill``); else ``x`` continues the positions ``state``
+        holds (``attn.step``: O(1) per token for RF attention, a KV cache for softmax).
+        """
+        h = self.ln_1(x)
+        a, state = self.attn.prefill(h) if state is None else self.attn.step(h, state)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), state
+
 
 class GPT(nn.Module):
     """GPT-2 language model ``idx (B, T) -> logits (B, T, vocab_size)``.
@@ -338,13 +349,22 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)`` (context cropped to ``block_size``).
 
-        Every step reruns the (causal) model on the context; this works unchanged with an RF attention.
+        Token by token through the attention's recurrent form (``step``): the prompt is prefilled once, then
+        each new token costs one position (O(1) for RF attention, a KV-cache lookup for softmax). Once the
+        sequence outgrows ``block_size``, the positions run out, and each token re-prefills the last
+        ``block_size`` tokens, as nanoGPT's cropping does. Equal to rerunning the model on the context.
         """
         if temperature <= 0:
             raise ValueError(f"temperature: expected a value > 0, got {temperature!r}")
+        states = None
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
+            if states is None or idx.shape[1] > self.config.block_size:
+                context = idx[:, -self.config.block_size :]
+                positions = torch.arange(context.shape[1], device=idx.device)
+                logits, states = self.decode(context, positions)
+            else:
+                position = torch.tensor([idx.shape[1] - 1], device=idx.device)
+                logits, states = self.decode(idx[:, -1:], position, states)
             logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -352,6 +372,20 @@ class GPT(nn.Module):
             probs = F.softmax(logits, dim=-1)
             idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
         return idx
+
+    def decode(
+        self, idx: torch.Tensor, positions: torch.Tensor, states: list | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """Logits ``(B, T, V)`` of tokens ``idx (B, T)`` at ``positions (T,)`` and every block's state.
+
+        ``states=None``: ``idx`` is a prefix starting at position 0; else it continues ``states``.
+        """
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        new_states = []
+        for i, block in enumerate(self.transformer.h):
+            x, state = block.decode(x, None if states is None else states[i])
+            new_states.append(state)
+        return self.lm_head(self.transformer.ln_f(x)), new_states
 
     @torch.no_grad()
     def crop_block_size(self, block_size: int) -> None:
@@ -491,8 +525,8 @@ class GPT(nn.Module):
             block_size: crop the context to this length.
             calibration: token ids ``(B, T)`` that calibrate the replacement layers (see `GPT`).
             init: ``"psi"`` or ``"lstsq"`` (the calibrated start, needs ``calibration``).
-            **overrides: other [`GPTConfig`][gpt_uptrain.GPTConfig] fields (``dropout``, ``attention``,
-                ``layer``, ``last_k``, ``features``, ``seed``...); the shape fields come from ``config.json``.
+            **overrides: other `GPTConfig` fields (``dropout``, ``attention``, ``layer``, ``last_k``,
+                ``features``, ``seed``...); the shape fields come from ``config.json``.
 
         Raises:
             FileNotFoundError: no checkpoint at ``path``.

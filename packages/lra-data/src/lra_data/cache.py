@@ -345,7 +345,16 @@ class LRADataset(torch.utils.data.Dataset):
 
     def _doc(self, k: int, i: int) -> torch.Tensor:
         a, b = self._offsets[k][i], self._offsets[k][i + 1]
-        return torch.from_numpy(np.asarray(self._tokens[k][a:b], dtype=np.int64))
+        tokens = np.asarray(self._tokens[k][a:b], dtype=np.int64)
+        # A verified cache holds exactly what the writer checked; an unverified one may be damaged, and a
+        # token id outside the vocabulary would only fail later, deep inside an embedding lookup.
+        if not self._verify and tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise CacheError(
+                f"{self.folder / self._specs[k]['name']}: example {i} holds token ids "
+                f"{tokens.min()}..{tokens.max()}, outside the vocabulary [0, {self.vocab_size}); the cache "
+                "is damaged (load it with verify=True to check its checksums, or rebuild it)"
+            )
+        return torch.from_numpy(tokens)
 
     def __getitem__(self, index: int):
         n = len(self)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,17 +26,34 @@ from lra_data.tasks import TASKS
 _GENERATOR_CONFIGS = {"listops": ListOpsConfig, "pathfinder": PathfinderConfig}
 
 
+_CROSS_REFERENCE = re.compile(r"\[`([^`]+)`\]\[[\w.]*\]")
+_CODE = re.compile(r"``([^`]+)``|`([^`]+)`")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def help_text(doc: str | None) -> str:
+    """A docstring as plain ``--help`` text: its lines kept, cross-references and code quotes dropped.
+
+    ``[`TASKS`][lra_data.TASKS]`` becomes ``TASKS`` and ``` ``x`` ``` or ``` `x` ``` becomes ``x``; the
+    indentation is removed as ``inspect.cleandoc`` does, so an ``Attributes:`` block stays one field a line.
+    """
+    text = _CROSS_REFERENCE.sub(r"\1", inspect.cleandoc(doc or ""))
+    return _CODE.sub(lambda match: match.group(1) or match.group(2), text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lra-data`` (``--help`` on it and on each subcommand)."""
-    parser = argparse.ArgumentParser(prog="lra-data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="lra-data", description=help_text(__doc__.splitlines()[0]))
     commands = parser.add_subparsers(dest="command", required=True, metavar="{prepare,generate,info}")
 
     p = commands.add_parser(
-        "prepare", help="convert downloaded files into a cache", description=PrepareConfig.__doc__
+        "prepare",
+        help="convert downloaded files into a cache",
+        description=help_text(PrepareConfig.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--source", required=True, type=Path, help="the downloaded data (folder)")
@@ -50,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_prepare)
 
     g = commands.add_parser(
-        "generate", help="generate a ListOps or Pathfinder cache offline", description=GenerateConfig.__doc__
+        "generate",
+        help="generate a ListOps or Pathfinder cache offline",
+        description=help_text(GenerateConfig.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("--task", required=True, choices=tuple(GENERATORS))
     g.add_argument("--n", required=True, type=int, help="training examples")
@@ -67,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                 dest=f"{task}.{f.name}",
                 type=type(f.default),
                 default=None,
+                metavar=f.name.upper(),
                 help=f"default {f.default}",
             )
     g.set_defaults(run=_generate)

@@ -28,7 +28,9 @@ def load(task: str, split: str, root: str | Path, *, verify: bool = True) -> LRA
         split: ``train``, ``val`` or ``test`` (Text has ``train`` and ``test`` only).
         root: the ``--out`` folder of ``lra-data prepare``/``generate`` (the cache is ``root/task``), or
             the task's cache folder itself.
-        verify: check every file's SHA-256 against the manifest (sizes and offsets are always checked).
+        verify: check every file's SHA-256 against the manifest (sizes, offsets and labels are always
+            checked). Without it, each example's token ids are checked against the vocabulary as it is
+            read.
 
     Raises:
         ValueError: an unknown task or split.

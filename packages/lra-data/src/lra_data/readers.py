@@ -74,6 +74,18 @@ def _int_label(text: bytes, path: Path, line: int, num_classes: int) -> int:
     return int(value)
 
 
+def _decode(field: bytes, encoding: str, what: str, path: Path, line: int) -> str:
+    """``field`` as text, or a [`DataFormatError`][lra_data.DataFormatError] naming the byte that is not."""
+    try:
+        return field.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise DataFormatError(
+            path,
+            f"{what}: byte 0x{field[error.start]:02x} at position {error.start + 1} is not {encoding} text",
+            line=line,
+        ) from None
+
+
 def read_listops_tsv(path: str | Path) -> Iterator[Example]:
     """Examples of a ListOps release TSV (``basic_{train,val,test}.tsv``).
 
@@ -92,10 +104,13 @@ def read_listops_tsv(path: str | Path) -> Iterator[Example]:
             raise DataFormatError(
                 path, f"expected 2 tab-separated fields (Source, Target), got {len(fields)}", line=number
             )
+        source = _decode(fields[0], "ascii", "Source", path, number)
         try:
-            tokens = tokenize_listops(fields[0].decode("ascii"))
-        except (UnicodeDecodeError, ValueError) as error:
-            raise DataFormatError(path, f"Source: {error}", line=number) from None
+            tokens = tokenize_listops(source)
+        except ValueError as error:
+            # tokenize_listops names its argument ("source: ..."); here the column is named instead.
+            message = str(error).removeprefix("source: ")
+            raise DataFormatError(path, f"Source: {message}", line=number) from None
         if tokens.size == 0:
             raise DataFormatError(path, "Source: expected an expression, got no symbols", line=number)
         yield tokens, _int_label(fields[1], path, number, 10)
@@ -224,7 +239,8 @@ def pathfinder_metadata(folder: str | Path) -> list[tuple[Path, int, Path, int]]
                     f"expected >= 4 space-separated fields (folder, file, _, label), got {len(fields)}",
                     line=number,
                 )
-            image = folder / fields[0].decode() / fields[1].decode()
+            image = folder / _decode(fields[0], "utf-8", "folder", file, number)
+            image = image / _decode(fields[1], "utf-8", "file", file, number)
             entries.append((image, _int_label(fields[3], file, number, 2), file, number))
     return entries
 
