@@ -1,12 +1,12 @@
 """``vit-finetune train``: one fine-tuning run, its checkpoints, and its record (accuracy, size, throughput).
 
-Top-down (:func:`train`): read the data, build the (pretrained) ViT and replace the MLPs of the last k
+Top-down (`train`): read the data, build the (pretrained) ViT and replace the MLPs of the last k
 blocks (and their attention with ``--attention``), calibrated on a batch of training images
-(:func:`build`); then AdamW steps under the one-cycle schedule with gradient-norm clipping
-(:func:`fit`); every ``eval_every`` steps the evaluation split's accuracy goes to the run's log and a
+(`build`); then AdamW steps under the one-cycle schedule with gradient-norm clipping
+(`fit`); every ``eval_every`` steps the evaluation split's accuracy goes to the run's log and a
 checkpoint is saved. At the end the model is evaluated once more and timed for inference against the
 dense model built in the same process and against its compressed form, ``fc2`` folded into each
-linearized ``fc1`` (:func:`final_record`), and one JSON line is appended to the results file.
+linearized ``fc1`` (`final_record`), and one JSON line is appended to the results file.
 
 The batch of step ``t`` depends only on ``(seed, t)`` (``app_common.StepBatches``), and a checkpoint holds
 the model, optimizer, schedule, counters and random states, so a killed run resumes (the default) to the
@@ -142,7 +142,7 @@ def throughput(
 def calibration_images(
     fit_set: Dataset, config: TrainConfig, spec: ModelSpec, image_size: int, device: torch.device
 ) -> torch.Tensor:
-    """The images that calibrate the replaced layers: about :data:`CALIBRATION_TOKENS` tokens' worth.
+    """The images that calibrate the replaced layers: about `CALIBRATION_TOKENS` tokens' worth.
 
     The first ``ceil(4096 / tokens per image)`` images of a fixed permutation of the training split,
     prepared as in evaluation (no augmentation): ``(B, 3, S, S)`` on ``device``.
@@ -293,7 +293,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
 def optimizer_and_schedule(
     model: torch.nn.Module, config: TrainConfig, replaced: list[str], total: int
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over :func:`parameter_groups` and the :func:`one_cycle` schedule of ``total`` steps."""
+    """AdamW over `parameter_groups` and the `one_cycle` schedule of ``total`` steps."""
     optimizer = torch.optim.AdamW(
         parameter_groups(
             model,
