@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def fit_one(
     checkpoint: Path | None = None,
     progress: bool = True,
     sigma: torch.Tensor | None = None,
-    on_checkpoint=None,
+    on_checkpoint: Callable[[int], None] | None = None,
 ) -> dict:
     """Train ``method`` at ``budget`` with ``seed`` on ``data``; returns the run's record (no file written).
 

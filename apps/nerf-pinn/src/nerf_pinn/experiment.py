@@ -14,6 +14,7 @@ import abc
 import functools
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,13 @@ class VariantCheckpoints:
     """
 
     def __init__(
-        self, path: Path, every: int, identity: dict[str, Any], *, resume: bool = True, on_save=None
+        self,
+        path: Path,
+        every: int,
+        identity: dict[str, Any],
+        *,
+        resume: bool = True,
+        on_save: Callable[[int], None] | None = None,
     ) -> None:
         self.checkpointer = ac.Checkpointer(path, identity, resume=resume, on_save=on_save)
         self.every = every
@@ -224,7 +231,7 @@ def write_csv(records: list[dict], metric: str, path: Path) -> Path:
     return path
 
 
-def compare(family: Family, *, on_checkpoint=None) -> list[dict]:
+def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = None) -> list[dict]:
     """Train, evaluate and time every variant of ``family``; write results and plots under ``config.out``.
 
     Args:
