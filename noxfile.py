@@ -100,8 +100,8 @@ for _name, _folder in MEMBERS.items():
 
 @nox.session(name="tests-all", default=True)
 def tests_all(session: nox.Session) -> None:
-    """Run every member's tests together, with the whole workspace installed."""
-    sync(session, "--all-packages", "--group", "test")
+    """Run every member's tests together, with the whole workspace and its optional extras installed."""
+    sync(session, "--all-packages", "--all-extras", "--group", "test")
     session.run("pytest", *[str(folder / "tests") for folder in MEMBERS.values()], *session.posargs)
 
 

@@ -54,6 +54,8 @@ def baseline_options(name: str, n: int) -> dict:
 
 
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384]
+#: Length of the forward+backward run before the measured one (not counted).
+WARMUP_LENGTH = 256
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -109,6 +111,11 @@ def flops(name: str, n: int, args: argparse.Namespace) -> float:
 def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     """Run in a fresh process: peak memory of one forward+backward, then the median time of more."""
     torch.manual_seed(0)
+    warm = build(name, WARMUP_LENGTH, args)  # first use loads code pages and fills allocator pools
+    small = [
+        torch.randn(args.batch, args.heads, WARMUP_LENGTH, args.head_dim, requires_grad=True) for _ in "qkv"
+    ]
+    warm(*small).sum().backward()
     attend = build(name, n, args)
     shape = (args.batch, args.heads, n, args.head_dim)
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))

@@ -207,3 +207,39 @@ def test_saderf_psi_is_the_all_pairs_optimum_with_masks_and_unequal_lengths():
 
         optimizer.step(closure)
         torch.testing.assert_close(psi[b], log_psi.detach().exp(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("s", "a"), [(1, -0.05 + 0.04j), (1, -0.1), (-1, 0.02 - 0.03j), (-1, 0.0)])
+def test_gerf_relative_variance_matches_sampling_for_real_and_complex_a(s, a):
+    d, n = 4, 400_000
+    g = torch.Generator().manual_seed(0)
+    x = torch.tensor([0.3, -0.2, 0.1, 0.25], dtype=torch.float64)
+    y = torch.tensor([0.1, 0.3, -0.2, 0.05], dtype=torch.float64)
+    omega = torch.randn(n, d, generator=g, dtype=torch.float64)
+    big_a = torch.tensor(a, dtype=torch.complex128)
+    big_b = torch.sqrt(s * (1 - 4 * big_a))
+    big_d = (1 - 4 * big_a) ** (d / 4)
+    c = -(s + 1) / 2
+    r = omega.pow(2).sum(-1)
+    f1 = big_d * torch.exp(big_a * r + big_b * (omega @ x) + c * x.pow(2).sum())
+    f2 = big_d * torch.exp(big_a * r + s * big_b * (omega @ y) + c * y.pow(2).sum())
+    z = (f1 * f2).real
+    exact = math.exp(-(x - y).pow(2).sum().item() / 2)  # Eq. 21 estimates the Gaussian kernel
+    assert z.mean().item() == pytest.approx(exact, rel=0.02)
+    sampled = (z.pow(2).mean() / exact**2 - 1).item()
+    u = (x + s * y).pow(2).sum().item()
+    assert rf_features.gerf_relative_variance(a, s, d, u) == pytest.approx(sampled, rel=0.05)
+
+
+@pytest.mark.parametrize("s", [1, -1])
+@pytest.mark.parametrize(("d", "u"), [(4, 0.5), (4, 8.0), (32, 2.0), (32, 30.0)])
+def test_no_complex_a_has_lower_gerf_variance_than_the_best_real_a(s, d, u):
+    # The reason GERF and OPRF take a real A: over a grid of complex A the variance is lowest on Im A = 0.
+    real_parts = torch.linspace(-3.0, 0.124, 400).tolist()
+    best_real = min(rf_features.gerf_relative_variance(a, s, d, u) for a in real_parts)
+    for a in real_parts[::8]:
+        for imag in (-1.0, -0.3, -0.1, -0.03, -0.01, 0.01, 0.03, 0.1, 0.3, 1.0):
+            assert rf_features.gerf_relative_variance(complex(a, imag), s, d, u) >= best_real * (1 - 1e-9)
+    if s == 1:
+        a_star = float(oprf_optimal_a(torch.tensor(u, dtype=torch.float64), d))
+        assert rf_features.gerf_relative_variance(a_star, s, d, u) <= best_real * (1 + 1e-9)

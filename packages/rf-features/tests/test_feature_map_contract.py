@@ -90,6 +90,8 @@ def test_bad_inputs_name_the_argument():
         rf_features.create("posrf", dim=8, kernel="laplace")
     with pytest.raises(ValueError, match="a: expected A < 1/4"):
         rf_features.create("gerf", dim=8, a=0.3)
+    with pytest.raises(ValueError, match=r"a: expected a real A .* got \(-0\.1\+0\.1j\)"):
+        rf_features.create("gerf", dim=8, a=-0.1 + 0.1j)
     with pytest.raises(ValueError, match="weight_matrix: expected sigma=1"):
         rf_features.create("posrf", dim=8, weight_matrix=rf_matrices.create("orf", 16, 8, sigma=2.0))
     with pytest.raises(ValueError, match="weight_matrix: expected dim 8"):

@@ -15,6 +15,7 @@ and the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b
 
 from __future__ import annotations
 
+import cmath
 import math
 from typing import Any
 
@@ -61,6 +62,30 @@ def gerf_log_features(
     return log_mag, torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
 
 
+def gerf_relative_variance(a: complex, s: int, dim: int, sqnorm: float) -> float:
+    """``Var(Re f^(1) f^(2)) / K^2`` of one GERF row (Eq. 21), ``omega ~ N(0, I_d)``, complex ``A`` allowed.
+
+    With ``Z = f^(1)(omega, x) f^(2)(omega, y)`` and ``u = ||x + s y||^2`` (``sqnorm``), ``E Z = K`` is real
+    for every ``A`` with ``Re A < 1/4``, and (for ``Re A < 1/8``, ``B = sqrt(s (1 - 4A))``)
+    ``E Z^2 / K^2 = (1 - 4A)^d (1 - 8A)^(-d/2) exp(2 s (1 - 4A) u / (1 - 8A) - s u)``,
+    ``E |Z|^2 / K^2 = |1 - 4A|^d (1 - 8 Re A)^(-d/2) exp(2 (Re B)^2 u / (1 - 8 Re A) - s u)``, and
+    ``E (Re Z)^2 = (E |Z|^2 + Re E Z^2) / 2``. Principal roots and powers, as Eq. 21 states.
+    """
+    a = complex(a)
+    if not a.real < 0.125:
+        raise ValueError(f"a: expected Re A < 1/8 (finite variance), got {a!r}")
+    one_4a, one_8a = 1 - 4 * a, 1 - 8 * a
+    b = (s * one_4a) ** 0.5
+    log_square = dim * cmath.log(one_4a) - dim / 2 * cmath.log(one_8a) + 2 * s * one_4a * sqnorm / one_8a
+    log_modulus = dim * math.log(abs(one_4a)) - dim / 2 * math.log(1 - 8 * a.real)
+    log_modulus += 2 * b.real**2 * sqnorm / (1 - 8 * a.real)
+    log_modulus -= s * sqnorm
+    if log_modulus > 700:  # beyond float range: |E Z^2| <= E |Z|^2, so the variance is as large
+        return math.inf
+    ratio = cmath.exp(log_square - s * sqnorm - log_modulus).real  # Re E Z^2 / E |Z|^2, in [-1, 1]
+    return math.exp(log_modulus) * (1 + ratio) / 2 - 1
+
+
 @register("gerf")
 class GERF(FeatureMap):
     """Generalized exponential random features with a fixed ``A`` (Eq. 21, Likhosherstov et al. 2022).
@@ -74,6 +99,11 @@ class GERF(FeatureMap):
     def __init__(self, dim: int, *, a: float = 0.0, s: int = 1, **kw: Any) -> None:
         if s not in (1, -1):
             raise ValueError(f"s: expected +1 or -1, got {s!r}")
+        if isinstance(a, complex):
+            raise ValueError(
+                f"a: expected a real A (a complex A never lowers the variance and doubles the features; "
+                f"see gerf_relative_variance), got {a!r}"
+            )
         if not a < 0.25:
             raise ValueError(f"a: expected A < 1/4 (so that 1 - 4A > 0), got {a!r}")
         # set before FeatureMap.__init__, which chooses the weight matrix's rule from them

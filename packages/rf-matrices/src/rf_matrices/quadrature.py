@@ -114,7 +114,8 @@ class SGQ(DenseWeightMatrix):
     """Rows that are the nodes of a degree-3 cubature rule for ``N(0, I / sigma^2)`` (Section 3.1.7).
 
     Every rule has exactly ``num_features`` nodes and integrates every polynomial of total degree <= 3
-    exactly; a count a rule cannot have is refused with the nearest counts it can. Three rules:
+    exactly (the folded ``stiefel`` rule: every even one); a count a rule cannot have is refused with the
+    nearest counts it can. Three rules:
 
     - ``rule="stiefel"`` (the default): equal weights ``1/s`` (so :attr:`component_weights` is None and
       every kernel estimate of a positive component function stays positive). With ``antipodal=True`` the
@@ -125,7 +126,8 @@ class SGQ(DenseWeightMatrix):
       ``sqrt(s) U``, ``U`` of shape ``(s, d)``: the same rule folded, one node per antipodal pair, which
       gives the same estimate for integrands even in omega (TrigRF's ``cos(omega.(x - y))``, PosRF-Hyp's
       ``cosh``) at half the rows, and is exact for every even polynomial of degree <= 3. ``s >= d``.
-      ``rf_features`` picks ``antipodal`` from the component function.
+      ``rf_features`` picks ``antipodal`` from the component function. The nodes are not exactly Gaussian
+      (rows of an orthonormal frame, scaled), so estimates carry a bias that shrinks as ``s`` grows.
     - ``rule="spherical-radial"``: ``c`` copies of the stochastic spherical-radial rule (Genz and Monahan
       1998) sharing the origin: each copy ``+-rho R e_i`` with a Haar rotation ``R``, ``rho ~ chi(d + 2)``,
       weights ``1 / (2 c rho^2)``, and the origin ``1 - sum``, which is negative whenever the copies'
