@@ -120,6 +120,13 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
+@nox.session(default=True)
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict, on spectraformer-core, rf-matrices and lra-data (settings: [tool.mypy] in pyproject)."""
+    sync(session, "--all-packages", "--group", "typecheck")
+    session.run("mypy", *session.posargs)
+
+
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Speed and memory benchmarks (not a test): tables on stdout, the docs' plot under docs/img/."""

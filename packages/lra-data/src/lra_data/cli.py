@@ -16,9 +16,11 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from lra_data.cache import MANIFEST, CacheError, LRADataset, read_manifest
+from lra_data.cache import MANIFEST, LRADataset, read_manifest
 from lra_data.datasets import GENERATORS, GenerateConfig, PrepareConfig, generate, prepare
+from lra_data.errors import CacheError
 from lra_data.listops import ListOpsConfig
 from lra_data.pathfinder import PathfinderConfig
 from lra_data.tasks import TASKS
@@ -119,15 +121,15 @@ def _prepare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    settings = {}
-    for task, config in _GENERATOR_CONFIGS.items():
-        given = {f.name: getattr(args, f"{task}.{f.name}") for f in dataclasses.fields(config)}
+    settings: dict[str, Any] = {}
+    for task, generator in _GENERATOR_CONFIGS.items():
+        given = {f.name: getattr(args, f"{task}.{f.name}") for f in dataclasses.fields(generator)}
         given = {k: v for k, v in given.items() if v is not None}
         if given and task != args.task:
             parser.error(
                 f"{', '.join(map(_flag, given))}: options of the {task} generator, not of {args.task}"
             )
-        settings[task] = config(**given)
+        settings[task] = generator(**given)
     config = GenerateConfig(
         task=args.task,
         n=args.n,
@@ -141,7 +143,7 @@ def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     _report(generate(config), config.out / config.task)
 
 
-def _report(manifest: dict, folder: Path) -> None:
+def _report(manifest: dict[str, Any], folder: Path) -> None:
     print(f"{manifest['task']}: cache written to {folder}")
     for split, entry in manifest["splits"].items():
         lengths = ", ".join(f"{d['min']}..{d['max']} (mean {d['mean']})" for d in entry["lengths"])

@@ -80,7 +80,7 @@ def _pickle_files(config: PrepareConfig, prefix: str) -> dict[str, Path]:
     }
 
 
-def prepare(config: PrepareConfig) -> dict:
+def prepare(config: PrepareConfig) -> dict[str, Any]:
     """Convert a task's downloaded files into a cache once; returns the manifest.
 
     Raises:
@@ -109,7 +109,7 @@ def prepare(config: PrepareConfig) -> dict:
                 "vocab": None,
                 "description": "token ids as in the pre-processed pickles (trailing padding dropped)",
             }
-        source = {
+        source: dict[str, Any] = {
             "kind": "pickle",
             "path": str(Path(config.source).resolve()),
             "prefix": prefix,
@@ -203,7 +203,7 @@ GENERATORS: dict[str, _Generator] = {
 """Tasks that [`generate`][lra_data.generate] can make offline."""
 
 
-def generate(config: GenerateConfig) -> dict:
+def generate(config: GenerateConfig) -> dict[str, Any]:
     """Write a generated ListOps or Pathfinder data set in the cache format of [`prepare`][lra_data.prepare].
 
     Split ``s`` is drawn with the seed ``split_seed(config.seed, config.task, s)``, so the training split of

@@ -135,7 +135,7 @@ def read_retrieval_tsv(path: str | Path) -> Iterator[Example]:
         yield (tokenize_bytes(fields[3]), tokenize_bytes(fields[4])), label
 
 
-def _name_key(path: Path) -> tuple:
+def _name_key(path: Path) -> tuple[tuple[int, int, str], ...]:
     """Sort key putting ``12_7.txt`` before ``100_3.txt`` (numbers compare as numbers)."""
     return tuple(
         (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", path.name)
@@ -331,7 +331,7 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
             raise DataFormatError(
                 path, f"item {i}: expected a dict {expected} 'input_ids_1', got {sorted(item)}"
             )
-        docs = []
+        docs: list[Tokens] = []
         for key in ("input_ids_0", "input_ids_1")[: 1 + pair]:
             ids = np.asarray(item[key]).reshape(-1).astype(np.int64)
             if pixels:
@@ -347,4 +347,7 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
                 nonzero = np.flatnonzero(ids)
                 ids = ids[: nonzero[-1] + 1] if nonzero.size else ids[:0]
             docs.append(ids)
-        yield (docs[0] if len(docs) == 1 else tuple(docs)), int(label[0])
+        if pair:
+            yield (docs[0], docs[1]), int(label[0])
+        else:
+            yield docs[0], int(label[0])
