@@ -209,6 +209,19 @@ def test_uptraining_recipe_keeps_the_pretrained_weights_and_adds_feature_maps(tm
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None for n, p in model.named_parameters() if n in learnable)
+    with torch.no_grad():  # an uptraining step changed the learnable maps; save and reload them
+        for n, p in model.named_parameters():
+            if n in learnable:
+                p.add_(0.1)
+    model.eval().save_pretrained(tmp_path / "uptrained")
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "uptrained", attn_implementation="rf-oprf-fastfoodl"
+    )
+    rf_hf.attach_feature_maps(reloaded)
+    assert rf_hf.load_feature_maps(reloaded, tmp_path / "uptrained") > 0
+    for key, value in model.state_dict().items():
+        if torch.is_tensor(value):  # not the generators' states (redraws), which are not saved
+            assert torch.equal(reloaded.state_dict()[key], value), key
 
 
 def test_masks_of_other_patterns_are_refused():

@@ -9,6 +9,11 @@ interface (Llama, Mistral, Qwen2, GPT-2, ViT, ...) then runs it::
     import rf_attention.hf  # registers the names
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="rf-posrf-orf")
     rf_attention.hf.attach_feature_maps(model)  # before building the optimizer
+    ...  # uptrain
+    model.save_pretrained(out)  # the feature maps' tensors too
+    model = AutoModelForCausalLM.from_pretrained(out, attn_implementation="rf-posrf-orf")
+    rf_attention.hf.attach_feature_maps(model)
+    rf_attention.hf.load_feature_maps(model, out)
 
 The model keeps all of its weights (projections, norms, MLPs, embeddings); each attention layer gains a
 feature map (the random weight matrix, learnable for ``fastfoodl``, OPRF/SADERF running statistics),
@@ -24,6 +29,8 @@ cache holds keys, not the recurrent state; ``step`` of the rf_attention modules 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,7 +61,13 @@ class HFRandomFeatureAttention:
     """
 
     def __init__(
-        self, component: str, weight_matrix: str, *, num_features: int = 128, seed: int = 0, **feature_options
+        self,
+        component: str,
+        weight_matrix: str,
+        *,
+        num_features: int = 128,
+        seed: int = 0,
+        **feature_options: Any,
     ) -> None:
         self.component, self.weight_matrix = component, weight_matrix
         self.num_features, self.seed, self.feature_options = num_features, seed, feature_options
@@ -215,7 +228,7 @@ def key_padding_from_mask(
 
 
 def register(
-    names: list[str] | None = None, *, num_features: int = 128, seed: int = 0, **feature_options
+    names: list[str] | None = None, *, num_features: int = 128, seed: int = 0, **feature_options: Any
 ) -> list[str]:
     """Register (or re-register with new options) ``"rf-<pair>"`` attentions with transformers.
 
@@ -272,7 +285,33 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
             causal = bool(getattr(module, "is_causal", True))
             function.feature_map(module, head_dim, causal, count if layer is None else layer)
             count += 1
+    # The weight matrices' generator states (for redraws, which this path never does) are not tensors:
+    # save_pretrained (safetensors) keeps the maps' tensors and leaves those out.
+    states = {k for k, v in model.state_dict().items() if ".rf_feature_map." in k and not torch.is_tensor(v)}
+    model._keys_to_ignore_on_save = set(getattr(model, "_keys_to_ignore_on_save", None) or ()) | states
     return count
+
+
+def load_feature_maps(model: nn.Module, path: str | Path) -> int:
+    """Load the feature maps that ``save_pretrained`` wrote into the folder ``path`` (after attaching).
+
+    ``from_pretrained`` drops them (the model class has no such modules); call
+    [`attach_feature_maps`][rf_attention.hf.attach_feature_maps] first, then this.
+
+    Returns:
+        The number of tensors loaded.
+    """
+    from safetensors.torch import load_file
+
+    state = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        state.update({k: v for k, v in load_file(file).items() if ".rf_feature_map." in k})
+    if not state:
+        raise FileNotFoundError(f"path: no rf_feature_map tensors in the *.safetensors files of {path}")
+    _, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"path: feature maps for modules this model lacks: {unexpected[:3]}")
+    return len(state)
 
 
 REGISTERED = register()
