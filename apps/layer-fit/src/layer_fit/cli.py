@@ -24,12 +24,7 @@ from layer_fit.methods import METHODS
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``layer-fit`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="layer-fit",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("layer-fit", __doc__)
     for name, cls, text in (
         ("quick", QuickConfig, "reduced protocol on the CPU, then the report"),
         ("train", FitConfig, "the protocol (or a selection), resumable"),

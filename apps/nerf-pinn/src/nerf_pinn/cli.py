@@ -94,12 +94,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``nerf-pinn`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="nerf-pinn",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("nerf-pinn", __doc__)
     train = commands.add_parser(
         "train",
         help="train and compare the variants of one family",
