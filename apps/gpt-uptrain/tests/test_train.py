@@ -191,6 +191,8 @@ def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers)
         tmp_path, data, init_from=str(folder), layer="ralimp", last_k=1, steps=2, eval_every=2
     )
     record = train(config)
+    assert record["init"] == "lstsq"  # auto: the calibrated start for pretrained MLPs
+    assert dataclasses.replace(config, init_from="scratch").start == "psi"
     assert record["init_from"] == str(folder)
     assert record["replaced"] == ["transformer.h.1.mlp"]
     model, meta = load_model(config.out / "checkpoint.pt")

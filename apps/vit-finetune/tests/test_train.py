@@ -152,11 +152,13 @@ def test_cli_errors_name_the_setting(tmp_path, capsys):
 def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tmp_path):
     from vit_finetune.train import train
 
-    record = train(config(tmp_path, layer="eugen", weight_matrix="orf", steps=2, eval_every=2))
+    record = train(config(tmp_path, layer="eugen", weight_matrix="orf", steps=2, eval_every=2, init="lstsq"))
     assert record["init"] == "lstsq"
     checkpoint = torch.load(tmp_path / "runs" / record["run"] / "checkpoint.pt", weights_only=True)
     assert checkpoint["identity"]["weight_matrix"] == "orf"
     assert checkpoint["identity"]["init"] == "lstsq"
+    # auto: the calibrated start for pretrained weights, Psi(W) for this randomly initialized model.
+    assert train(config(tmp_path / "auto", layer="eugen", steps=2, eval_every=2))["init"] == "psi"
     with pytest.raises(ValueError, match="--init: expected one of lstsq, psi"):
         TrainConfig(init="exact")
 

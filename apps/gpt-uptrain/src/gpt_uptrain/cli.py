@@ -37,12 +37,7 @@ LISTS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``gpt-uptrain`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="gpt-uptrain",
-        description=ac.plain_text(__doc__.split("\n\n")[0]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("gpt-uptrain", __doc__)
     for name, cls, run, help_, kw in (
         ("prepare", PrepareConfig, _prepare, "tokenize text files into train.bin/val.bin", {}),
         ("train", TrainConfig, _train, "one training run", {"exclude": ("vocab_size",)}),

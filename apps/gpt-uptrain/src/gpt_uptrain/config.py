@@ -37,13 +37,17 @@ def _positive(config, *names: str) -> None:
         check_int(ac.flag(name), getattr(config, name), minimum=1)
 
 
+#: ``--init``: ``auto`` is ``lstsq`` for pretrained MLPs (``--init-from`` a folder), ``psi`` from scratch.
+STARTS = ("auto", *INITS)
+
+
 def _init_field() -> dataclasses.Field:
     return field(
-        default="lstsq",
+        default="auto",
         metadata={
             "help": "start of the replaced MLPs: lstsq (readout fitted to the dense MLP on a training "
-            "batch) or psi (the paper's Psi(W))",
-            "choices": INITS,
+            "batch), psi (the paper's Psi(W)), auto (lstsq when the MLPs are pretrained, psi from scratch)",
+            "choices": STARTS,
         },
     )
 
@@ -113,8 +117,15 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
                 f"--lr-decay-steps: expected more than warmup_steps={self.warmup_steps}, "
                 f"got {self.lr_decay_steps}"
             )
-        if self.init not in INITS:
-            raise ValueError(f"--init: expected one of {', '.join(INITS)}, got {self.init!r}")
+        if self.init not in STARTS:
+            raise ValueError(f"--init: expected one of {', '.join(STARTS)}, got {self.init!r}")
+
+    @property
+    def start(self) -> str:
+        """``init`` with ``auto`` resolved: ``lstsq`` for pretrained MLPs, ``psi`` from scratch."""
+        if self.init != "auto":
+            return self.init
+        return "psi" if self.init_from == "scratch" else "lstsq"
 
     @property
     def seed(self) -> int:

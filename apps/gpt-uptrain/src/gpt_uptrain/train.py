@@ -128,7 +128,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
-    batch of about 4096 tokens (`CALIBRATION_SEED`) and started from ``config.init``.
+    batch of about 4096 tokens (`CALIBRATION_SEED`) and started from ``config.start``.
 
     Raises:
         ValueError: the data's vocabulary does not fit the pretrained model's.
@@ -159,7 +159,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
             device=device,
         )
     replacement = {name: getattr(config.model, name) for name in REPLACEMENT_FIELDS}
-    model.linearize_mlps(calibration, init=config.init, **replacement)
+    model.linearize_mlps(calibration, init=config.start, **replacement)
     return model
 
 
@@ -307,7 +307,7 @@ def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | N
     if dist.is_main:
         print(
             f"{config.label}: {model.num_parameters() / 1e6:.2f}M parameters, "
-            f"replaced {model.replaced or 'none'} ({config.init}), "
+            f"replaced {model.replaced or 'none'} ({config.start}), "
             f"{tokens_per_step} tokens per step, {device} {config.dtype}, {dist.world_size} process(es)"
         )
     loop(config, model, optimizer, data, dist, progress, save, out / LOG)
@@ -390,7 +390,7 @@ def _record(
         "last_k": model.config.replaced_blocks,
         "replaced": model.replaced,
         "features": model.config.features,
-        "init": config.init,
+        "init": config.start,
         "attention": model.config.attention,
         "init_from": config.init_from,
         "val_loss": progress["val_loss"],

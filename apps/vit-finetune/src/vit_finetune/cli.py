@@ -33,12 +33,7 @@ LISTS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``vit-finetune`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="vit-finetune",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("vit-finetune", __doc__)
 
     quick = commands.add_parser(
         "quick", help="offline demo on digits (CPU, minutes)", description=ac.plain_text(QuickConfig.__doc__)

@@ -17,9 +17,9 @@ import app_common as ac
 from spectraformer_core import check_int
 from vit_finetune.data import DATASETS
 
-#: How a replaced MLP starts: ``lstsq`` (readout fitted to the pretrained MLP on a training batch) or
-#: ``psi`` (the paper's ``Psi(W)``).
-INITS = ("lstsq", "psi")
+#: How a replaced MLP starts: ``lstsq`` (readout fitted to the pretrained MLP on a training batch),
+#: ``psi`` (the paper's ``Psi(W)``), ``auto`` (``lstsq`` for pretrained MLPs, ``psi`` for a random model).
+INITS = ("auto", "lstsq", "psi")
 
 #: Where the run folders go by default.
 RUNS = Path("runs/vit-finetune")
@@ -68,10 +68,10 @@ class TrainConfig(
         help="rf_matrices name of the replacement layers' random projections (default: the layer's own)",
     )
     init: str = field(
-        default="lstsq",
+        default="auto",
         metadata={
             "help": "start of the replaced MLPs: lstsq (readout fitted to the pretrained MLP on a training "
-            "batch) or psi (the paper's Psi(W))",
+            "batch), psi (the paper's Psi(W)), auto (lstsq for pretrained weights, psi for a random model)",
             "choices": INITS,
         },
     )
@@ -183,7 +183,7 @@ class QuickConfig(ac.RuntimeFields):
     )
     features: int = ac.option("features", 32)
     init: str = field(
-        default="lstsq", metadata={"help": "start of the replaced MLPs (as train's --init)", "choices": INITS}
+        default="auto", metadata={"help": "start of the replaced MLPs (as train's --init)", "choices": INITS}
     )
     attention: str = ac.option(
         "attention", "softmax", help="also swap the attention of the same blocks (softmax: keep the model's)"

@@ -174,7 +174,8 @@ def build(
         device: where the model is built and calibrated.
 
     Returns:
-        The model, its spec and what changed: ``{"replaced": [...], "attention": {...}}``.
+        The model, its spec and what changed: ``{"replaced": [...], "init": start, "attention": {...}}``
+        (``init="auto"`` resolved: ``lstsq`` where pretrained weights were loaded, else ``psi``).
     """
     model, spec = build_model(
         config.model,
@@ -188,6 +189,12 @@ def build(
     inputs = None
     if calibration is not None and config.layer != "dense":
         inputs = calibration(spec, model.config.image_size)
+    start = config.init
+    if start == "auto":
+        has_weights = pretrained and (config.weights is not None or spec.hub_repo is not None)
+        start = "lstsq" if has_weights else "psi"
+    if inputs is None:
+        start = "psi"
     changed = {
         "replaced": replace_mlps(
             model,
@@ -196,9 +203,10 @@ def build(
             features=config.features,
             seed=config.seed,
             inputs=inputs,
-            init=config.init if inputs is not None else "psi",
+            init=start,
             weight_matrix=config.weight_matrix,
-        )
+        ),
+        "init": start,
     }
     if config.attention != "softmax":
         changed["attention"] = swap_attention(
@@ -453,7 +461,7 @@ def final_record(
         "layer": config.layer,
         "last_k": config.last_k if config.layer != "dense" or config.attention != "softmax" else 0,
         "features": config.features,
-        "init": config.init,
+        "init": changed["init"],
         "attention": config.attention,
         "seed": config.seed,
         "eval_split": eval_split,
