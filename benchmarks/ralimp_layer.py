@@ -12,21 +12,20 @@ projections each; EUGen and SNNK: 32 features; LowRank: rank 32). Every number i
 - relative output MSE ``||y - gelu(fc1 x)||^2 / ||gelu(fc1 x)||^2`` at initialization, on standard-normal
   inputs (what a LayerNorm feeds an MLP), median over 3 seeds.
 
-Run: ``uv run --frozen --package ralimp python benchmarks/ralimp_layer.py`` (``--help`` for options).
+Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py`` (``--help`` for options).
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import app_common as ac
 import ralimp
 
 METHODS = {
@@ -50,23 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def timed(fn, repeats: int, device: torch.device) -> float:
     """Median wall time of ``fn()`` in seconds, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return ac.median_seconds(fn, repeats=repeats, warmup=2, device=device)
 
 
-def count(module: nn.Module) -> int:
-    """Trainable parameters."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+count = ac.count_parameters
 
 
 def rows_for_width(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
@@ -128,9 +114,7 @@ def rows_for_width(d: int, args: argparse.Namespace, device: torch.device) -> li
 def main(argv: list[str] | None = None) -> None:
     """Print the Markdown table with the machine and the command."""
     args = parse_args(argv)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = ac.resolve_device(args.device)
     header = [
         "d",
         "method",
@@ -143,13 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         "rel. MSE at init",
     ]
     rows = [row for d in args.widths for row in rows_for_width(d, args, device)]
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+    machine = ac.device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
         f"tokens {args.tokens}; float32"

@@ -92,7 +92,8 @@ ALL_ATTENTIONS = [
 @pytest.mark.parametrize("name", ALL_ATTENTIONS)
 def test_padded_tokens_change_nothing_in_the_other_outputs(name, causal):
     torch.manual_seed(0)
-    attn = rf_attention.create(name, 32, 2, num_features=16, seed=0, causal=causal).double().eval()
+    # 32 features: sgq's antipodal rule (positive components) needs 2 * head_dim rows
+    attn = rf_attention.create(name, 32, 2, num_features=32, seed=0, causal=causal).double().eval()
     x = torch.randn(2, 12, 32, dtype=torch.float64)
     mask = torch.zeros(2, 12, dtype=torch.bool)
     mask[0, 8:] = True
@@ -165,7 +166,9 @@ def test_registry_lists_every_pair_and_refuses_unknown_names():
         assert f"{c}-fastfoodl" in names
     assert {"softmax", "performer", "posrf-hyp-orf"} <= set(names)
     assert rf_attention.names("oprf-*") == [n for n in names if n.startswith("oprf-")]
-    with pytest.raises(ValueError, match=r"unknown attention 'relu-orf'; known names: .*softmax"):
+    with pytest.raises(
+        ValueError, match=r"(?s)unknown attention 'relu-orf'; did you mean .*named: .*softmax"
+    ):
         rf_attention.create("relu-orf", 32, 2)
     with pytest.raises(ValueError, match="num_heads: expected a divisor of dim=32, got 3"):
         rf_attention.create("softmax", 32, 3)

@@ -175,7 +175,7 @@ def rf_attention(
     exactly, detached): non-causal, per-feature key maxima moved to the query side and each query row
     divided by its largest entry, so positive features never lose the normalizer's scale; causal, per-key
     scales combined over past keys only. The result is the plain formula's
-    ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` (:func:`rf_attention.naive.naive_rf_attention`).
+    ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` ([`naive_rf_attention`][rf_attention.naive.naive_rf_attention]).
 
     Args:
         q: ``(B, H, N_q, Dh)``, floating point (integer input is refused, not cast).
@@ -187,8 +187,8 @@ def rf_attention(
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         query_padding_mask: bool ``(B, N_q)``, True at padding (left out of the feature map's statistics;
             self-attention passes the same mask as ``key_padding_mask``).
-        eps: see :func:`linear_attention`.
-        chunk_size: see :func:`linear_attention`.
+        eps: see [`linear_attention`][rf_attention.linear_attention].
+        chunk_size: see [`linear_attention`][rf_attention.linear_attention].
 
     Returns:
         ``(B, H, N_q, Dv)``.

@@ -1,8 +1,9 @@
-"""The :class:`FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
+"""The `FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -27,13 +28,14 @@ class FeatureMap(nn.Module):
     the row's component weight ``a_i`` (``1/s``, or the matrix's quadrature weight, possibly negative)
     enters as ``sign(a_i) sqrt|a_i|`` on the query side and ``sqrt|a_i|`` on the key side.
 
-    Subclasses implement :meth:`log_features` for the softmax kernel and may override :meth:`statistics`
-    (data-dependent parameters such as OPRF's ``A``) and :meth:`transform` (SADERF's ``Psi``).
+    Subclasses implement [`log_features`][rf_features.FeatureMap.log_features] for the softmax kernel and may
+    override [`statistics`][rf_features.FeatureMap.statistics] (data-dependent parameters such as OPRF's
+    ``A``) and [`transform`][rf_features.FeatureMap.transform] (SADERF's ``Psi``).
 
     Args:
         dim: ``d``, the query/key dimension.
-        weight_matrix: a registered ``rf_matrices`` name or a :class:`~rf_matrices.WeightMatrix` of unit
-            bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
+        weight_matrix: a registered ``rf_matrices`` name or a [`WeightMatrix`][rf_matrices.WeightMatrix] of
+            unit bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
         num_features: ``s``, rows of the weight matrix (the output width is ``features_per_row * s``).
         seed: seed of the weight matrix.
         kernel: ``"softmax"`` or ``"gaussian"``.
@@ -47,6 +49,10 @@ class FeatureMap(nn.Module):
 
     #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
     features_per_row: int = 1
+    #: True when every feature is positive (so are the kernel estimates, given non-negative row weights).
+    positive: bool = False
+    #: True when the estimate of a row is the same for omega and -omega (TrigRF's cos, PosRF-Hyp's cosh).
+    even_in_omega: bool = False
 
     def __init__(
         self,
@@ -79,8 +85,18 @@ class FeatureMap(nn.Module):
                 )
             self.weight_matrix = weight_matrix
         else:
-            self.weight_matrix = rf_matrices.create(
-                weight_matrix, num_features, dim, seed=seed, **(matrix_options or {})
+            options = dict(matrix_options or {})
+            is_sgq = issubclass(rf_matrices.WEIGHT_MATRICES.get(weight_matrix), rf_matrices.SGQ)
+            if is_sgq and options.get("rule", "stiefel") == "stiefel":
+                # the equal-weight rule needs both nodes of a pair unless the estimate is even in omega
+                options.setdefault("antipodal", not self.even_in_omega)
+            self.weight_matrix = rf_matrices.create(weight_matrix, num_features, dim, seed=seed, **options)
+        if self.positive and self.weight_matrix.signed_weights:
+            warnings.warn(
+                f"weight_matrix: {self.weight_matrix!r} has quadrature weights that can be negative, so "
+                f"the estimates of the positive component {type(self).__name__} (and attention "
+                "normalizers) can be zero or negative; sgq's default rule='stiefel' keeps them positive",
+                stacklevel=3,
             )
         self.dim = self.weight_matrix.dim
         defaults = self.running_statistics_defaults()
@@ -118,7 +134,7 @@ class FeatureMap(nn.Module):
         return {}
 
     def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
-        """Initial values (and shapes) of the running averages of :meth:`statistics`; none by default.
+        """Initial values (and shapes) of the running averages of `statistics`; none by default.
 
         Each statistic is averaged over its leading (batch, head) dimensions into this shape.
         """
@@ -138,7 +154,7 @@ class FeatureMap(nn.Module):
         Args:
             projection: ``x @ W.T``, ``(..., n, s)``.
             sqnorm: ``||x||^2``, ``(..., n, 1)``.
-            stats: the output of :meth:`statistics`.
+            stats: the output of [`statistics`][rf_features.FeatureMap.statistics].
             is_query: True for ``f^(1)`` (queries), False for ``f^(2)`` (keys).
 
         Returns:
