@@ -197,7 +197,7 @@ def run_point(name: str, n: int, args: argparse.Namespace) -> dict:
 
 def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
     """Markdown: time and memory per attention and N, with ratios to softmax of the same run."""
-    from rf_matrices import markdown_table
+    from spectraformer_core import markdown_table
 
     reference = {r["n"]: r for r in results if r["attention"] == "softmax" and "error" not in r}
     header = [

@@ -16,7 +16,7 @@ import time
 import torch
 
 import rf_matrices
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -94,7 +94,7 @@ def model_of(layout, depth=3, d=8, h=16):
 def test_replace_mlp_swaps_the_last_k_blocks_and_leaves_untouched_blocks_identical(layout, kind):
     model = model_of(layout)
     before = copy.deepcopy(model)
-    replaced = ralimp.replace_mlp(model, kind, last_k=2, seed=0)
+    replaced = ralimp.replace_mlp(model, kind, budget=32, last_k=2, seed=0)
     assert replaced == [b.name for b in ralimp.find_mlp_blocks(before)][-2:]
     # block 0 is untouched: same modules, same parameters
     assert str(model[0]) == str(before[0])
@@ -114,7 +114,7 @@ def test_replace_mlp_swaps_the_last_k_blocks_and_leaves_untouched_blocks_identic
 def test_replace_mlp_initializes_from_the_pretrained_weights():
     model = model_of("timm", depth=1)
     fc1 = copy.deepcopy(model[0].mlp.fc1)
-    ralimp.replace_mlp(model, "lowrank", rank=8)
+    ralimp.replace_mlp(model, "lowrank", budget=8)
     layer = model[0].mlp.fc1
     x = torch.randn(4, 8)
     with torch.no_grad():
@@ -124,8 +124,51 @@ def test_replace_mlp_initializes_from_the_pretrained_weights():
 
 def test_replace_mlp_errors_name_the_argument():
     with pytest.raises(ValueError, match="model: found no MLP block"):
-        ralimp.replace_mlp(nn.Sequential(nn.Linear(2, 2)), "ralimp")
+        ralimp.replace_mlp(nn.Sequential(nn.Linear(2, 2)), "ralimp", budget=32)
     with pytest.raises(ValueError, match=r"last_k: expected an integer in \[1, 3\]"):
-        ralimp.replace_mlp(model_of("timm"), "ralimp", last_k=4)
+        ralimp.replace_mlp(model_of("timm"), "ralimp", budget=32, last_k=4)
     with pytest.raises(ValueError, match="unknown layer kind 'mlp'"):
-        ralimp.replace_mlp(model_of("timm"), "mlp")
+        ralimp.replace_mlp(model_of("timm"), "mlp", budget=32)
+    with pytest.raises(ValueError, match="inputs: init='lstsq' fits each readout on captured inputs"):
+        ralimp.replace_mlp(model_of("timm"), "eugen", budget=32, init="lstsq")
+
+
+def test_calibration_inputs_are_what_each_up_projection_receives():
+    model = model_of("nanogpt", d=8, h=16)
+    x = torch.randn(3, 5, 8)
+    seen = {}
+
+    def record(index):
+        def hook(_module, args, _output):
+            seen[index] = args[0].reshape(-1, 8)
+
+        return hook
+
+    handles = [model[i].mlp.c_fc.register_forward_hook(record(i)) for i in range(3)]
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    blocks = ralimp.find_mlp_blocks(model)[1:]
+    captured = ralimp.calibration_inputs(model, blocks, x, max_rows=100)
+    assert set(captured) == {"1.mlp", "2.mlp"}
+    torch.testing.assert_close(captured["1.mlp"], seen[1])
+    torch.testing.assert_close(captured["2.mlp"], seen[2])
+    assert ralimp.calibration_inputs(model, blocks, x, max_rows=7)["2.mlp"].shape == (7, 8)
+
+
+@pytest.mark.parametrize("kind", ["eugen", "ralimp"])
+def test_replace_mlp_with_a_calibration_batch_and_lstsq_beats_the_psi_start(kind):
+    torch.manual_seed(0)
+    model = model_of("timm", depth=2, d=8, h=16).double()
+    x = torch.randn(64, 6, 8, dtype=torch.float64)
+    with torch.no_grad():
+        reference = model(x)
+    errors = {}
+    for init in ("psi", "lstsq"):
+        copy_ = copy.deepcopy(model)
+        ralimp.replace_mlp(copy_, kind, budget=32, inputs=x, init=init, seed=0)
+        with torch.no_grad():
+            errors[init] = float((copy_(x) - reference).pow(2).mean() / reference.pow(2).mean())
+    assert errors["lstsq"] < errors["psi"]
+    assert errors["lstsq"] < 1e-2

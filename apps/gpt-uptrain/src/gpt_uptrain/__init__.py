@@ -1,6 +1,6 @@
 """GPT-2 in the style of nanoGPT, trained or uptrained with the MLPs of the last k blocks linearized.
 
-The command ``gpt-uptrain`` (``prepare``, ``train``, ``quick``, ``sample``, ``report``) wraps these::
+The command ``gpt-uptrain`` (``prepare``, ``train``, ``quick``, ``sample``, ``report``) wraps these:
 
     from gpt_uptrain import GPT, GPTConfig, TrainConfig, train
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=100, mlp="ralimp", last_k=2))

@@ -3,11 +3,11 @@
 ``batch_size`` is the flag ``--batch-size`` and the key ``batch_size`` of the file given with ``--config``;
 flags win.
 
-The defaults of :class:`TrainConfig` are the paper's GPT-2 protocol (ralimp.txt, App. "GPT-2"): GPT-2 Large
-(36 blocks, width 1280, 20 heads, context 1024), AdamW (0.9, 0.95) with weight decay 0.1, learning rate
-6e-4 with 500 warm-up iterations and a cosine decay to 6e-5, 24 sequences x 30 accumulated micro-steps per
-iteration, bfloat16 autocast on CUDA, seed 1337, validation perplexity after 30k iterations averaged over
-200 batches.
+The defaults of [`TrainConfig`][gpt_uptrain.TrainConfig] are the paper's GPT-2 protocol (ralimp.txt, App.
+"GPT-2"): GPT-2 Large (36 blocks, width 1280, 20 heads, context 1024), AdamW (0.9, 0.95) with weight decay
+0.1, learning rate 6e-4 with 500 warm-up iterations and a cosine decay to 6e-5, 24 sequences x 30 accumulated
+micro-steps per iteration, bfloat16 autocast on CUDA, seed 1337, validation perplexity after 30k iterations
+averaged over 200 batches.
 """
 
 from __future__ import annotations

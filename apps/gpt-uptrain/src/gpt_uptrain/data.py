@@ -1,6 +1,7 @@
 """Token data in nanoGPT's format: ``train.bin``, ``val.bin`` (uint16 ids, memory-mapped), ``meta.json``.
 
-``prepare`` builds them from local text files with one of the tokenizers of :data:`TOKENIZERS`:
+``prepare`` builds them from local text files with one of the tokenizers of
+[`TOKENIZERS`][gpt_uptrain.TOKENIZERS]:
 
 - ``gpt2``: GPT-2's BPE through ``tiktoken`` (the optional extra ``gpt-uptrain[bpe]``); its encoding file
   is downloaded once by ``tiktoken`` and cached (``TIKTOKEN_CACHE_DIR``); offline without that cache it
@@ -12,8 +13,9 @@
 The files are concatenated in the order given (one newline between them) and the last ``val_fraction`` of
 the tokens is the validation split, as nanoGPT's ``prepare.py`` does.
 
-Batches are a function of ``(seed, iteration, micro-step)`` only (:meth:`TokenData.batch`), so a resumed run
-and a run split over processes see exactly the batches of one unbroken run.
+Batches are a function of ``(seed, iteration, micro-step)`` only
+([`TokenData.batch`][gpt_uptrain.TokenData.batch]), so a resumed run and a run split over processes see
+exactly the batches of one unbroken run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 META = "meta.json"
 SPLITS = ("train", "val")
@@ -164,7 +166,7 @@ def prepare(
     Args:
         files: UTF-8 text files, concatenated in this order.
         out: the data folder.
-        tokenizer: a name of :data:`TOKENIZERS`.
+        tokenizer: a name of [`TOKENIZERS`][gpt_uptrain.TOKENIZERS].
         val_fraction: the share of tokens (the last ones) that is validation data.
         extra_meta: more fields for ``meta.json`` (e.g. where the corpus came from).
 

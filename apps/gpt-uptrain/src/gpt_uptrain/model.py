@@ -9,7 +9,7 @@ with two places where a part can be swapped:
 - the MLP of the last ``last_k`` blocks becomes a linearized layer of ``ralimp`` (``config.mlp``:
   ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``), initialized from the block's ``c_fc`` (random for
   training from scratch, pretrained when uptraining), at the feature budget ``mlp_features``
-  (:data:`MLP_OPTIONS`).
+  ([`MLP_OPTIONS`][gpt_uptrain.MLP_OPTIONS]).
 
 Parameter names follow nanoGPT (``transformer.h.3.mlp.c_fc.weight``), except the attention's projections,
 which are ``rf_attention``'s ``qkv`` and ``proj`` (HF's ``c_attn`` and ``c_proj``).
@@ -32,7 +32,7 @@ from torch import nn
 import ralimp
 import rf_attention
 from gpt_uptrain import hf
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,11 @@ class GPTConfig:
         layer_norm_epsilon: LayerNorm epsilon.
         attention: an ``rf_attention`` name, used causally.
         attention_features: random features of an RF attention (ignored by ``softmax``).
-        mlp: ``"dense"`` or a kind of :data:`MLP_OPTIONS` (``ralimp``, ``eugen``, ``snnk``, ``lowrank``).
+        mlp: ``"dense"`` or a kind of [`MLP_OPTIONS`][gpt_uptrain.MLP_OPTIONS] (``ralimp``, ``eugen``,
+            ``snnk``, ``lowrank``).
         last_k: replace the MLPs of the last ``last_k`` blocks; None: half of them (rounded up).
-        mlp_features: feature budget of a replacement (128 in the paper), see :data:`MLP_OPTIONS`.
+        mlp_features: feature budget of a replacement (128 in the paper), see
+            [`MLP_OPTIONS`][gpt_uptrain.MLP_OPTIONS].
         mlp_weight_matrix: ``rf_matrices`` name of the replacements' projections.
         seed: seed of every random projection (attention features, replacement layers).
     """
@@ -442,8 +444,9 @@ class GPT(nn.Module):
         Args:
             path: the checkpoint folder (``save_pretrained`` output or a downloaded hub snapshot).
             block_size: crop the context to this length.
-            **overrides: other :class:`GPTConfig` fields (``dropout``, ``attention``, ``mlp``, ``last_k``,
-                ``mlp_features``, ``seed``...); the shape fields come from ``config.json``.
+            **overrides: other [`GPTConfig`][gpt_uptrain.GPTConfig] fields (``dropout``, ``attention``,
+                ``mlp``, ``last_k``, ``mlp_features``, ``seed``...); the shape fields come from
+                ``config.json``.
 
         Raises:
             FileNotFoundError: no checkpoint at ``path``.

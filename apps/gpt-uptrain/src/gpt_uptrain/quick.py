@@ -1,9 +1,10 @@
 """``gpt-uptrain quick``: the whole pipeline offline, on a CPU, in a few minutes.
 
-Prepares a character-level corpus from Python's own standard library sources (:func:`stdlib_files`), then
-trains a small GPT from scratch for each MLP kind (dense, then each replacement of the last ``last_k``
-blocks) with the same data, budget, seed and validation batches, and writes the report (table and loss
-curves). Every run keeps its checkpoint, so an interrupted ``quick`` continues where it stopped.
+Prepares a character-level corpus from Python's own standard library sources
+([`stdlib_files`][gpt_uptrain.stdlib_files]), then trains a small GPT from scratch for each MLP kind (dense,
+then each replacement of the last ``last_k`` blocks) with the same data, budget, seed and validation batches,
+and writes the report (table and loss curves). Every run keeps its checkpoint, so an interrupted ``quick``
+continues where it stopped.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 import app_common as ac
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 
 HEADER = [
     "Run",

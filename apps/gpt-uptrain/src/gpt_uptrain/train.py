@@ -3,9 +3,10 @@
 Top-down: build the model (from scratch, or from a local HF GPT-2 with the replacements applied after the
 pretrained weights are in), AdamW, then iterate. One iteration is ``gradient_accumulation_steps``
 micro-batches (split over the processes under ``torchrun``), one clipped AdamW step at the learning rate of
-:func:`learning_rate` (linear warm-up, cosine decay to ``min_lr``). Every ``eval_interval`` iterations and
-at the end: validation loss over the same ``eval_iters`` batches, a log line and a checkpoint. The final
-validation perplexity ``exp(mean loss)`` at the fixed budget ``max_iters`` goes to the results file.
+[`learning_rate`][gpt_uptrain.learning_rate] (linear warm-up, cosine decay to ``min_lr``). Every
+``eval_interval`` iterations and at the end: validation loss over the same ``eval_iters`` batches, a log line
+and a checkpoint. The final validation perplexity ``exp(mean loss)`` at the fixed budget ``max_iters`` goes to
+the results file.
 
 Reproducible by construction: micro-batch ``j`` of iteration ``i`` is drawn from ``(seed, i, j)``, process
 ``r`` of ``W`` takes micro-steps ``r, r + W, ...`` and DDP averages its gradients, so any number of
@@ -51,7 +52,7 @@ def learning_rate(it: int, config: TrainConfig) -> float:
 
 
 def model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
-    """The :class:`GPTConfig` of a run from scratch."""
+    """The [`GPTConfig`][gpt_uptrain.GPTConfig] of a run from scratch."""
     return GPTConfig(
         block_size=config.block_size,
         vocab_size=vocab_size,

@@ -1,7 +1,7 @@
 """``layer-fit``: the synthetic single-layer fit of the RaLiMP paper (Fig. 2).
 
 Low-rank, EUGen, SNNK and RaLiMP layers (from ``ralimp``) at a shared feature budget are trained to fit
-``Y = f(X W^T)`` (X, W i.i.d. Unif[0, 1], X and Y standardized per column); the figure is the train MSE::
+``Y = f(X W^T)`` (X, W i.i.d. Unif[0, 1], X and Y standardized per column); the figure is the train MSE:
 
     from layer_fit import FitConfig, run_fit, report
     results = run_fit(FitConfig(activations=("gelu",), seeds=2, steps=300))

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import ralimp
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 Builder = Callable[..., nn.Module]
 
@@ -85,7 +85,7 @@ def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, 
 
 @METHODS.register("ralimp-psi")
 def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
-    """:func:`build_ralimp` compressed with the identity: a trainable ``Psi (out, F)`` on a frozen ``Phi``."""
+    """`build_ralimp` compressed with the identity: a trainable ``Psi (out, F)`` on a frozen ``Phi``."""
     layer = build_ralimp(linear, activation, budget, seed=seed, sample=sample)
     eye = nn.Linear(linear.out_features, linear.out_features, bias=False, device=linear.weight.device)
     with torch.no_grad():

@@ -23,7 +23,7 @@ from pathlib import Path
 import app_common as ac
 from layer_fit.config import ACTIVATIONS, PAPER_METHODS, ReportConfig
 from layer_fit.train import PROTOCOL_KEYS
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 
 
 @dataclass(frozen=True)

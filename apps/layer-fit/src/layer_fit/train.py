@@ -22,7 +22,7 @@ from layer_fit.config import FitConfig
 from layer_fit.data import LayerData, make_data
 from layer_fit.methods import METHODS, build
 
-#: The record fields that make two runs comparable (see :meth:`FitConfig.protocol`).
+#: The record fields that make two runs comparable (see `FitConfig.protocol`).
 PROTOCOL_KEYS = tuple(FitConfig().protocol())
 
 
@@ -51,7 +51,7 @@ def fit_one(
 
     Args:
         data: standardized inputs and targets on ``device``.
-        method: a name in :data:`layer_fit.METHODS`.
+        method: a name in [`layer_fit.METHODS`][layer_fit.METHODS].
         budget: the feature budget (rank for ``lowrank``/``linear``).
         seed: seed of the initial dense layer and of the method's random projections.
         config: the protocol (steps, lr, clip, output_affine, checkpoint_every, log_every).

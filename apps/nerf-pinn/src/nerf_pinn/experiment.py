@@ -1,7 +1,7 @@
 """The comparison every family runs: dense vs linearized variants, trained, evaluated and timed together.
 
-A family (PINN, SIREN, NeRF) gives a :class:`Family`: how to build each variant, train it (with
-:class:`Checkpointer` for resuming), evaluate it, run its inference, and plot. :func:`compare` trains the
+A family (PINN, SIREN, NeRF) gives a `Family`: how to build each variant, train it (with
+`Checkpointer` for resuming), evaluate it, run its inference, and plot. `compare` trains the
 variants one after the other (a finished one is loaded from ``<out>/<kind>/final.pt``), then times the
 inference of all of them in interleaved rounds so that each ratio to the dense model is measured in the
 same run under the same load, and writes ``results.jsonl``, ``results.md``, ``results.csv`` and the
@@ -22,14 +22,14 @@ from torch import nn
 import app_common as ac
 from nerf_pinn.config import CompareConfig
 from nerf_pinn.layers import DENSE, count_parameters, inference_parameters, linearize, time_inference
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 
 #: Settings that do not change what a variant computes: a checkpoint saved under other values still fits.
 NOT_IDENTITY = ("kinds", "out", "resume", "device", "threads", "checkpoint_every", "time_repeats")
 
 
 def identity(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings that decide what a variant computes (:data:`NOT_IDENTITY` left out)."""
+    """The settings that decide what a variant computes (`NOT_IDENTITY` left out)."""
     return {k: v for k, v in settings.items() if k not in NOT_IDENTITY}
 
 
@@ -94,7 +94,7 @@ class Checkpointer:
 
 
 class Family(abc.ABC):
-    """One experiment family: what :func:`compare` needs to know about it."""
+    """One experiment family: what `compare` needs to know about it."""
 
     #: Family name (the subcommand).
     name: str
@@ -132,7 +132,7 @@ class Family(abc.ABC):
     def linearize(
         self, layers: nn.ModuleList, kind: str, indices: list[int], inputs: list[torch.Tensor]
     ) -> None:
-        """:func:`~nerf_pinn.layers.linearize` with this family's budget, rational fit and projections."""
+        """`linearize` with this family's budget, rational fit and projections."""
         config = self.config
         linearize(
             layers,

@@ -1,10 +1,10 @@
 """The feed-forward layer of every coordinate network, and its linearized replacements from ``ralimp``.
 
-Every network here is a stack of :class:`FeedForward` layers ``activation(scale * (W x + b))`` (tanh for
+Every network here is a stack of `FeedForward` layers ``activation(scale * (W x + b))`` (tanh for
 the PINN, ``sin`` with ``scale = omega_0`` for SIREN, relu for NeRF) followed by plain ``nn.Linear`` heads.
-:func:`linearize` swaps chosen layers for a ``ralimp`` layer of the registered kind (``ralimp``, ``snnk``,
+`linearize` swaps chosen layers for a ``ralimp`` layer of the registered kind (``ralimp``, ``snnk``,
 ``eugen``) built by ``from_linear`` from the layer's own weights (``scale`` folded into ``W, b``), with the
-same feature budget (:func:`layer_options`), so the kinds are compared at equal numbers of random features.
+same feature budget (`layer_options`), so the kinds are compared at equal numbers of random features.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ KINDS = (DENSE, "ralimp", "snnk", "eugen")
 
 
 class Sine(nn.Module):
-    """``sin(x)`` as a module (SIREN's activation; ``scale = omega_0`` lives in :class:`FeedForward`)."""
+    """``sin(x)`` as a module (SIREN's activation; ``scale = omega_0`` lives in `FeedForward`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``sin(x)``."""
@@ -133,18 +133,18 @@ def linearize(
     weight_matrix: str = "base",
     seed: int = 0,
 ) -> list[int]:
-    """Replace ``layers[i]`` (a :class:`FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
+    """Replace ``layers[i]`` (a `FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
 
     Each replacement is ``ralimp.LAYERS.get(kind).from_linear(scaled_linear, activation, sample=...)``,
-    calibrated on the layer's own inputs (``inputs[i]``, e.g. from :func:`stack_inputs`). Registered
+    calibrated on the layer's own inputs (``inputs[i]``, e.g. from `stack_inputs`). Registered
     activations (tanh, relu) use ``ralimp``'s fits on ``[-4, 4]``; ``sin`` is fitted on the range of the
-    layer's pre-activations over the sample (:func:`sine_fit_interval`, RaLiMP by ``fit_rational``,
+    layer's pre-activations over the sample (`sine_fit_interval`, RaLiMP by ``fit_rational``,
     EUGen's polynomial and SNNK's Fourier series on the same interval).
 
     Args:
         layers: the stack, applied in order.
         kind: ``"ralimp"``, ``"snnk"`` or ``"eugen"`` (``"dense"`` changes nothing).
-        budget: random features per layer (:func:`layer_options`).
+        budget: random features per layer (`layer_options`).
         indices: which layers to replace.
         inputs: a sample of each layer's inputs, ``inputs[i]`` of shape ``(n, layers[i].in_features)``.
         poly_degree: ``K`` of RaLiMP and EUGen.

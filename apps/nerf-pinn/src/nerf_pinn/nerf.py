@@ -5,7 +5,7 @@ density ``softplus(sigma)`` (mip-NeRF's choice: relu's zero gradient can leave a
 field empty for good early in training) and a colour ``sigmoid(rgb)``; the trunk is a stack of relu
 layers with an optional
 skip connection that concatenates the encoding again. Rays are sampled at stratified depths and rendered
-by :func:`nerf_pinn.render.volume_render`; the loss is the mean squared error of ray colours. Held-out
+by `nerf_pinn.render.volume_render`; the loss is the mean squared error of ray colours. Held-out
 views are rendered at the bin centres and scored by PSNR.
 """
 
@@ -109,7 +109,7 @@ def render_rays(
 
 
 class NerfFamily(Family):
-    """The NeRF family of :func:`nerf_pinn.experiment.compare`."""
+    """The NeRF family of `nerf_pinn.experiment.compare`."""
 
     name = "nerf"
     metric = "psnr"

@@ -4,7 +4,7 @@ The network maps ``(t, x)``, rescaled to ``[-1, 1]^2``, through ``depth`` tanh l
 ``u``. The loss is the mean squared misfit at ``num_boundary`` initial/boundary points (``u(0, x) = -sin(pi
 x)``, ``u(t, +-1) = 0``) plus the mean squared residual ``u_t + u u_x - nu u_xx`` at ``num_collocation``
 points (Sobol, as Raissi's Latin hypercube: space-filling). Adam first, then L-BFGS with a strong-Wolfe line
-search. The error is the relative L2 error against :func:`nerf_pinn.burgers.burgers_solution` on the
+search. The error is the relative L2 error against `nerf_pinn.burgers.burgers_solution` on the
 classic 256 x 100 grid.
 """
 
@@ -81,7 +81,7 @@ def training_points(
 
 
 class PinnFamily(Family):
-    """The PINN family of :func:`nerf_pinn.experiment.compare`."""
+    """The PINN family of `nerf_pinn.experiment.compare`."""
 
     name = "pinn"
     metric = "relative_l2"

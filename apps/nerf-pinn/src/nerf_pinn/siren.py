@@ -106,7 +106,7 @@ class Siren(nn.Module):
 
 
 class SirenFamily(Family):
-    """The SIREN family of :func:`nerf_pinn.experiment.compare`."""
+    """The SIREN family of `nerf_pinn.experiment.compare`."""
 
     name = "siren"
     metric = "psnr"

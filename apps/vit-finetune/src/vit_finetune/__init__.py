@@ -1,6 +1,6 @@
 """ViT fine-tuning with the MLPs of the last k blocks replaced by RaLiMP, SNNK or EUGen (``vit-finetune``).
 
-::
+Usage:
 
     from vit_finetune import ViT, build_model, replace_mlps, swap_attention
     model, spec = build_model("vit_base_patch16_224.augreg_in21k", num_classes=100, weights="model.pth")

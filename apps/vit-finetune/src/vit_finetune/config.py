@@ -19,7 +19,7 @@ class TrainConfig:
     The protocol of the RaLiMP paper's ViT experiments: the MLPs of the last ``k`` blocks replaced
     (initialized from the pretrained ones), the whole network fine-tuned with cross-entropy, AdamW, a
     one-cycle schedule (10% linear warm-up, cosine annealing to 0), gradient-norm clipping at 1.0, float32,
-    seed 0. Fields left at None take the data set's defaults (:data:`vit_finetune.data.DATASETS`).
+    seed 0. Fields left at None take the data set's defaults (`vit_finetune.data.DATASETS`).
     """
 
     data: str = field(default="digits", metadata={"help": "data set", "choices": tuple(DATASETS.names())})

@@ -13,7 +13,7 @@ import csv
 from pathlib import Path
 
 import app_common as ac
-from rf_matrices import markdown_table
+from spectraformer_core import markdown_table
 from vit_finetune.config import ReportConfig
 
 HEADER = [
@@ -52,7 +52,7 @@ def dense_accuracy(records: list[dict], record: dict) -> float | None:
 
 
 def table_rows(records: list[dict]) -> list[list[str]]:
-    """The rows of :data:`HEADER`."""
+    """The rows of `HEADER`."""
     rows = []
     for r in sorted(
         records, key=lambda r: (r["data"], r["model"], r["layer"] != "dense", r["layer"], r["last_k"])

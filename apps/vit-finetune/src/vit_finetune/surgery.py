@@ -1,6 +1,6 @@
 """Changes made to a pretrained ViT: last k MLPs linearized, their attention swapped, MLP pairs compressed.
 
-::
+Usage:
 
     replace_mlps(model, "ralimp", last_k=4, features=32, seed=0)      # ralimp.replace_mlp with a budget
     swap_attention(model, "performer", last_k=4, num_features=128)    # rf_attention.create, qkv/proj copied
@@ -17,7 +17,7 @@ from torch import nn
 
 import ralimp
 import rf_attention
-from rf_matrices import Registry
+from spectraformer_core import Registry
 from vit_finetune.model import ViT
 
 #: ``layer kind -> (features -> constructor options)``: how a budget of ``F`` random features is spent.
@@ -65,7 +65,7 @@ def replace_mlps(
         layer: ``"dense"`` (no change) or a ``ralimp`` layer kind (``ralimp``, ``eugen``, ``snnk``,
             ``lowrank``).
         last_k: how many of the last blocks.
-        features: the random-feature budget ``F`` (see :data:`BUDGETS`).
+        features: the random-feature budget ``F`` (see `BUDGETS`).
         seed: seed of the projections (block ``i`` of the replaced ones gets ``seed + i``).
         options: more constructor options, winning over the budget's (``{"weight_matrix": "orf"}``).
 

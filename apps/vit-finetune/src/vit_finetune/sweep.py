@@ -25,7 +25,7 @@ def runs_of(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
 
 
 def run_sweep(sweep: SweepConfig, base: TrainConfig) -> list[dict]:
-    """Run every configuration of :func:`runs_of`; returns the records of the runs finished now."""
+    """Run every configuration of `runs_of`; returns the records of the runs finished now."""
     records = []
     for config in runs_of(sweep, base):
         record = train(config)

@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 #: Errors a subcommand raises for bad input (a wrong flag value, a missing file): reported, not traced.
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_REFERENCE = re.compile(r"\[`([^`]+)`\]\[[^\]]*\]")
+_LITERAL = re.compile(r"``([^`]*)``")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def plain_text(text: str | None) -> str:
+    """A docstring as plain text for ``--help``.
+
+    Cross-references (mkdocstrings' ``[`name`][path]`` and reST roles) become their name, back-quoted
+    code loses its quotes, and a closing ``::`` becomes ``:``.
+    """
+    if not text:
+        return ""
+
+    def role(match: re.Match) -> str:
+        name = match.group(1).strip()
+        return name.rsplit(".", 1)[-1] if match.group(0)[match.group(0).index("`") + 1] == "~" else name
+
+    text = _REFERENCE.sub(r"\1", _ROLE.sub(role, text))
+    return _CODE.sub(r"\1", _LITERAL.sub(r"\1", text)).replace("::\n", ":\n")
 
 
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line) and call the subcommand's ``run(args)``.
 
     Subcommands set ``run`` with ``set_defaults(run=...)`` and are stored as ``args.command``. A
-    :data:`USER_ERRORS` exception exits with status 2 and ``"<prog> <command>: error: <message>"``.
+    [`USER_ERRORS`][app_common.USER_ERRORS] exception exits with status 2 and
+    ``"<prog> <command>: error: <message>"``.
 
     Returns:
         0 on success.

@@ -10,8 +10,8 @@ A cache folder holds, for every split and document ``k`` (0, and 1 for Retrieval
 - ``manifest.json``: task, source, tokenization (vocabulary), maximum length, and per split the counts,
   label histogram, length statistics, and each file's dtype, element count and SHA-256.
 
-The manifest is written last, so an interrupted run leaves no loadable cache. :func:`load` checks the
-manifest against the files (sizes always, checksums unless ``verify=False``) and refuses any mismatch.
+The manifest is written last, so an interrupted run leaves no loadable cache. [`load`][lra_data.load] checks
+the manifest against the files (sizes always, checksums unless ``verify=False``) and refuses any mismatch.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _sha256(path: Path) -> str:
 
 
 class CacheWriter:
-    """Writes one task's splits into a cache folder; :meth:`finish` writes the manifest.
+    """Writes one task's splits into a cache folder; `finish` writes the manifest.
 
     Args:
         folder: the cache folder (created if missing).
@@ -266,7 +266,7 @@ class LRADataset(torch.utils.data.Dataset):
 
     Item ``i`` is ``(tokens, label)``: ``tokens`` an ``int64`` tensor ``(length,)`` without padding,
     ``label`` an int; for Retrieval ``((tokens_0, tokens_1), label)``. Batch it with
-    :func:`lra_data.collate`.
+    [`lra_data.collate`][lra_data.collate].
 
     Attributes:
         task: the task name.

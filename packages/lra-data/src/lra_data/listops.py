@@ -165,7 +165,7 @@ def evaluate_listops(source: str) -> int:
 def iter_listops(
     n: int, *, seed: int, config: ListOpsConfig | None = None, max_attempts: int | None = None
 ) -> Iterator[tuple[str, int]]:
-    """Yield ``n`` expressions ``(source, label)`` one at a time; see :func:`generate_listops`."""
+    """Yield ``n`` expressions ``(source, label)`` one at a time; see `generate_listops`."""
     if n < 0:
         raise ValueError(f"n: expected a count >= 0, got {n}")
     config = config or ListOpsConfig()
@@ -199,18 +199,18 @@ def generate_listops(
 ) -> list[tuple[str, int]]:
     """``n`` random ListOps expressions in the release's format, with their values as labels.
 
-    Follows the LRA generator: draw trees (:func:`generate_tree`) and keep those whose length (operators,
-    digits and ``]``) lies strictly between ``min_length`` and ``max_length``; the label is the tree's
-    value. The same ``seed`` gives the same list on every run and machine.
+    Follows the LRA generator: draw trees ([`generate_tree`][lra_data.generate_tree]) and keep those whose
+    length (operators, digits and ``]``) lies strictly between ``min_length`` and ``max_length``; the label is
+    the tree's value. The same ``seed`` gives the same list on every run and machine.
 
     Args:
         n: number of expressions.
         seed: seed of the random stream (``random.Random(seed)``).
-        max_depth: see :class:`ListOpsConfig`.
-        max_args: see :class:`ListOpsConfig`.
-        min_length: see :class:`ListOpsConfig`.
-        max_length: see :class:`ListOpsConfig`.
-        operator_prob: see :class:`ListOpsConfig`.
+        max_depth: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        max_args: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        min_length: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        max_length: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        operator_prob: see [`ListOpsConfig`][lra_data.ListOpsConfig].
         max_attempts: trees drawn at most before giving up (default ``1000 * n + 100000``).
 
     Returns:

@@ -188,7 +188,7 @@ def draw_pathfinder(
 def iter_pathfinder(
     n: int, *, seed: int, config: PathfinderConfig | None = None
 ) -> Iterator[PathfinderSample]:
-    """Yield ``n`` samples one at a time; see :func:`generate_pathfinder`."""
+    """Yield ``n`` samples one at a time; see [`generate_pathfinder`][lra_data.generate_pathfinder]."""
     if n < 0:
         raise ValueError(f"n: expected a count >= 0, got {n}")
     g = torch.Generator().manual_seed(seed)

@@ -1,9 +1,10 @@
 """Readers of the data sets' own file formats, yielding ``(tokens, label)`` examples.
 
 Every reader checks what it reads and raises, naming the file (and line), instead of skipping anything:
-:class:`~lra_data.errors.DataFormatError` for malformed content, :class:`FileNotFoundError` for a missing
-file. Tokens are ``int64`` numpy arrays in the tokenization of :mod:`lra_data.tokenizers`, not yet
-truncated (the cache writer truncates to the task's length); Retrieval examples carry a pair of arrays.
+[`DataFormatError`][lra_data.DataFormatError] for malformed content, `FileNotFoundError` for a missing
+file. Tokens are ``int64`` numpy arrays in the tokenization of [`lra_data.tokenizers`][lra_data.tokenizers],
+not yet truncated (the cache writer truncates to the task's length); Retrieval examples carry a pair of
+arrays.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def read_listops_tsv(path: str | Path) -> Iterator[Example]:
     """Examples of a ListOps release TSV (``basic_{train,val,test}.tsv``).
 
     The file starts with the header ``Source<TAB>Target``; each line holds the parenthesized expression and
-    its value ``0``-``9``. Tokens are :func:`~lra_data.tokenizers.tokenize_listops` ids.
+    its value ``0``-``9``. Tokens are [`tokenize_listops`][lra_data.tokenize_listops] ids.
     """
     path = Path(path)
     lines = _lines(path)
@@ -268,7 +269,8 @@ def read_pathfinder(
     """Examples of one Pathfinder difficulty folder (e.g. ``pathfinder32/curv_contour_length_14``).
 
     All images listed in the metadata are split 80/10/10 by a permutation seeded with ``seed``
-    (:func:`pathfinder_split_indices`); each image must be ``image_size x image_size``.
+    ([`pathfinder_split_indices`][lra_data.pathfinder_split_indices]); each image must be
+    ``image_size x image_size``.
     """
     entries = pathfinder_metadata(folder)
     for index in pathfinder_split_indices(len(entries), split, seed).tolist():

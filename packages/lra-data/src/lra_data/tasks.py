@@ -52,7 +52,7 @@ class Task:
     """Everything ``prepare`` and ``load`` need to know about one task.
 
     Attributes:
-        name: the task's name (one of :data:`TASKS`).
+        name: the task's name (one of [`TASKS`][lra_data.TASKS]).
         num_classes: labels lie in ``[0, num_classes)``.
         max_length: tokens kept per document (longer ones are truncated).
         pair: two documents per example (Retrieval).
@@ -78,7 +78,7 @@ class Task:
     pickle_prefix: Callable[[ReleaseOptions], str] = field(repr=False)
 
     def locate(self, source: str | Path, options: ReleaseOptions) -> Path:
-        """The data folder below ``source`` that holds :attr:`marker`.
+        """The data folder below ``source`` that holds `marker`.
 
         Raises:
             FileNotFoundError: naming every place looked at.
@@ -206,11 +206,11 @@ TASK_SPECS: dict[str, Task] = {
         pickle_prefix=lambda options: f"pathfinder{options.image_size}-{options.difficulty_folder}",
     ),
 }
-"""Task name -> :class:`Task`."""
+"""Task name -> [`Task`][lra_data.Task]."""
 
 
 def task_spec(name: str) -> Task:
-    """The :class:`Task` called ``name``.
+    """The [`Task`][lra_data.Task] called ``name``.
 
     Raises:
         ValueError: an unknown name, listing the known ones.

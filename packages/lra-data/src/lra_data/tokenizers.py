@@ -3,7 +3,7 @@
 Token id 0 is padding and nothing else, in every task:
 
 - ListOps: ``0`` padding, then the operators ``[MAX [MIN [MED [SM``, the closing ``]`` and the digits
-  ``0``-``9`` (ids 1 to 15, :data:`LISTOPS_VOCAB`). The parentheses of the release's strings carry no
+  ``0``-``9`` (ids 1 to 15, `LISTOPS_VOCAB`). The parentheses of the release's strings carry no
   information and are dropped.
 - Text and Retrieval: byte ``b`` of the UTF-8 text becomes ``b + 1`` (vocabulary of 257).
 - Image and Pathfinder: gray value ``v`` in ``0..255`` becomes ``v + 1`` (vocabulary of 257), so a black

@@ -2,28 +2,40 @@
 
 ``activation(W x + b) ~ Psi(W) Phi(x)``: the activation is replaced by a rational fit (polynomial plus
 irreducible-quadratic atoms), the polynomial linearized by product features and each atom by its Laplace
-representation at Gauss-Laguerre nodes with complex-exponential random features::
+representation at Gauss-Laguerre nodes with complex-exponential random features:
 
     import ralimp
-    layer = ralimp.RaLiMP.from_linear(linear, "gelu", weight_matrix="orf", seed=0)
+    layer = ralimp.create("ralimp", linear, "gelu", budget=32, seed=0)  # num_random_features == 32
     y = layer(x)  # ~ gelu(linear(x))
-    ralimp.replace_mlp(model, "ralimp", last_k=4)
+    ralimp.replace_mlp(model, "ralimp", budget=32, last_k=4, inputs=batch, init="lstsq")
 """
 
 from ralimp.activations import ACTIVATIONS, activation_name
 from ralimp.base import CompressedLinearization, FeatureLinearization, PoleWidthWarning
-from ralimp.baselines import SNNK, EUGen, LowRank
+from ralimp.baselines import SNNK, Dense, EUGen, LowRank
+from ralimp.budget import BudgetError
 from ralimp.features import complex_exponential_features, cos_sin_estimate, product_features
 from ralimp.layer import RaLiMP
 from ralimp.quadrature import atom_quadrature_error, gauss_laguerre, resolvable_argument
 from ralimp.rational import RationalFunction, activation_fit, fit_rational
-from ralimp.replace import LAYERS, MLPBlock, create, find_mlp_blocks, names, register, replace_mlp
+from ralimp.replace import (
+    LAYERS,
+    MLPBlock,
+    calibration_inputs,
+    create,
+    find_mlp_blocks,
+    names,
+    register,
+    replace_mlp,
+)
 
 __all__ = [
     "ACTIVATIONS",
     "LAYERS",
     "SNNK",
+    "BudgetError",
     "CompressedLinearization",
+    "Dense",
     "EUGen",
     "FeatureLinearization",
     "LowRank",
@@ -34,6 +46,7 @@ __all__ = [
     "activation_fit",
     "activation_name",
     "atom_quadrature_error",
+    "calibration_inputs",
     "complex_exponential_features",
     "cos_sin_estimate",
     "create",

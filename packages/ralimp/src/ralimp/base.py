@@ -54,8 +54,10 @@ def seeds(seed: int | None, count: int) -> list[int]:
 class FeatureLinearization(nn.Module, abc.ABC):
     """A layer ``y = Psi(W) Phi(x)`` standing in for ``activation(x @ W.T + b)``.
 
-    Subclasses give :meth:`feature_map` (``Phi``, on the input) and :meth:`weight_features` (``Psi``, one row
-    per output unit); ``forward`` is one matmul, and :meth:`compress` folds a following linear layer in.
+    Subclasses give [`feature_map`][ralimp.FeatureLinearization.feature_map] (``Phi``, on the input) and
+    [`weight_features`][ralimp.FeatureLinearization.weight_features] (``Psi``, one row per output unit);
+    ``forward`` is one matmul, and [`compress`][ralimp.FeatureLinearization.compress] folds a following linear
+    layer in.
     """
 
     in_features: int
@@ -88,8 +90,9 @@ class FeatureLinearization(nn.Module, abc.ABC):
     def compress(self, next_linear: nn.Linear) -> CompressedLinearization:
         """Fold ``next_linear`` (``W'``, ``b'``) in: ``W' Psi(W) Phi(x) + b' = W_hat Phi(x) + b'`` (App. B).
 
-        Returns a :class:`CompressedLinearization` that computes ``next_linear(self(x))`` with one
-        ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later training of ``self`` does not reach it).
+        Returns a [`CompressedLinearization`][ralimp.CompressedLinearization] that computes
+        ``next_linear(self(x))`` with one ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later
+        training of ``self`` does not reach it).
         """
         if not isinstance(next_linear, nn.Linear) or next_linear.in_features != self.out_features:
             raise ValueError(
@@ -102,8 +105,13 @@ class FeatureLinearization(nn.Module, abc.ABC):
         return CompressedLinearization(self.frozen_feature_map(), w_hat.to(next_linear.weight.dtype), bias)
 
     def frozen_feature_map(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A snapshot of :meth:`feature_map` that no longer depends on this module's parameters."""
+        """A snapshot of `feature_map` that no longer depends on this module's parameters."""
         return FrozenFeatureMap(self)
+
+    @property
+    def feature_dim(self) -> int:
+        """``F``, the width of ``Phi(x)`` (the rank bound of every separable readout)."""
+        return self.psi().shape[-1]
 
     @classmethod
     def from_linear(
@@ -112,6 +120,8 @@ class FeatureLinearization(nn.Module, abc.ABC):
         activation: str | Callable = "gelu",
         *,
         sample: torch.Tensor | None = None,
+        init: str = "psi",
+        ridge: float = 1e-6,
         **kw: object,
     ):
         """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
@@ -119,11 +129,17 @@ class FeatureLinearization(nn.Module, abc.ABC):
         Args:
             linear: the pretrained ``nn.Linear``.
             activation: a registered activation name or an elementwise callable.
-            sample: optional inputs ``(..., in_features)`` used to calibrate data-dependent scales.
+            sample: calibration inputs ``(..., in_features)``: they set the data-dependent scales and, with
+                ``init="lstsq"``, the readout.
+            init: ``"psi"``, the paper's ``Psi(W)`` (unbiased for the fit, log-normal variance); or
+                ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
+                ``Phi(sample)`` (needs ``sample``; :meth:`fit_readout`).
+            ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
             **kw: constructor options of the class.
         """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        check_init(init, sample)
         kw.setdefault("device", linear.weight.device)
         kw.setdefault("dtype", linear.weight.dtype)
         layer = cls(
@@ -135,7 +151,38 @@ class FeatureLinearization(nn.Module, abc.ABC):
         )
         bias = None if linear.bias is None else linear.bias.detach()
         layer.load_linear(linear.weight.detach(), bias, sample=sample)
+        if init == "lstsq":
+            with torch.no_grad():
+                target = layer.target_function(activation)(linear(sample.to(linear.weight.dtype)))
+            layer.fit_readout(sample, target, ridge=ridge)
         return layer
+
+    def target_function(self, activation: str | Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The elementwise function ``init="lstsq"`` fits: the activation itself, not its surrogate."""
+        return resolve_activation(activation)[1]
+
+    @torch.no_grad()
+    def fit_readout(self, sample: torch.Tensor, target: torch.Tensor, *, ridge: float = 1e-6) -> None:
+        """Set the readout to the ridge least-squares fit of ``target`` on ``Phi(sample)``.
+
+        ``Psi = argmin ||Phi(X) Psi^T - Y||^2 + ridge N ||D Psi^T||^2`` with ``D`` the RMS of each feature
+        column (so the ridge is relative and scale-free), solved in float64.
+
+        Args:
+            sample: ``(..., in_features)``.
+            target: ``(..., out_features)``, e.g. ``activation(linear(sample))``.
+            ridge: relative ridge ``>= 0``.
+        """
+        check_input(sample, self.in_features)
+        if target.shape[:-1] != sample.shape[:-1] or target.shape[-1] != self.out_features:
+            raise ValueError(
+                f"target: expected shape {(*sample.shape[:-1], self.out_features)}, got {tuple(target.shape)}"
+            )
+        self.set_readout(ridge_readout(self.feature_map(sample), target, ridge))
+
+    def set_readout(self, psi: torch.Tensor) -> None:
+        """Make ``psi`` ``(out_features, F)`` the layer's trainable readout."""
+        raise NotImplementedError(f"{type(self).__name__} has no free readout")
 
     @abc.abstractmethod
     def load_linear(
@@ -187,6 +234,41 @@ class CompressedLinearization(nn.Module):
         return y.to(x.dtype)
 
 
+#: The initializations ``from_linear`` knows.
+INITS = ("psi", "lstsq")
+
+
+def check_init(init: object, sample: torch.Tensor | None) -> None:
+    """Raise a ``ValueError`` unless ``init`` is known and ``"lstsq"`` comes with a ``sample``."""
+    if init not in INITS:
+        raise ValueError(f"init: expected one of {INITS}, got {init!r}")
+    if init == "lstsq" and sample is None:
+        raise ValueError("sample: init='lstsq' fits the readout to a calibration sample; got sample=None")
+
+
+def ridge_readout(phi: torch.Tensor, target: torch.Tensor, ridge: float) -> torch.Tensor:
+    """``Psi (out, F)`` minimizing ``||phi Psi^T - target||^2 + ridge N ||D Psi^T||^2``, float64.
+
+    ``phi`` ``(..., F)`` and ``target`` ``(..., out)``; ``D`` holds the RMS of each column of ``phi``.
+    """
+    if not ridge >= 0:
+        raise ValueError(f"ridge: expected a number >= 0, got {ridge!r}")
+    x = phi.detach().reshape(-1, phi.shape[-1]).to(torch.float64)
+    y = target.detach().reshape(-1, target.shape[-1]).to(x)
+    if not torch.isfinite(x).all():
+        raise ValueError(
+            "sample: the features Phi(sample) overflow float64 (the random features grow like "
+            "exp(||x|| ||w||)); rescale the inputs or use fewer/larger-width poles"
+        )
+    scale = x.pow(2).mean(0).sqrt().clamp_min(1e-300)
+    xs = x / scale
+    gram = xs.mT @ xs / x.shape[0]
+    gram.diagonal().add_(ridge + 1e-12)
+    rhs = xs.mT @ y / x.shape[0]
+    solution = torch.linalg.lstsq(gram, rhs).solution if ridge == 0 else torch.linalg.solve(gram, rhs)
+    return (solution / scale.unsqueeze(-1)).mT
+
+
 def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> float:
     """RMS of ``t = x . w + b``.
 
@@ -213,5 +295,5 @@ class PoleWidthWarning(UserWarning):
 
 
 def warn_pole_width(message: str) -> None:
-    """Issue a :class:`PoleWidthWarning`."""
+    """Issue a [`PoleWidthWarning`][ralimp.PoleWidthWarning]."""
     warnings.warn(message, PoleWidthWarning, stacklevel=4)

@@ -1,6 +1,6 @@
 """The baselines RaLiMP is compared with: EUGen, SNNK and a low-rank factorization.
 
-All take the same constructor style as :class:`ralimp.RaLiMP` (``in_features, out_features, *,
+All take the same constructor style as [`ralimp.RaLiMP`][ralimp.RaLiMP] (``in_features, out_features, *,
 activation, ..., bias, weight_matrix, seed``) and ``from_linear(linear, activation, **kw)``.
 """
 
@@ -16,15 +16,23 @@ import rf_matrices
 from ralimp.base import (
     FeatureLinearization,
     augmented,
+    check_init,
     check_input,
     resolve_activation,
     rms_input_norm,
     seeds,
     work_dtype,
 )
+from ralimp.budget import BudgetError, check_budget, check_count, exact_share
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.rational import DEFAULT_INTERVAL, activation_fit, fit_rational
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
+
+
+def refuse_fixed(name: str, overrides: dict) -> None:
+    """A :class:`BudgetError` when ``overrides`` sets the size the budget decides."""
+    if name in overrides:
+        raise BudgetError(f"{name}: set by the budget, got {name}={overrides[name]!r} as well")
 
 
 def _default_linear(out_features: int, in_features: int, bias: bool, factory: dict):
@@ -35,11 +43,12 @@ def _default_linear(out_features: int, in_features: int, bias: bool, factory: di
 class EUGen(FeatureLinearization):
     """Polynomial-only product features with a trainable ``Psi`` (Kim et al. 2025).
 
-    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]`` (:func:`ralimp.product_features`),
-    ``Psi`` a trainable ``(out, 1 + K m)`` matrix initialized as ``[c_0, c_n phi_n(w+) / m]`` with
-    ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial fit of the activation on ``interval``, so the
-    layer starts as an unbiased estimate of ``P(w . x + b)``. The ``||x||`` coordinate is EUGen's
-    augmentation; it enters at initialization with weight 0 and is available to training.
+    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]``
+    ([`ralimp.product_features`][ralimp.product_features]), ``Psi`` a trainable ``(out, 1 + K m)`` matrix
+    initialized as ``[c_0, c_n phi_n(w+) / m]`` with ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial
+    fit of the activation on ``interval``, so the layer starts as an unbiased estimate of ``P(w . x + b)``.
+    The ``||x||`` coordinate is EUGen's augmentation; it enters at initialization with weight 0 and is
+    available to training.
 
     Args:
         in_features: ``d``.
@@ -95,6 +104,23 @@ class EUGen(FeatureLinearization):
         """``m``, the rows of one projection (the paper's count)."""
         return self.matrices[0].num_features
 
+    @classmethod
+    def budget_options(
+        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+    ) -> dict[str, int]:
+        """``num_features``: ``m = B`` (``count="paper"``) or ``1 + K m = B`` (``"width"``)."""
+        budget, count = check_budget(budget), check_count(count)
+        refuse_fixed("num_features", overrides)
+        if count == "paper":
+            return {"num_features": budget}
+        return {
+            "num_features": exact_share(budget - 1, overrides.get("poly_degree", 2), "the products", budget)
+        }
+
+    def set_readout(self, psi: torch.Tensor) -> None:
+        """Copy ``psi`` ``(out_features, 1 + K m)`` into the trainable ``Psi``."""
+        self.psi_weight.copy_(psi)
+
     def _plus(self, u: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
         return torch.cat([u, norm], -1)
 
@@ -138,7 +164,7 @@ class SNNK(FeatureLinearization):
     ``4 T``), with probability ``|F_j| / sum |F|`` and weight ``A_r = F_j / (m p_j)``, so that
     ``Re sum_r A_r phi_r(x) phi_r(w)`` is unbiased for the series at ``t = x . w + b``. Real features
     ``[Re phi(x), Im phi(x)]``; ``Psi`` is initialized as ``[Re(A phi(w)), -Im(A phi(w))]``. As in RaLiMP,
-    the features are balanced (``x / lambda``, ``lambda w``).
+    ``balance`` evaluates the features at ``x / lambda`` and ``lambda w``.
 
     ``variant="relu"``: SNNK's ReLU variant ``phi(u) = relu(G u) / sqrt(m)`` on ``u = [x; 1]``, ``Psi``
     initialized as ``phi([w; b])``: this estimates the arc-cosine kernel of ``(x, w)``, not ``relu(x . w)``.
@@ -150,6 +176,8 @@ class SNNK(FeatureLinearization):
         num_features: ``m``.
         variant: ``"fourier"`` or ``"relu"``.
         num_terms: terms of the Fourier series.
+        balance: ``lambda`` (1, the default, is the plain estimator) or ``"auto"``:
+            ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||`` on the ``sample`` of ``from_linear`` (a departure).
         bias: fold a bias in.
         weight_matrix: ``rf_matrices`` name of ``G``.
         seed: seed of ``G`` and of the frequency draw.
@@ -167,6 +195,7 @@ class SNNK(FeatureLinearization):
         num_features: int = 32,
         variant: str = "fourier",
         num_terms: int = 12,
+        balance: float | str = 1.0,
         bias: bool = True,
         weight_matrix: str | type = "base",
         seed: int | None = None,
@@ -179,7 +208,9 @@ class SNNK(FeatureLinearization):
             raise ValueError(f"variant: expected 'fourier' or 'relu', got {variant!r}")
         self.in_features = check_positive_int("in_features", in_features)
         self.out_features = check_positive_int("out_features", out_features)
-        self.variant = variant
+        if not (balance == "auto" or (isinstance(balance, int | float) and balance > 0)):
+            raise ValueError(f"balance: expected 'auto' or a positive number, got {balance!r}")
+        self.variant, self.balance_option = variant, balance
         factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.activation_name, self.fn = resolve_activation(activation)
         matrix_seed, draw_seed = seeds(seed, 2)
@@ -226,6 +257,21 @@ class SNNK(FeatureLinearization):
         """``m``, the projections (``2 m`` real features for the Fourier variant)."""
         return self.matrix.num_features
 
+    @classmethod
+    def budget_options(
+        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+    ) -> dict[str, int]:
+        """``num_features``: ``m = B`` (``count="paper"``), or ``2 m = B`` (``"width"``)."""
+        budget, count = check_budget(budget), check_count(count)
+        refuse_fixed("num_features", overrides)
+        if count == "paper" or overrides.get("variant", "fourier") == "relu":
+            return {"num_features": budget}
+        return {"num_features": exact_share(budget, 2, "[Re phi, Im phi]", budget)}
+
+    def set_readout(self, psi: torch.Tensor) -> None:
+        """Copy ``psi`` ``(out_features, F)`` into the trainable ``Psi``."""
+        self.psi_weight.copy_(psi)
+
     def _features(
         self, u: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
@@ -254,7 +300,7 @@ class SNNK(FeatureLinearization):
     ) -> None:
         """``Psi = phi([w; b])`` with the representation's weights folded in.
 
-        ``sample`` calibrates ``lambda``.
+        ``sample`` calibrates ``balance="auto"``.
         """
         dtype = torch.float64
         b = torch.zeros_like(weight[:, :1]) if bias is None else bias.unsqueeze(-1)
@@ -263,8 +309,11 @@ class SNNK(FeatureLinearization):
             self.psi_weight.copy_(self._features(u, dtype))
             return
         lam = (
-            rms_input_norm(self.in_features, sample) / max(float(u.pow(2).sum(-1).mean()) ** 0.5, 1e-12)
-        ) ** 0.5
+            (rms_input_norm(self.in_features, sample) / max(float(u.pow(2).sum(-1).mean()) ** 0.5, 1e-12))
+            ** 0.5
+            if self.balance_option == "auto"
+            else float(self.balance_option)
+        )
         self.scale.fill_(lam)
         re, im = self._features(u * lam, dtype)
         amp = self._amplitude.to(u.device)
@@ -319,25 +368,67 @@ class LowRank(nn.Module):
         """The rank (the budget the paper matches across methods)."""
         return self.rank
 
+    @property
+    def feature_dim(self) -> int:
+        """The rank ``r``, the width between ``V`` and ``U``."""
+        return self.rank
+
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str | Callable = "gelu", **kw) -> LowRank:
-        """The rank-``r`` truncated SVD of ``linear.weight`` (best in Frobenius norm, Eckart-Young)."""
+    def budget_options(
+        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+    ) -> dict[str, int]:
+        """``rank = B`` under both counting rules."""
+        check_count(count)
+        refuse_fixed("rank", overrides)
+        return {"rank": check_budget(budget)}
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        activation: str | Callable = "gelu",
+        *,
+        sample: torch.Tensor | None = None,
+        init: str = "psi",
+        ridge: float = 1e-6,
+        **kw,
+    ) -> LowRank:
+        """``U V``: the rank-``r`` truncated SVD of ``linear.weight`` (Eckart-Young).
+
+        ``init="psi"``: the plain SVD, best in Frobenius norm. ``init="lstsq"``: best in the least-squares
+        sense on ``sample``, ``min ||(W - U V) x||^2`` over the sample (SVD of ``W L`` with ``L L^T`` the
+        sample's second-moment matrix plus ``ridge`` times its mean eigenvalue).
+        """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
-        kw.pop("sample", None)
+        check_init(init, sample)
         kw.setdefault("device", linear.weight.device)
         kw.setdefault("dtype", linear.weight.dtype)
         layer = cls(
             linear.in_features, linear.out_features, activation=activation, bias=linear.bias is not None, **kw
         )
+        weight = linear.weight.detach().to(torch.float64)
         with torch.no_grad():
-            u, s, vh = torch.linalg.svd(linear.weight.detach().to(torch.float64), full_matrices=False)
+            if init == "lstsq":
+                x = (
+                    check_input(sample, linear.in_features)
+                    .detach()
+                    .reshape(-1, linear.in_features)
+                    .to(weight)
+                )
+                second = x.mT @ x / x.shape[0]
+                second.diagonal().add_(ridge * float(second.diagonal().mean()) + 1e-12)
+                root = torch.linalg.cholesky(second)
+                u, s, vh = torch.linalg.svd(weight @ root, full_matrices=False)
+                vh = torch.linalg.solve_triangular(root, vh, upper=False, left=False)
+            else:
+                u, s, vh = torch.linalg.svd(weight, full_matrices=False)
             r = min(layer.rank, s.numel())
-            root = s[:r].sqrt()
+            root_s = s[:r].sqrt()
             layer.up.weight.zero_()
             layer.down.weight.zero_()
-            layer.up.weight[:, :r] = u[:, :r] * root
-            layer.down.weight[:r] = root.unsqueeze(-1) * vh[:r]
+            layer.up.weight[:, :r] = u[:, :r] * root_s
+            layer.down.weight[:r] = root_s.unsqueeze(-1) * vh[:r]
             if linear.bias is not None:
                 layer.up.bias.copy_(linear.bias)
         return layer
@@ -346,3 +437,81 @@ class LowRank(nn.Module):
         """``activation(U (V x) + b)``."""
         check_input(x, self.in_features)
         return self.fn(self.up(self.down(x)))
+
+
+class Dense(nn.Module):
+    """``activation(linear(x))`` itself: the dense reference, :func:`ralimp.create`'s ``"dense"``.
+
+    Args:
+        in_features: ``d``.
+        out_features: ``l``.
+        activation: registered name or elementwise callable (applied exactly).
+        bias: learn a bias.
+        seed: accepted for a call uniform with the other kinds; nothing is random.
+        device: where parameters live.
+        dtype: parameter dtype.
+    """
+
+    #: A dense layer has no random features; its budget is None.
+    num_random_features = None
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        activation: str | Callable = "gelu",
+        bias: bool = True,
+        seed: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
+        self.activation_name, self.fn = resolve_activation(activation)
+        self.linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+
+    @property
+    def feature_dim(self) -> int:
+        """The hidden width ``l``."""
+        return self.out_features
+
+    @classmethod
+    def budget_options(
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: object
+    ) -> dict[str, int]:
+        """No options: the dense layer spends no random features, so ``budget`` must be None."""
+        check_count(count)
+        if budget is not None:
+            raise BudgetError(
+                f"budget: the dense layer has no random features; expected None, got {budget!r}"
+            )
+        return {}
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        activation: str | Callable = "gelu",
+        *,
+        sample: torch.Tensor | None = None,
+        init: str = "psi",
+        **kw,
+    ) -> Dense:
+        """A copy of ``linear`` followed by ``activation`` (exact: ``sample`` and ``init`` change nothing)."""
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        check_init(init, sample)
+        kw.setdefault("device", linear.weight.device)
+        kw.setdefault("dtype", linear.weight.dtype)
+        layer = cls(
+            linear.in_features, linear.out_features, activation=activation, bias=linear.bias is not None, **kw
+        )
+        layer.linear.load_state_dict(linear.state_dict())
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``activation(W x + b)``."""
+        check_input(x, self.in_features)
+        return self.fn(self.linear(x))

@@ -1,9 +1,9 @@
 """``ralimp-fit`` (or ``python -m ralimp.fit_activations``): recompute the shipped activation fits.
 
-Fits gelu, silu, tanh, sigmoid, softsign and relu on ``[-4, 4]`` with :func:`ralimp.fit_rational` for every
-``K = 1..3`` and ``J = 0..3``, writes ``fits.json`` (by default the package's own copy) and prints a Markdown
-table of the errors. ``--plot PATH`` also draws each activation's ``K = 2`` fits and their errors
-(needs matplotlib: the ``plot`` extra).
+Fits gelu, silu, tanh, sigmoid, softsign and relu on ``[-4, 4]`` with
+[`ralimp.fit_rational`][ralimp.fit_rational] for every ``K = 1..3`` and ``J = 0..3``, writes ``fits.json`` (by
+default the package's own copy) and prints a Markdown table of the errors. ``--plot PATH`` also draws each
+activation's ``K = 2`` fits and their errors (needs matplotlib: the ``plot`` extra).
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ from ralimp.base import (
     warn_pole_width,
     work_dtype,
 )
+from ralimp.budget import check_budget, check_count, ralimp_split
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.quadrature import gauss_laguerre, resolvable_argument
 from ralimp.rational import DEFAULT_INTERVAL, RationalFunction, activation_fit, fit_rational
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -39,7 +40,7 @@ class RaLiMP(FeatureLinearization):
     - ``P`` by EUGen product features on ``[x; 1]`` and ``[w; b]`` (``poly_features = m`` rows per factor);
     - each atom ``a_j`` by its Laplace representation, discretized at ``num_freqs`` Gauss-Laguerre nodes
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
-      random features (:func:`ralimp.complex_exponential_features`).
+      random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
     Poles live in the scaled variable ``v = t / tau^2`` (features evaluated at ``u / tau``): the trainable
     ``A', B', p', q'`` are the fit's ``A / tau^4, B / tau^2, p / tau^2, q / tau^2``, an exact change of
@@ -49,7 +50,8 @@ class RaLiMP(FeatureLinearization):
         in_features: ``d``.
         out_features: ``l``.
         activation: a registered name (``"gelu"``, ``"silu"``, ...), an elementwise callable (fitted now), or
-            a :class:`RationalFunction` (its ``K`` and ``J`` override ``poly_degree`` and ``num_atoms``).
+            a [`RationalFunction`][ralimp.RationalFunction] (its ``K`` and ``J`` override ``poly_degree`` and
+            ``num_atoms``).
         poly_degree: ``K``.
         poly_features: ``m`` of the polynomial block.
         num_atoms: ``J``.
@@ -64,12 +66,14 @@ class RaLiMP(FeatureLinearization):
         interval: the interval of the rational fit.
         tau_c: the constant ``c`` of ``tau="auto"``.
         balance: ``lambda`` of the rational features, evaluated at ``[x; 1] / lambda`` and ``lambda [w; b]``
-            (``t`` unchanged); ``"auto"`` takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which
-            minimizes ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1).
-            1 disables it.
+            (``t`` unchanged). 1 (the default) is the paper's layer. ``"auto"`` (a departure from the paper)
+            takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which minimizes
+            ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1); it keeps
+            float32 features finite when ``||x|| >> ||w||`` but cannot lower the bound of
+            :mod:`ralimp.variance`.
         resolution_tol: a pole whose atom the ``num_freqs``-node rule misses by more than this (relative to
             the atom's peak) somewhere on ``interval`` is too narrow: the fit is redone with ``q`` floored
-            (with a :class:`ralimp.PoleWidthWarning`).
+            (with a [`ralimp.PoleWidthWarning`][ralimp.PoleWidthWarning]).
         sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
         dtype: parameter dtype.
@@ -94,7 +98,7 @@ class RaLiMP(FeatureLinearization):
         seed: int | None = None,
         interval: tuple[float, float] = DEFAULT_INTERVAL,
         tau_c: float = 1.0,
-        balance: float | str = "auto",
+        balance: float | str = 1.0,
         resolution_tol: float = 0.5,
         sample: torch.Tensor | None = None,
         device: torch.device | str | None = None,
@@ -167,6 +171,7 @@ class RaLiMP(FeatureLinearization):
                 self.register_buffer(name, value)
         self.node_cos = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
         self.node_sin = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
+        self.readout: nn.Parameter | None = None
         self._cache: tuple[tuple, torch.Tensor] | None = None
         self.load_linear(
             self.weight.detach().clone(),
@@ -255,7 +260,47 @@ class RaLiMP(FeatureLinearization):
             self.atom_q_raw.copy_(_inverse_softplus(atoms[:, 3] / t2))
         self.node_cos.copy_(self.gammas.expand_as(self.node_cos))
         self.node_sin.copy_(self.gammas.expand_as(self.node_sin))
+        self.readout = None
         self._cache = None
+
+    def set_readout(self, psi: torch.Tensor) -> None:
+        """Replace ``Psi(W)`` by the free trainable readout ``psi`` ``(out_features, F)`` (``init="lstsq"``).
+
+        From then on ``W, b``, ``c_n``, ``A, B, p`` and the node coefficients no longer reach the output (the
+        readout absorbs them); the pole widths ``q`` still set the frequencies of ``Phi``.
+        """
+        if psi.shape != (self.out_features, self.feature_dim):
+            raise ValueError(
+                f"psi: expected shape {(self.out_features, self.feature_dim)}, got {tuple(psi.shape)}"
+            )
+        self.readout = nn.Parameter(psi.detach().to(self.weight))
+        self._cache = None
+
+    @classmethod
+    def budget_options(
+        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+    ) -> dict[str, int]:
+        """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
+
+        ``poly_degree``, ``num_atoms`` and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
+        :class:`RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
+        ``freq_features`` may be fixed there too.
+        """
+        if isinstance(activation, RationalFunction):
+            overrides = {
+                **overrides,
+                "poly_degree": activation.poly_degree,
+                "num_atoms": activation.num_atoms,
+            }
+        return ralimp_split(
+            check_budget(budget),
+            check_count(count),
+            poly_degree=overrides.get("poly_degree", 2),
+            num_atoms=overrides.get("num_atoms", 1),
+            num_freqs=overrides.get("num_freqs", 3),
+            poly_features=overrides.get("poly_features"),
+            freq_features=overrides.get("freq_features"),
+        )
 
     # ------------------------------------------------------------------------------------------- features
     @property
@@ -324,7 +369,12 @@ class RaLiMP(FeatureLinearization):
         return c_a * phase.cos() - c_b * phase.sin(), c_a * phase.sin() + c_b * phase.cos()
 
     def weight_features(self) -> torch.Tensor:
-        """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in."""
+        """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in.
+
+        The free readout instead, once :meth:`set_readout` (``init="lstsq"``) has set one.
+        """
+        if self.readout is not None:
+            return self.readout
         dtype = work_dtype(self.weight.dtype)
         w = self.weight.to(dtype)
         b = torch.zeros_like(w[:, 0]) if self.bias is None else self.bias.to(dtype)

@@ -1,12 +1,13 @@
 """Linear-time kernelized attention, exact softmax attention and efficient-attention baselines.
 
-Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is an attention::
+Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is an attention:
 
     import rf_attention
     attn = rf_attention.create("oprf-fastfoodl", dim=64, num_heads=2, num_features=128)
     y = attn(x, key_padding_mask=mask)   # (B, N, 64) -> (B, N, 64)
 """
 
+from rf_attention import naive
 from rf_attention.baselines import (
     BigBirdAttention,
     InformerAttention,
@@ -32,6 +33,7 @@ __all__ = [
     "SoftmaxAttention",
     "create",
     "linear_attention",
+    "naive",
     "names",
     "register",
     "rf_attention",

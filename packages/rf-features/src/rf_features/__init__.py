@@ -1,7 +1,7 @@
 """Component functions and random feature maps for the softmax kernel (Spectraformer Section 3.2).
 
 Any component function (``trigrf``, ``posrf``, ``posrf-hyp``, ``gerf``, ``oprf``, ``saderf``) combines with
-any ``rf_matrices`` weight matrix::
+any ``rf_matrices`` weight matrix:
 
     import rf_features
     fm = rf_features.create("oprf", weight_matrix="sgq", num_features=128, dim=32)

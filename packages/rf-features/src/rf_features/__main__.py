@@ -22,7 +22,8 @@ import torch
 import rf_matrices
 from rf_features.kernels import relative_mse
 from rf_features.registry import create, names
-from rf_matrices import demo_device, print_report
+from rf_matrices import print_report
+from spectraformer_core import resolve_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,7 +67,7 @@ def pair_errors(component, matrix, s, q, k, args, **options) -> list[float]:
 
 def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per (component, matrix) pair, one column per feature count."""
-    device = demo_device(args.device)
+    device = resolve_device(args.device)
     data = torch.Generator().manual_seed(0)
     scale = args.scale * args.dim**-0.25
     q = torch.randn(args.points, args.dim, generator=data) * scale
@@ -85,7 +86,7 @@ def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
 
 def norm_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per pair, one column per norm ``||q|| = ||k||``."""
-    device = demo_device(args.device)
+    device = resolve_device(args.device)
     data = torch.Generator().manual_seed(0)
     directions = torch.randn(2, args.points, args.dim, generator=data, dtype=torch.float64)
     directions = (directions / directions.norm(dim=-1, keepdim=True)).to(device)

@@ -8,8 +8,8 @@ Every one here is a member of the GERF family (Eq. 21, Likhosherstov et al. 2022
 
 which for omega ~ N(0, I) gives E[f^(1) f^(2)] = exp(-||x - y||^2 / 2). The softmax kernel is that times
 exp(||x||^2 / 2) exp(||y||^2 / 2) (Eq. 8), so here C becomes ``-s / 2``; the Gaussian target of
-``kernel="gaussian"`` is recovered in :class:`~rf_features.FeatureMap`. For ``s = -1``, B is imaginary and
-the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b omega.x), sin(b omega.x)]``
+``kernel="gaussian"`` is recovered in [`FeatureMap`][rf_features.FeatureMap]. For ``s = -1``, B is imaginary
+and the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b omega.x), sin(b omega.x)]``
 (``b = sqrt(1 - 4A)``) on both sides.
 """
 
@@ -93,7 +93,7 @@ class GERF(FeatureMap):
     Args:
         a: the real parameter ``A`` (``A < 1/4``; the variance is finite for ``A < 1/8`` when ``s = +1``).
         s: +1 for positive features, -1 for the trigonometric (complex) branch.
-        **kw: the :class:`~rf_features.FeatureMap` arguments.
+        **kw: the [`FeatureMap`][rf_features.FeatureMap] arguments.
     """
 
     def __init__(self, dim: int, *, a: float = 0.0, s: int = 1, **kw: Any) -> None:
@@ -208,7 +208,7 @@ class OPRF(FeatureMap):
         return {"a": torch.zeros(())}
 
     def statistics(self, q, k, query_mask, key_mask):
-        """``{"a": A}`` with ``A (...)`` from :func:`oprf_optimal_a`."""
+        """``{"a": A}`` with ``A (...)`` from [`oprf_optimal_a`][rf_features.oprf_optimal_a]."""
         return {"a": oprf_optimal_a(mean_pair_sqnorm(q, k, query_mask, key_mask), self.dim)}
 
     def log_features(self, projection, sqnorm, stats, is_query):
@@ -242,10 +242,11 @@ def saderf_psi(
 class SADERF(OPRF):
     """Simplified asymmetric dense-exponential random features (Eq. 23, Likhosherstov et al. 2023).
 
-    Queries become ``Psi q`` and keys ``Psi^-1 k`` with the diagonal ``Psi`` of :func:`saderf_psi`, which
-    leaves ``q . k`` (so the softmax kernel) unchanged and balances their per-coordinate scales; then OPRF
-    (GERF with the optimal ``A`` of Eq. 22, from the norms of the *transformed* inputs) is applied.
-    ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)`` of the original inputs.
+    Queries become ``Psi q`` and keys ``Psi^-1 k`` with the diagonal ``Psi`` of
+    [`saderf_psi`][rf_features.saderf_psi], which leaves ``q . k`` (so the softmax kernel) unchanged and
+    balances their per-coordinate scales; then OPRF (GERF with the optimal ``A`` of Eq. 22, from the norms of
+    the *transformed* inputs) is applied. ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)``
+    of the original inputs.
     """
 
     def running_statistics_defaults(self):

@@ -16,7 +16,8 @@ import torch
 
 from rf_matrices.kernels import relative_kernel_error
 from rf_matrices.registry import create, names
-from rf_matrices.report import demo_device, print_report
+from rf_matrices.report import print_report
+from spectraformer_core import resolve_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def error_table(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the table: one row per matrix, one column per feature count."""
-    device = demo_device(args.device)
+    device = resolve_device(args.device)
     data = torch.Generator().manual_seed(0)
     x = torch.randn(args.points, args.dim, generator=data) * (
         args.distance * args.sigma / (2 * args.dim) ** 0.5

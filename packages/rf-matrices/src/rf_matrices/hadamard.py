@@ -56,7 +56,7 @@ def _sylvester(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
 
 
 def hadamard_matrix(n: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The dense normalized Sylvester Hadamard matrix ``(n, n)``, the reference :func:`fwht` is tested on."""
+    """The dense normalized Sylvester Hadamard matrix ``(n, n)``, the reference `fwht` is tested on."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"n: expected a power of two, got {n}")
     h = torch.ones(1, 1, dtype=dtype)

@@ -8,12 +8,8 @@ import math
 import torch
 
 from rf_matrices.registry import register
-from rf_matrices.weight_matrix import (
-    DenseWeightMatrix,
-    check_positive_int,
-    chi_samples,
-    haar_orthogonal,
-)
+from rf_matrices.weight_matrix import DenseWeightMatrix, chi_samples, haar_orthogonal
+from spectraformer_core import check_positive_int
 
 #: Nodes closer than this are merged when the sparse grid is assembled.
 _MERGE_TOL = 1e-9

@@ -1,17 +1,17 @@
-"""The registry of weight matrices: :func:`create`, :func:`names`, :func:`register`."""
+"""The registry of weight matrices: `create`, `names`, `register`."""
 
 from __future__ import annotations
 
 import torch
 
-from rf_matrices._registry import Registry
 from rf_matrices.weight_matrix import WeightMatrix
+from spectraformer_core import Registry
 
 WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
 
 
 def register(name: str, *, override: bool = False):
-    """Class decorator adding a :class:`WeightMatrix` subclass under ``name``.
+    """Class decorator adding a [`WeightMatrix`][rf_matrices.WeightMatrix] subclass under ``name``.
 
     Example:
         >>> @register("rademacher")

@@ -1,32 +1,11 @@
-"""The :class:`WeightMatrix` interface shared by every weight matrix (Definition 3.1 of the paper)."""
+"""The `WeightMatrix` interface shared by every weight matrix (Definition 3.1 of the paper)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-
-def check_positive_int(name: str, value: object) -> int:
-    """``value`` as an int if it is an integer >= 1, else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    return value
-
-
-def make_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator:
-    """The generator a weight matrix draws from.
-
-    ``generator`` is used as it is; else a CPU generator seeded with ``seed``; else a CPU generator seeded
-    from the global torch RNG (so ``torch.manual_seed`` makes unseeded draws reproducible too). Drawing on
-    the CPU in float64 and moving the result makes the same seed give the same matrix on every device.
-    """
-    if generator is not None:
-        if seed is not None:
-            raise ValueError("seed, generator: pass at most one of them")
-        return generator
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item())
-    return torch.Generator().manual_seed(seed)
+from spectraformer_core import check_positive_int, make_generator
 
 
 def chi_samples(count: int, dof: int, generator: torch.Generator) -> torch.Tensor:
@@ -52,7 +31,7 @@ class WeightMatrix(nn.Module):
     Rows are draws for (or quadrature nodes of) the Gaussian ``N(0, I / sigma^2)``, the spectral density of
     the RBF kernel ``exp(-||x - y||^2 / (2 sigma^2))``, so ``E[W.T @ W] / s = I / sigma^2``.
 
-    Subclasses implement :meth:`forward` (``x @ W.T``, fast for structured matrices) and :meth:`_resample`,
+    Subclasses implement `forward` (``x @ W.T``, fast for structured matrices) and `_resample`,
     which fills the random state (buffers) from ``self.generator``. ``matrix()`` defaults to applying
     ``forward`` to the identity.
 
@@ -121,7 +100,7 @@ class WeightMatrix(nn.Module):
         return {"generator_state": self.generator.get_state()}
 
     def set_extra_state(self, state: dict) -> None:
-        """Restore the generator's state saved by :meth:`get_extra_state`."""
+        """Restore the generator's state saved by `get_extra_state`."""
         self.generator.set_state(state["generator_state"])
 
     def _set_state(self, learnable: tuple[str, ...] = (), **tensors: torch.Tensor) -> None:
@@ -169,7 +148,8 @@ class WeightMatrix(nn.Module):
 class DenseWeightMatrix(WeightMatrix):
     """A weight matrix stored as a dense ``(s, d)`` buffer ``weight``; ``forward`` is one matmul.
 
-    Subclasses implement :meth:`sample` returning unit-bandwidth rows in float64.
+    Subclasses implement [`sample`][rf_matrices.DenseWeightMatrix.sample] returning unit-bandwidth rows in
+    float64.
     """
 
     def __init__(self, num_features: int, dim: int, **kw) -> None:

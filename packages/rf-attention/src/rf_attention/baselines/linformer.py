@@ -7,10 +7,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from rf_attention.baselines._common import check_int, compute_dtype, key_validity
+from rf_attention.baselines._common import (
+    check_int,
+    compute_dtype,
+    key_validity,
+    seed_projections,
+    without_autocast,
+)
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 @register("linformer")
@@ -20,7 +26,7 @@ class LinformerAttention(MultiheadSelfAttention):
     Wang et al. 2020, "Linformer: Self-attention with linear complexity".
 
     Learned projections ``E, F (k, max_seq_len)`` per head shorten the keys and values along the sequence
-    (Eq. 7)::
+    (Eq. 7):
 
         softmax(q (E k)^T / sqrt(Dh)) (F v)
 
@@ -36,8 +42,8 @@ class LinformerAttention(MultiheadSelfAttention):
         num_features: the budget: projected length ``k``.
         max_seq_len: the longest sequence; longer ones raise a ``ValueError``.
         share_kv: one projection ``E = F``.
-        seed: seeds the projections' initial values.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        seed: seeds the initial values of ``E``, ``F`` and the projections.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
@@ -64,7 +70,9 @@ class LinformerAttention(MultiheadSelfAttention):
         else:
             self.F = nn.Parameter(torch.empty(num_heads, num_features, max_seq_len))
             nn.init.normal_(self.F, std=0.02, generator=generator)
+        seed_projections(self, generator)
 
+    @without_autocast
     def attend(self, q, k, v, key_padding_mask):
         """Eq. 7 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         n = q.shape[-2]
