@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import copy
 import math
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -288,9 +287,8 @@ def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
 
 
 class PoleWidthWarning(UserWarning):
-    """A pole is too narrow for the layer's Gauss-Laguerre nodes; its width was floored."""
+    """Formerly issued when a pole was too narrow for the Gauss-Laguerre nodes; no longer issued.
 
-
-def warn_pole_width(message: str) -> None:
-    """Issue a :class:`PoleWidthWarning`."""
-    warnings.warn(message, PoleWidthWarning, stacklevel=4)
+    The fit is now made in the layer's discretized basis (:func:`ralimp.fit_discretized`), so no pole has to
+    be resolved by the nodes. The class stays importable for warning filters that name it.
+    """
