@@ -100,8 +100,8 @@ for _name, _folder in MEMBERS.items():
 
 @nox.session(name="tests-all", default=True)
 def tests_all(session: nox.Session) -> None:
-    """Run every member's tests together, with the whole workspace installed."""
-    sync(session, "--all-packages", "--group", "test")
+    """Run every member's tests together, with the whole workspace and its optional extras installed."""
+    sync(session, "--all-packages", "--all-extras", "--group", "test")
     session.run("pytest", *[str(folder / "tests") for folder in MEMBERS.values()], *session.posargs)
 
 
@@ -118,6 +118,13 @@ def docs(session: nox.Session) -> None:
     """Build the mkdocs-material site with --strict (every warning fails)."""
     sync(session, "--only-group", "docs")
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session(default=True)
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict, on spectraformer-core, rf-matrices and lra-data (settings: [tool.mypy] in pyproject)."""
+    sync(session, "--all-packages", "--group", "typecheck")
+    session.run("mypy", *session.posargs)
 
 
 @nox.session(default=False)

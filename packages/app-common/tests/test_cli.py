@@ -40,3 +40,17 @@ def test_plain_text_drops_sphinx_roles_and_literal_quotes():
     )
     assert plain_text(text) == "See run_name and app_common (Checkpointer)."
     assert plain_text(None) == ""
+
+
+def test_app_parser_shows_the_plain_summary_and_the_subcommand_list(capsys):
+    from app_common import app_parser
+
+    parser, commands = app_parser("tool", "tool: does ``things``.\n\nSubcommands:\n\n- go: goes.\n")
+    commands.add_parser("go")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "tool: does things." in text
+    assert "- go: goes." in text
+    with pytest.raises(SystemExit):
+        parser.parse_args([])  # a subcommand is required

@@ -166,3 +166,15 @@ def test_a_step_sees_earlier_tokens_only_through_the_state():
     _, other_state = module.prefill(changed[:, :11])
     y_other, _ = module.step(x[:, 11:], other_state)
     assert not torch.allclose(y, y_other)  # the state carries the prefix, nothing else does
+
+
+@pytest.mark.parametrize("name", ["softmax", "oprf-orf", "trigrf-orf"])
+def test_a_step_of_several_tokens_equals_the_forward(name):
+    module = trained(name)
+    x = randn(2, 40, DIM, seed=7)
+    with torch.no_grad():
+        full = module(x)
+        head, state = module.prefill(x[:, :10])
+        middle, state = module.step(x[:, 10:33], state)  # one block of 23 positions over the state
+        tail, _ = decode(module, x[:, 33:], state)
+    torch.testing.assert_close(torch.cat([head, middle, tail], dim=1), full)

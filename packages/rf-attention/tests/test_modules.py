@@ -33,7 +33,7 @@ def test_step_refuses_an_integer_input_by_name():
 
 def _created_under_global_seed(name, global_seed, seed):
     torch.manual_seed(global_seed)
-    return rf_attention.create(name, 16, 2, num_features=16, seed=seed).eval()  # sgq: >= 2 * head_dim
+    return rf_attention.create(name, 16, 2, num_features=16, seed=seed).eval()
 
 
 @pytest.mark.parametrize("name", rf_attention.names())

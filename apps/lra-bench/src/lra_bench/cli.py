@@ -29,12 +29,7 @@ _TOML_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``lra-bench`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="lra-bench",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("lra-bench", __doc__)
 
     train = commands.add_parser(
         "train", help="one training run", description=ac.plain_text(TrainConfig.__doc__)

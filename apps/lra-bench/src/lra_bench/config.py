@@ -62,7 +62,7 @@ def table6_row(task: str, overrides: Mapping[str, Mapping[str, Any]] | None = No
 
     Raises:
         ValueError: an unknown task, or an override that is no field of
-        [`TaskHyperparameters`][lra_bench.TaskHyperparameters].
+            [`TaskHyperparameters`][lra_bench.TaskHyperparameters].
     """
     if task not in TABLE_6:
         raise ValueError(f"--task: unknown {task!r}; expected one of {', '.join(lra_data.TASKS)}")

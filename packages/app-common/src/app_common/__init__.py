@@ -33,7 +33,7 @@ from app_common.checkpoint import (
     save_checkpoint,
     state_dicts,
 )
-from app_common.cli import USER_ERRORS, plain_text, run_cli
+from app_common.cli import USER_ERRORS, app_parser, plain_text, run_cli
 from app_common.config import (
     add_config_argument,
     add_dataclass_arguments,
@@ -107,6 +107,7 @@ __all__ = [
     "add_dataclass_arguments",
     "all_gather_object",
     "all_reduce",
+    "app_parser",
     "append_jsonl",
     "autocast",
     "barrier",

@@ -32,6 +32,27 @@ def plain_text(text: str | None) -> str:
     return _CODE.sub(r"\1", _LITERAL.sub(r"\1", text)).replace("::\n", ":\n")
 
 
+def app_parser(prog: str, doc: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """An app's parser and its subcommands: ``doc``'s first paragraph is the description, the rest the epilog.
+
+    Args:
+        prog: the console script (``lra-bench``).
+        doc: the CLI module's docstring, plain text (its subcommand list shows in ``--help``).
+
+    Returns:
+        ``(parser, commands)``; add subcommands with ``commands.add_parser`` and ``set_defaults(run=...)``.
+    """
+    summary, _, rest = plain_text(doc).partition("\n\n")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=summary,
+        epilog=rest or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    return parser, commands
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line) and call the subcommand's ``run(args)``.
 

@@ -167,6 +167,11 @@ def recurrent_attention(
     acc = state.numerator.dtype
     eps = torch.finfo(acc).eps if eps is None else eps
     phi_q, phi_k, key_log_scale, v = phi_q.to(acc), phi_k.to(acc), key_log_scale.to(acc), v.to(acc)
+    if phi_q.shape[-2] == 1:  # one token: it sees the state updated with its own key
+        state = accumulate_keys(state, phi_k, key_log_scale, v)
+        bound = phi_q.abs() @ state.magnitude.unsqueeze(-1)
+        den = guarded_denominator(phi_q @ state.normalizer.unsqueeze(-1), bound, eps)[0]
+        return (phi_q @ state.numerator) / den, state
     outs = []
     for start in range(0, phi_q.shape[-2], block_size):
         part = slice(start, start + block_size)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -61,7 +63,7 @@ def smolyak_gauss_hermite(dim: int, degree: int) -> tuple[torch.Tensor, torch.Te
     return _merge(torch.cat(points), torch.cat(weights))
 
 
-def _compositions(total: int, dim: int):
+def _compositions(total: int, dim: int) -> Iterator[tuple[list[int], list[int]]]:
     """Multi-indices ``k >= 0`` of ``dim`` entries summing to ``total``, as (support, nonzero values)."""
     if total == 0:
         yield [], []
@@ -72,7 +74,7 @@ def _compositions(total: int, dim: int):
                 yield list(support), list(parts)
 
 
-def _positive_parts(total: int, size: int):
+def _positive_parts(total: int, size: int) -> Iterator[tuple[int, ...]]:
     if size == 1:
         yield (total,)
         return
@@ -155,7 +157,7 @@ class SGQ(DenseWeightMatrix):
         antipodal: bool = False,
         degree: int = 3,
         rotate: bool = True,
-        **kw,
+        **kw: Any,
     ) -> None:
         check_positive_int("num_features", num_features)
         check_positive_int("dim", dim)
@@ -217,6 +219,8 @@ class SGQ(DenseWeightMatrix):
             torch.cat((origin, nodes.reshape(-1, self.dim))),
             torch.cat(((1 - weights.sum()).reshape(1), weights)),
         )
+
+    quadrature_weights: torch.Tensor  # (s,), absent for "stiefel"
 
     def _resample(self) -> None:
         nodes, weights = self._sample_with_weights()

@@ -14,7 +14,6 @@ from rf_attention.baselines._common import (
     compute_dtype,
     key_validity,
     masked_softmax,
-    seed_projections,
     without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
@@ -109,8 +108,9 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
             raise ValueError(f"n_buckets: expected 1, an even integer or None, got {n_buckets}")
         self.n_buckets = n_buckets
         self.qkv = SharedQueryKeyValue(dim, bias=kw.get("bias", True))
+        if seed is not None:
+            self.reset_projections(seed)  # after replacing qkv: the shared map is seeded too
         self.init_draws(seed)
-        seed_projections(self, self.generator)
 
     def bucket_count(self, num_chunks: int) -> int:
         """Buckets per round: ``n_buckets``, or the power of two in ``(chunks, 2 chunks]`` (at least 2)."""
