@@ -29,12 +29,18 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 - ``Eckart-Young``: the rank-``F`` floor of the target matrix, ``F`` the width of the layer's ``Phi``
   (no separable layer ``Psi Phi(x)`` of width ``F`` does better).
 
-Run: ``uv run --frozen --package ralimp python benchmarks/ralimp_layer.py [--table init]`` (``--help``).
+``--table variance``. At ``--widths``, budget 32, 1024 standard-normal inputs: the exact relative MSE of the
+``Psi(W)`` start with ``balance=1`` (the paper) and ``"auto"``, next to the sampled MSE (median of ``--seeds``
+draws, a lower bound), the median ``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the
+largest node (``ralimp.variance.log_second_moment_bound``).
+
+Run: ``uv run --frozen --package ralimp python benchmarks/ralimp_layer.py [--table init|variance]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import statistics
 import sys
@@ -54,7 +60,7 @@ KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=("speed", "init"), default="speed")
+    parser.add_argument("--table", choices=("speed", "init", "variance"), default="speed")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 768, 1280])
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 128, 512], help="--table init")
     parser.add_argument("--tokens", type=int, default=512, help="rows of the timed input batch")
@@ -93,6 +99,12 @@ def relative(error: torch.Tensor, target: torch.Tensor) -> float:
     return float(error.double().pow(2).sum() / target.double().pow(2).sum())
 
 
+def scientific(log_value: float) -> str:
+    """``exp(log_value)`` as ``1.23e+45``, also beyond float64's range."""
+    exponent = math.floor(log_value / math.log(10))
+    return f"{math.exp(log_value - exponent * math.log(10)):.3g}e{exponent:+d}"
+
+
 @torch.no_grad()
 def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tensor, seeds: int, budget: int):
     """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.variance`` has it."""
@@ -105,7 +117,7 @@ def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tens
             mean, log_var = layer.expected_output(t), variance.ralimp_log_variance(layer, x)
         else:
             mean, log_var = layer.fit(t), variance.eugen_variance(layer, fc1, x).log()
-        return f"{variance.expected_relative_mse(mean, log_var, target):.3g}", layer
+        return scientific(variance.expected_relative_mse(mean, log_var, target, log=True)), layer
     sampled = [
         relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x) - target, target)
         for s in range(seeds)
@@ -199,6 +211,43 @@ def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[li
     return rows
 
 
+@torch.no_grad()
+def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
+    """Exact against sampled MSE of the ``Psi(W)`` start at width ``d``, budget 32, and the bound."""
+    torch.manual_seed(0)
+    fc1 = nn.Linear(d, 4 * d).to(device)
+    x = torch.randn(1024, d, device=device)
+    t = fc1(x).double()
+    target = F.gelu(t)
+    u = torch.cat([x.double(), torch.ones_like(t[:, :1])], -1)
+    v = torch.cat([fc1.weight.double(), fc1.bias.double().unsqueeze(-1)], -1)
+    cos = (u @ v.mT) / (u.norm(dim=-1, keepdim=True) * v.norm(dim=-1))
+    rows = []
+    for balance in (1.0, "auto"):
+
+        def build(seed: int, balance=balance):
+            return ralimp.create("ralimp", fc1, "gelu", budget=32, balance=balance, sample=x, seed=seed)
+
+        layer = build(0)
+        exact = variance.expected_relative_mse(
+            layer.expected_output(t), variance.ralimp_log_variance(layer, x), target, log=True
+        )
+        sampled = statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds))
+        q = min(atom[3] for atom in layer.fit.atoms)
+        bound = variance.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
+        rows.append(
+            [
+                str(d),
+                str(balance),
+                scientific(exact),
+                f"{sampled:.3g}",
+                f"{float(cos.abs().median()):.3g}",
+                f"{float(bound.median()):.3g}",
+            ]
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the Markdown table with the machine and the command."""
     args = parse_args(argv)
@@ -220,9 +269,19 @@ def main(argv: list[str] | None = None) -> None:
             "rel. MSE at init (exact; >= sampled)",
         ]
         rows = [row for d in args.widths for row in speed_rows(d, args, device)]
-    else:
+    elif args.table == "init":
         header = ["d", "budget", "method", "F", "Psi(W)", "lstsq", "info floor", "Eckart-Young floor"]
         rows = [row for d in args.widths for row in init_rows(d, args, device)]
+    else:
+        header = [
+            "d",
+            "balance",
+            "exact rel. MSE",
+            "sampled (lower bound)",
+            "median cos",
+            "median bound s_max",
+        ]
+        rows = [row for d in args.widths for row in variance_rows(d, args, device)]
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as info:
