@@ -34,22 +34,21 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 draws, a lower bound), the median ``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the
 largest node (``ralimp.variance.log_second_moment_bound``).
 
-Run: ``uv run --frozen --package ralimp python benchmarks/ralimp_layer.py [--table init|variance]``.
+Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init|variance]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import app_common as ac
 import ralimp
 from ralimp import variance
 from ralimp.base import ridge_readout
@@ -75,23 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def timed(fn, repeats: int, device: torch.device) -> float:
     """Median wall time of ``fn()`` in seconds, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return ac.median_seconds(fn, repeats=repeats, warmup=2, device=device)
 
 
-def count(module: nn.Module) -> int:
-    """Trainable parameters."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+count = ac.count_parameters
 
 
 def relative(error: torch.Tensor, target: torch.Tensor) -> float:
@@ -253,9 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = ac.resolve_device(args.device)
     if args.table == "speed":
         header = [
             "d",
@@ -282,13 +266,7 @@ def main(argv: list[str] | None = None) -> None:
             "median bound s_max",
         ]
         rows = [row for d in args.widths for row in variance_rows(d, args, device)]
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+    machine = ac.device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
         f"tokens {args.tokens}; eval rows {args.eval_rows}; calibration rows {args.calibration_rows}"

@@ -10,24 +10,16 @@ Times ``w(x)`` for ``x`` of ``2^22 / d`` rows (16 MiB of float32) with ``fast_tr
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+import app_common as ac
 import rf_matrices
-from rf_matrices import markdown_table
 
 
 def median_ms(fn, repeats: int) -> float:
     """Median wall time of ``fn()`` in milliseconds, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * ac.median_seconds(fn, repeats=repeats, warmup=1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append([name, str(d), f"{fast:.1f}", f"{dense:.1f}", f"{dense / fast:.2f}", chosen])
     header = ["matrix", "d = s", "transform ms", "dense ms", "dense / transform", "automatic choice"]
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print(markdown_table(header, rows))
+    print(ac.markdown_table(header, rows))
 
 
 if __name__ == "__main__":

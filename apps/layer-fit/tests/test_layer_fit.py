@@ -1,6 +1,7 @@
 """layer-fit: data protocol, methods at a budget, training, resume, report, CLI."""
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -9,23 +10,25 @@ import torch
 
 import app_common as ac
 import ralimp
+from app_common.testing import Killed, kill_at
 from layer_fit import (
     METHODS,
     PAPER_METHODS,
     FitConfig,
     ReportConfig,
     build,
+    eckart_young_floor,
     fit_one,
+    information_floor,
     make_data,
-    ralimp_split,
     report,
     run_fit,
     standardize,
 )
-from layer_fit import train as train_module
 from layer_fit.cli import main
+from layer_fit.floors import singular_values
 
-TINY = {"samples": 128, "dim": 16, "log_every": 5, "checkpoint_every": 0}
+TINY = {"samples": 128, "dim": 16, "log_every": 5, "checkpoint_every": 0, "device": "cpu"}
 
 
 @pytest.mark.parametrize("activation", ["gelu", "silu", "tanh", "sigmoid", "softsign"])
@@ -57,19 +60,65 @@ def test_data_rejects_unknown_centering_and_activation():
         make_data("swish2", samples=8, dim=4)
 
 
-def test_budgets_map_onto_the_constructors_as_the_paper_counts():
+@pytest.mark.parametrize("budget", [16, 32, 40])
+def test_every_method_spends_the_budget_exactly_through_ralimp_create(budget):
     x = torch.randn(64, 16)
-    for method in ("lowrank", "eugen", "snnk", "ralimp"):
-        model = build(method, "gelu", 32, dim=16, seed=0, sample=x)
-        assert model.layer.num_random_features == 32, method
+    for method in ("lowrank", "eugen", "snnk", "ralimp", "linear"):
+        model = build(method, "gelu", budget, dim=16, seed=0, sample=x)
+        assert model.layer.num_random_features == budget, method
     layer = build("ralimp", "gelu", 32, dim=16, seed=0, sample=x).layer
     assert (layer.poly_degree, layer.num_atoms, layer.num_freqs) == (2, 1, 3)
-    assert layer.poly_matrices[0].num_features == 8
+    assert layer.poly_matrices[0].num_features == 8  # App. D.1: 8 + 2 * 3 * 4
     assert all(m.num_features == 4 for m in layer.freq_matrices)
     assert float(layer.tau) == 1.0
-    assert ralimp_split(256) == (64, 32)
-    with pytest.raises(ValueError, match="budget: RaLiMP splits B into B/4 \\+ 6 \\* B/8"):
-        ralimp_split(12)
+
+
+def test_paper_literal_turns_off_balance_and_the_output_head_and_records_the_departures():
+    literal = FitConfig(paper_literal=True)
+    assert (literal.balance, literal.affine, literal.departures()) == (1.0, False, [])
+    default = FitConfig()
+    assert default.balance == "auto"
+    assert len(default.departures()) == 2
+    x = torch.randn(64, 16)
+    model = build(
+        "ralimp", "gelu", 32, dim=16, seed=0, sample=x, balance=literal.balance, output_affine=False
+    )
+    assert float(model.layer.scale) == 1.0
+    assert not model.output_affine
+    balanced = build("ralimp", "gelu", 32, dim=16, seed=0, sample=x, balance="auto").layer
+    assert float(balanced.scale) != 1.0
+
+
+def test_information_floor_is_the_least_squares_residual_and_eckart_young_the_tail_of_the_spectrum():
+    gen = torch.Generator().manual_seed(0)
+    phi = torch.randn(200, 5, generator=gen, dtype=torch.float64)
+    mix = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    noise = 0.1 * torch.randn(200, 7, generator=gen, dtype=torch.float64)
+    y = phi @ mix + 3.0 + noise
+    # y is in the span of [phi, 1] up to the noise: the floor is the noise's residual, about 0.01
+    floor = information_floor(phi, y)
+    assert 0.005 < floor < 0.0101
+    assert information_floor(phi, phi @ mix) < 1e-20
+    assert information_floor(torch.full((200, 5), float("inf")), y) == float("inf")
+    sigma = singular_values(y - y.mean(0))
+    best_rank_2 = torch.linalg.svd(y - y.mean(0), full_matrices=False)
+    u, s, vh = best_rank_2
+    approx = u[:, :2] @ torch.diag(s[:2]) @ vh[:2]
+    direct = float(((y - y.mean(0)) - approx).pow(2).mean())
+    assert eckart_young_floor(sigma, 2, y.numel()) == pytest.approx(direct, rel=1e-10)
+    assert eckart_young_floor(sigma, 7, y.numel()) == 0.0
+
+
+def test_records_carry_both_floors_and_the_trained_feature_methods_stay_above_them():
+    data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
+    config = FitConfig(steps=30, **TINY)
+    for method in ("eugen", "ralimp-psi"):
+        record = fit_one(data, method, 8, 0, config, device=torch.device("cpu"), progress=False)
+        assert record["feature_dim"] > 8
+        assert record["mse"] >= record["information_floor"] * (1 - 1e-4)  # Psi alone cannot beat its features
+        assert record["information_floor"] >= record["eckart_young_floor"] - 1e-9
+    lowrank = fit_one(data, "lowrank", 8, 0, config, device=torch.device("cpu"), progress=False)
+    assert lowrank["information_floor"] is None
 
 
 @pytest.mark.parametrize("method", [*PAPER_METHODS, "linear"])
@@ -77,6 +126,7 @@ def test_each_method_loss_falls_on_a_tiny_run(method):
     data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=60, **TINY)
     record = fit_one(data, method, 16, 0, config, device=torch.device("cpu"), progress=False)
+    assert record["departures"] == config.departures()
     assert not record["diverged"]
     assert record["mse"] < 0.8 * record["mse_init"]
     losses = [loss for _, loss in record["curve"]]
@@ -85,27 +135,28 @@ def test_each_method_loss_falls_on_a_tiny_run(method):
     assert len(record["curve"]) == 12
 
 
-def test_killed_run_resumes_from_its_checkpoint_to_the_unbroken_result(tmp_path, monkeypatch):
+def test_killed_run_resumes_from_its_checkpoint_to_the_unbroken_result(tmp_path):
     data = make_data("tanh", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=20, **{**TINY, "checkpoint_every": 10})
     cpu = torch.device("cpu")
     unbroken = fit_one(data, "eugen", 16, 1, config, device=cpu, progress=False)
-
-    real_save = ac.save_checkpoint
-
-    class Killed(Exception):
-        pass
-
-    def save_then_die(path, state):
-        real_save(path, state)
-        raise Killed
-
     path = tmp_path / "run.pt"
-    monkeypatch.setattr(train_module.ac, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
-        fit_one(data, "eugen", 16, 1, config, device=cpu, checkpoint=path, progress=False)
+        fit_one(
+            data,
+            "eugen",
+            16,
+            1,
+            config,
+            device=cpu,
+            checkpoint=path,
+            progress=False,
+            on_checkpoint=kill_at(10),
+        )
     assert ac.load_checkpoint(path)["step"] == 10
-    monkeypatch.setattr(train_module.ac, "save_checkpoint", real_save)
+    other = FitConfig(steps=20, lr=0.5, **{**TINY, "checkpoint_every": 10})
+    with pytest.raises(ValueError, match=r"other settings \(lr: 0\.01 -> 0\.5\)"):
+        fit_one(data, "eugen", 16, 1, other, device=cpu, checkpoint=path, progress=False)
     resumed = fit_one(data, "eugen", 16, 1, config, device=cpu, checkpoint=path, progress=False)
     assert resumed["mse"] == pytest.approx(unbroken["mse"], rel=1e-5)
     assert [s for s, _ in resumed["curve"]] == [s for s, _ in unbroken["curve"]]
@@ -113,12 +164,12 @@ def test_killed_run_resumes_from_its_checkpoint_to_the_unbroken_result(tmp_path,
     assert not path.exists()
 
 
-def test_run_writes_one_line_per_run_and_skips_finished_runs(tmp_path):
+def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_protocol(tmp_path):
     config = FitConfig(
-        activations=("sigmoid",),
-        methods=("lowrank", "eugen"),
-        budgets=(8,),
-        seeds=2,
+        activation=("sigmoid",),
+        layer=("lowrank", "eugen"),
+        features=(8,),
+        seed=(0, 1),
         steps=5,
         out=tmp_path,
         **TINY,
@@ -133,10 +184,12 @@ def test_run_writes_one_line_per_run_and_skips_finished_runs(tmp_path):
     ]
     run_fit(config, progress=False)
     assert len(ac.read_jsonl(results)) == 4
-    run_fit(FitConfig(**{**vars(config), "seeds": 3}), progress=False)
+    run_fit(dataclasses.replace(config, seed=(0, 1, 2)), progress=False)
     assert len(ac.read_jsonl(results)) == 6
-    run_fit(FitConfig(**{**vars(config), "steps": 6}), progress=False)  # another protocol: run again
-    assert len(ac.read_jsonl(results)) == 10
+    with pytest.raises(ValueError, match=r"holds runs of other settings \(steps: 5 -> 6\).*--no-resume"):
+        run_fit(dataclasses.replace(config, steps=6), progress=False)
+    run_fit(dataclasses.replace(config, steps=6, resume=False), progress=False)  # starts over
+    assert len(ac.read_jsonl(results)) == 4
 
 
 def _synthetic_records():
@@ -164,6 +217,9 @@ def _synthetic_records():
                         "mse": mean * factor + offset,
                         "diverged": False,
                         "train_seconds": 1.0,
+                        "information_floor": None if method == "lowrank" else mean * factor / 2,
+                        "eckart_young_floor": None if method == "lowrank" else mean * factor / 4,
+                        "feature_dim": None if method == "lowrank" else 41,
                     }
                 )
     records.append({**records[0], "seed": 9, "mse": None, "diverged": True})
@@ -174,7 +230,7 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     path = tmp_path / "results.jsonl"
     for record in _synthetic_records():
         ac.append_jsonl(path, record)
-    texts = report(ReportConfig(results=path, budget=32))
+    texts = report(ReportConfig(results=path, features=32))
     out = tmp_path / "report"
     table = (out / "table.md").read_text()
     assert texts["table"] in table
@@ -197,8 +253,13 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     assert (lowrank16["seeds"], lowrank16["diverged"]) == ("3", "1")
     assert "(1 diverged)" in (out / "sweep.md").read_text()
     ac.append_jsonl(path, {**_synthetic_records()[0], "activation": "silu"})  # one budget: not in the sweep
-    report(ReportConfig(results=path, budget=32))
+    report(ReportConfig(results=path, features=32))
     assert "silu" not in (out / "sweep.md").read_text()
+    floors = (out / "floors.md").read_text()
+    gelu_floors = next(line for line in floors.splitlines() if line.startswith("| gelu"))
+    assert "5.000e-02 / 2.500e-02 (F=41)" in gelu_floors  # ralimp: mean MSE 0.1, floors 0.05 and 0.025
+    assert "ralimp: trained MSE / information floor = 2 .. 2 over 2 activations" in texts["floors"]
+    assert (out / "sweep_floors.md").is_file()
     for name in ("mse_bars.png", "mse_vs_budget.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -213,23 +274,47 @@ def test_report_refuses_mixed_protocols(tmp_path):
 
 
 def test_cli_lists_methods_and_names_bad_arguments(capsys, tmp_path):
-    assert main(["methods"]) == 0
+    assert main(["list"]) == 0
     assert capsys.readouterr().out.split() == METHODS.names()
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", "--methods", "nope", "--out", str(tmp_path), "--steps", "1"])
+        main(["train", "--layer", "nope", "--out", str(tmp_path), "--steps", "1"])
     assert exit_info.value.code == 2
-    assert "unknown method 'nope'; known names:" in capsys.readouterr().err
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--threads", "-3", "--out", str(tmp_path)])
+    assert "--threads: expected an integer >= 0, got -3" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path / "missing.jsonl")])
     assert "missing.jsonl: no such results file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text
+    assert "{float32,bfloat16}" in text
+    assert "--paper-literal" in text
+
+
+def test_cli_quick_reads_a_toml_config_and_prints_tables_with_floors(tmp_path, capsys):
+    toml = tmp_path / "fit.toml"
+    toml.write_text(
+        f'out = "{tmp_path / "out"}"\nactivation = ["tanh"]\nlayer = ["eugen"]\nfeatures = [8]\n'
+        "seed = [0]\nsteps = 3\nsamples = 64\ndim = 8\n"
+    )
+    assert main(["quick", "--config", str(toml), "--steps", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "| tanh" in printed
+    assert "(F=17)" in printed  # EUGen of degree 2 with 8 rows: 1 + 2 * 8 features
+    assert "departure from the paper: balance='auto'" in printed
+    (record,) = ac.read_jsonl(tmp_path / "out" / "results.jsonl")
+    assert record["steps"] == 4
 
 
 def test_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="steps: expected a positive integer, got 0"):
+    with pytest.raises(ValueError, match="--steps: expected an integer >= 1, got 0"):
         FitConfig(steps=0)
-    with pytest.raises(ValueError, match="budgets: expected positive integers"):
-        FitConfig(budgets=(0,))
+    with pytest.raises(ValueError, match="--features: expected integers >= 1"):
+        FitConfig(features=(0,))
     assert math.isclose(FitConfig().lr, 1e-2)
     assert FitConfig().steps == 3000
-    assert FitConfig().seeds == 10
+    assert FitConfig().seed == tuple(range(10))
     assert json.dumps(FitConfig().protocol())

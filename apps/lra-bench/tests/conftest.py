@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lra_data
-from lra_bench import TrainConfig
+from lra_bench import train_config
 
 SIZES = {"train": 48, "val": 16, "test": 16}
 
@@ -62,19 +62,18 @@ def tiny_config(tmp_path, task="listops", **overrides):
     settings = {
         "task": task,
         "attention": "softmax",
-        "features": 16,
+        "attention_features": 16,
         "data": tmp_path / "data",
-        "results": tmp_path / "results.jsonl",
-        "runs": tmp_path / "runs",
+        "out": tmp_path / "out",
         "device": "cpu",
         "batch_size": 8,
-        "learning_rate": 1e-3,
+        "lr": 1e-3,
         "warmup_steps": 2,
-        "eval_frequency": 3,
+        "eval_every": 3,
         "eval_steps": 2,
         "init_steps": 0,
         "max_length": 32,
-        "max_steps": 6,
+        "steps": 6,
         "dim": 32,
         "embedding_dim": 32,
         "hidden_dim": 32,
@@ -82,7 +81,19 @@ def tiny_config(tmp_path, task="listops", **overrides):
         "threads": 1,  # tiny models: on a shared 2-core machine more threads only contend
     }
     settings.update(overrides)
-    return TrainConfig(**settings)
+    return train_config(settings)
+
+
+def results(config):
+    """The results file of a run."""
+    return config.out / "results.jsonl"
+
+
+def run_dir(config):
+    """The checkpoint and log folder of a run."""
+    from lra_bench import run_name
+
+    return config.out / "runs" / run_name(config)
 
 
 @pytest.fixture

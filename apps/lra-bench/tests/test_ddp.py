@@ -6,23 +6,23 @@ import sys
 import pytest
 
 import app_common as ac
-from lra_bench import run_name, train
+from lra_bench import train
 
 
 def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, data, helpers):
     # No dropout: the processes draw different dropout masks than one process would.
     config = helpers.tiny_config(
-        tmp_path / "one", data=data, max_steps=8, eval_frequency=4, dropout=0.0, attention_dropout=0.0
+        tmp_path / "one", data=data, steps=8, eval_every=4, dropout=0.0, attention_dropout=0.0
     )
     one = train(config)
     two_dir = tmp_path / "two"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "lra_bench", "train",
-        "--task", "listops", "--attention", "softmax", "--features", "16", "--device", "cpu",
-        "--data", str(data), "--results", str(two_dir / "results.jsonl"), "--runs", str(two_dir / "runs"),
-        "--batch-size", "8", "--learning-rate", "1e-3", "--warmup-steps", "2", "--eval-frequency", "4",
-        "--eval-steps", "2", "--init-steps", "0", "--max-length", "32", "--max-steps", "8", "--dim", "32",
+        "--task", "listops", "--attention", "softmax", "--attention-features", "16", "--device", "cpu",
+        "--data", str(data), "--out", str(two_dir),
+        "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "2", "--eval-every", "4",
+        "--eval-steps", "2", "--init-steps", "0", "--max-length", "32", "--steps", "8", "--dim", "32",
         "--embedding-dim", "32", "--hidden-dim", "32", "--log-every", "1", "--dropout", "0",
         "--attention-dropout", "0",
     ]  # fmt: skip
@@ -33,8 +33,8 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
     assert two["world_size"] == 2
     assert two["run"] == one["run"]
     logs = [
-        ac.read_jsonl(c.runs / run_name(c) / "log.jsonl")
-        for c in (config, dataclasses.replace(config, runs=two_dir / "runs"))
+        ac.read_jsonl(helpers.run_dir(c) / "log.jsonl")
+        for c in (config, dataclasses.replace(config, out=two_dir))
     ]
     losses = [[r["train_loss"] for r in log if "train_loss" in r] for log in logs]
     assert len(losses[0]) == len(losses[1]) == 8

@@ -1,12 +1,20 @@
 import csv
+import dataclasses
 import itertools
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 import app_common as ac
 from lra_bench import ReportConfig, SweepConfig, grid, report, run_name, run_sweep
 from lra_bench.cli import main
+from lra_bench.config import GRID
 
 
 def _synthetic_results(path):
@@ -87,31 +95,69 @@ def test_report_command_prints_table1(tmp_path, capsys):
 
 def test_shards_split_the_grid_into_disjoint_parts_that_cover_it():
     sweep = SweepConfig(
-        tasks=("listops", "image"), attentions=("softmax", "oprf-orf"), features=(64,), seeds=(0, 1, 2)
+        task=("listops", "image"), attention=("softmax", "oprf-orf"), attention_features=(64,), seed=(0, 1, 2)
     )
     everything = [run_name(c) for c in grid(sweep, {})]
     assert len(everything) == len(set(everything)) == 12
     parts = [[run_name(c) for c in grid(sweep, {})][i::3] for i in range(3)]
     assert sorted(name for part in parts for name in part) == sorted(everything)
-    with pytest.raises(ValueError, match="shard: expected 0 <= i < n"):
+    with pytest.raises(ValueError, match="--shard: expected 0 <= i < n"):
         SweepConfig(shard="3/3")
-    with pytest.raises(ValueError, match="shard: expected 'i/n'"):
+    with pytest.raises(ValueError, match="--shard: expected 'i/n'"):
         SweepConfig(shard="half")
 
 
+def _settings(config):
+    """The flat settings of a run, without the grid's fields."""
+    return {k: v for k, v in ac.flat_settings(config).items() if k not in GRID and k != "resume"}
+
+
 def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, data, helpers):
-    base = helpers.tiny_config(tmp_path, max_steps=2, eval_frequency=2, eval_steps=1)
-    settings = {
-        k: getattr(base, k)
-        for k in base.__dataclass_fields__
-        if k not in ("task", "attention", "features", "seed", "resume")
-    }
-    sweep = SweepConfig(tasks=("listops",), attentions=("softmax", "performer"), features=(16,), seeds=(0,))
-    first = run_sweep(SweepConfig(**{**sweep.__dict__, "shard": "0/2"}), settings)
-    second = run_sweep(SweepConfig(**{**sweep.__dict__, "shard": "1/2"}), settings)
+    base = helpers.tiny_config(tmp_path, steps=2, eval_every=2, eval_steps=1)
+    settings = _settings(base)
+    sweep = SweepConfig(
+        task=("listops",), attention=("softmax", "performer"), attention_features=(16,), seed=(0,)
+    )
+    first = run_sweep(dataclasses.replace(sweep, shard="0/2"), settings)
+    second = run_sweep(dataclasses.replace(sweep, shard="1/2"), settings)
     assert (len(first["ran"]), len(second["ran"]), first["failed"], second["failed"]) == (1, 1, [], [])
-    records = ac.read_jsonl(base.results)
+    records = ac.read_jsonl(helpers.results(base))
     assert sorted(r["attention"] for r in records) == ["performer", "softmax"]
     again = run_sweep(sweep, settings)
     assert again == {"done": first["ran"] + second["ran"], "ran": [], "failed": []}
-    assert len(ac.read_jsonl(base.results)) == 2
+    assert len(ac.read_jsonl(helpers.results(base))) == 2
+
+
+def test_sweep_checks_every_attention_before_the_first_run(tmp_path, data, helpers):
+    settings = _settings(helpers.tiny_config(tmp_path))
+    sweep = SweepConfig(
+        task=("listops",), attention=("softmax", "oprf-fastfodl"), attention_features=(16,), seed=(0,)
+    )
+    with pytest.raises(ValueError, match=r"--attention oprf-fastfodl .*unknown attention 'oprf-fastfodl'"):
+        run_sweep(sweep, settings)
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_sigterm_to_a_sweep_reaches_its_running_child_and_waits_for_it(tmp_path, data):
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "lra_bench", "sweep", "--task", "listops", "--attention", "softmax",
+        "--attention-features", "16", "--seed", "0", "--data", str(data), "--out", str(out),
+        "--device", "cpu",
+        "--threads", "1", "--batch-size", "8", "--steps", "100000", "--eval-every", "100000", "--max-length",
+        "32", "--dim", "16", "--embedding-dim", "16", "--hidden-dim", "16", "--log-every", "1",
+    ]  # fmt: skip
+    sweep = subprocess.Popen(command, env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not list(out.glob("runs/*/log.jsonl")):  # the child is training
+        assert time.monotonic() < deadline, "the run never started"
+        assert sweep.poll() is None, "the sweep exited early"
+        time.sleep(0.2)
+    children = [int(p) for p in Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()]
+    runs = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(runs) == 1  # the run (multiprocessing's resource tracker is the other child)
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGTERM
+    for pid in runs:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text()

@@ -7,7 +7,8 @@ import torch
 
 import app_common as ac
 import lra_data
-from lra_bench import TABLE_6, LRAClassifier, StepBatches, TrainConfig, run_name, train
+from app_common.testing import Killed, kill_at
+from lra_bench import TABLE_6, LRAClassifier, run_name, train, train_config
 from lra_bench.cli import main
 
 
@@ -15,7 +16,7 @@ from lra_bench.cli import main
 def test_tiny_run_of_every_task_writes_a_result_a_checkpoint_and_a_log(tmp_path, data, task, helpers):
     config = helpers.tiny_config(tmp_path, task, attention="performer")
     record = train(config)
-    assert record == ac.read_jsonl(config.results)[-1]
+    assert record == ac.read_jsonl(helpers.results(config))[-1]
     assert record["task"] == task
     assert record["steps"] == 6
     assert record["stopped"] == "max_steps"
@@ -25,36 +26,24 @@ def test_tiny_run_of_every_task_writes_a_result_a_checkpoint_and_a_log(tmp_path,
     assert record["memory_kind"] == "cpu_peak_rss"
     assert record["config"]["batch_size"] == 8
     assert record["train_time_s"] > 0
-    run_dir = config.runs / run_name(config)
+    run_dir = helpers.run_dir(config)
     state = ac.load_checkpoint(run_dir / "checkpoint.pt")
-    assert state["state"]["finished"]
-    assert state["state"]["step"] == 6
+    assert state["progress"]["finished"]
+    assert state["step"] == 6
     log = ac.read_jsonl(run_dir / "log.jsonl")
     assert [r["step"] for r in log if "train_loss" in r] == list(range(1, 7))
     assert all(np.isfinite(r["train_loss"]) for r in log if "train_loss" in r)
     # A finished run resumed again does nothing and appends nothing.
     assert train(dataclasses.replace(config, resume=True)) is None
-    assert len(ac.read_jsonl(config.results)) == 1
-
-
-class Killed(Exception):
-    pass
-
-
-def _kill_at(step):
-    def hook(at):
-        if at == step:
-            raise Killed
-
-    return hook
+    assert len(ac.read_jsonl(helpers.results(config))) == 1
 
 
 def test_resumed_run_ends_with_the_same_weights_and_result_as_an_unbroken_one(tmp_path, data, helpers):
     # Dropout on: the random state in the checkpoint matters.
     settings = {
         "attention": "performer",
-        "max_steps": 10,
-        "eval_frequency": 4,
+        "steps": 10,
+        "eval_every": 4,
         "dropout": 0.1,
         "attention_dropout": 0.1,
     }
@@ -63,18 +52,21 @@ def test_resumed_run_ends_with_the_same_weights_and_result_as_an_unbroken_one(tm
     assert run_name(whole) == run_name(broken)
     expected = train(whole)
     with pytest.raises(Killed):
-        train(broken, on_checkpoint=_kill_at(4))
-    assert not broken.results.exists()
+        train(broken, on_checkpoint=kill_at(4))
+    assert not helpers.results(broken).exists()
     got = train(dataclasses.replace(broken, resume=True))
     for key in ("test_accuracy", "val_accuracy", "best_step", "steps", "stopped"):
         assert got[key] == expected[key], key
-    a = ac.load_checkpoint(whole.runs / run_name(whole) / "checkpoint.pt")
-    b = ac.load_checkpoint(broken.runs / run_name(broken) / "checkpoint.pt")
-    for key in ("model", "best_model"):
-        for name, tensor in a[key].items():
+    a = ac.load_checkpoint(helpers.run_dir(whole) / "checkpoint.pt")
+    b = ac.load_checkpoint(helpers.run_dir(broken) / "checkpoint.pt")
+    for model_a, model_b in (
+        (a["model"], b["model"]),
+        (a["progress"]["best_model"], b["progress"]["best_model"]),
+    ):
+        for name, tensor in model_a.items():
             if isinstance(tensor, torch.Tensor):
-                assert torch.equal(tensor, b[key][name]), name
-    loss = [ac.read_jsonl(c.runs / run_name(c) / "log.jsonl") for c in (whole, broken)]
+                assert torch.equal(tensor, model_b[name]), name
+    loss = [ac.read_jsonl(helpers.run_dir(c) / "log.jsonl") for c in (whole, broken)]
     assert loss[0] == loss[1]  # the lines the killed run wrote after its checkpoint were rewound
 
 
@@ -85,10 +77,10 @@ def test_loop_learns_an_easy_generated_task(tmp_path, helpers):
         tmp_path,
         attention="oprf-fastfoodl",
         batch_size=32,
-        learning_rate=3e-3,
+        lr=3e-3,
         warmup_steps=10,
-        max_steps=150,
-        eval_frequency=50,
+        steps=150,
+        eval_every=50,
         eval_steps=0,
         patience=10,
         dropout=0.0,
@@ -101,68 +93,73 @@ def test_loop_learns_an_easy_generated_task(tmp_path, helpers):
 
 def test_early_stopping_waits_for_init_steps_then_stops_after_patience_evaluations(tmp_path, data, helpers):
     # A learning rate so small that validation accuracy never improves after the first evaluation.
-    config = helpers.tiny_config(
-        tmp_path, learning_rate=1e-9, max_steps=60, eval_frequency=2, patience=2, init_steps=10
-    )
+    config = helpers.tiny_config(tmp_path, lr=1e-9, steps=60, eval_every=2, patience=2, init_steps=10)
     record = train(config)
     assert record["stopped"] == "early_stopping"
     assert record["best_step"] == 2
     assert record["steps"] == 10  # patience ran out at step 6, but not before init_steps
 
 
-def test_table6_fills_the_per_task_fields_and_overrides_win():
-    config = TrainConfig(task="retrieval").resolved()
-    assert (config.batch_size, config.learning_rate, config.warmup_steps) == (16, 2e-4, 800)
-    assert (config.eval_frequency, config.eval_steps, config.init_steps, config.max_length) == (
+def test_table6_fills_the_per_task_fields_once_and_overrides_win():
+    config = train_config({"task": "retrieval"})
+    assert (config.batch_size, config.lr, config.warmup_steps) == (16, 2e-4, 800)
+    assert (config.eval_every, config.eval_steps, config.init_steps, config.max_length) == (
         1000,
         300,
         3000,
         4000,
     )
-    assert (config.dim, config.hidden_dim, config.num_heads, config.num_layers, config.patience) == (
+    model = config.model
+    assert (model.dim, model.hidden_dim, model.num_heads, model.num_layers, config.patience) == (
         64,
         128,
         2,
         2,
         10,
     )
-    assert TrainConfig(task="image", batch_size=4).resolved().batch_size == 4
-    assert TrainConfig(task="image").resolved({"image": {"eval_steps": 7}}).eval_steps == 7
+    assert train_config({"task": "image", "batch_size": 4}).batch_size == 4
+    assert train_config({"task": "image"}, {"image": {"eval_steps": 7}}).eval_steps == 7
+    assert train_config({"task": "image", "eval_steps": 3}, {"image": {"eval_steps": 7}}).eval_steps == 3
     assert set(TABLE_6) == set(lra_data.TASKS)
     with pytest.raises(ValueError, match=r"table6.image: unknown bacth_size"):
-        TrainConfig(task="image").resolved({"image": {"bacth_size": 7}})
-    with pytest.raises(ValueError, match="task: unknown 'listop'"):
-        TrainConfig(task="listop")
-    with pytest.raises(ValueError, match="num_heads: expected a divisor of dim=64"):
-        TrainConfig(task="image", num_heads=3)
+        train_config({"task": "image"}, {"image": {"bacth_size": 7}})
+    with pytest.raises(ValueError, match="--task: unknown 'listop'"):
+        train_config({"task": "listop"})
+    with pytest.raises(ValueError, match="--num-heads: expected a divisor of dim=64"):
+        train_config({"task": "image", "num_heads": 3})
+    with pytest.raises(ValueError, match="--grad-clip: expected a number >= 0"):
+        train_config({"task": "image", "grad_clip": -1.0})
 
 
 def test_run_name_ignores_paths_and_device_but_not_hyperparameters(tmp_path):
-    a = TrainConfig(task="listops", data=tmp_path, device="cpu")
-    assert run_name(a) == run_name(TrainConfig(task="listops"))
-    assert run_name(a) == run_name(TrainConfig(task="listops", batch_size=32))  # Table 6's value
-    assert run_name(a) != run_name(TrainConfig(task="listops", batch_size=16))
+    a = train_config({"task": "listops", "data": tmp_path, "device": "cpu", "out": tmp_path})
+    assert run_name(a) == run_name(train_config({"task": "listops"}))
+    assert run_name(a) == run_name(train_config({"task": "listops", "batch_size": 32}))  # Table 6's value
+    assert run_name(a) != run_name(train_config({"task": "listops", "batch_size": 16}))
+    assert run_name(a) != run_name(train_config({"task": "listops", "lr": 3e-4}))
     assert run_name(a).startswith("listops-softmax-f128-s0-")
 
 
-def test_batches_depend_only_on_seed_and_step_and_split_evenly_over_processes():
-    whole = StepBatches(20, 4, seed=3)
-    first = [b for _, b in zip(range(12), whole, strict=False)]
-    later = StepBatches(20, 4, seed=3, start_step=7)
-    assert [b for _, b in zip(range(5), later, strict=False)] == first[7:12]
-    assert sorted(i for batch in first[:5] for i in batch) == list(range(20))  # an epoch is a permutation
-    halves = [StepBatches(20, 4, seed=3, rank=r, world_size=2) for r in range(2)]
-    shares = [[b for _, b in zip(range(6), h, strict=False)] for h in halves]
-    assert [s0 + s1 for s0, s1 in zip(*shares, strict=True)] == first[:6]
-    with pytest.raises(ValueError, match="batch_size: 30 is larger"):
-        StepBatches(20, 30, seed=0)
-    with pytest.raises(ValueError, match="not divisible"):
-        StepBatches(20, 5, seed=0, world_size=2)
+def test_resuming_a_checkpoint_of_other_identity_settings_is_refused(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path, steps=3, eval_every=3)
+    with pytest.raises(Killed):
+        train(config, on_checkpoint=kill_at(3))
+    checkpoint = helpers.run_dir(config) / "checkpoint.pt"
+    state = ac.load_checkpoint(checkpoint)
+    state["identity"]["lr"] = 0.5  # as if the folder held a run under another learning rate
+    ac.save_checkpoint(checkpoint, state)
+    with pytest.raises(ValueError, match=r"other settings \(lr: 0\.5 -> 0\.001\).*--no-resume"):
+        train(config)
+    assert train(dataclasses.replace(config, resume=False))["steps"] == 3  # --no-resume starts over
 
 
 def test_retrieval_model_classifies_pairs_and_mean_pools_only_real_tokens():
-    config = TrainConfig(task="retrieval", dim=32, embedding_dim=32, hidden_dim=32, dropout=0.0).resolved()
-    model = LRAClassifier(config, vocab_size=257, num_classes=2, pair=True).eval()
+    config = train_config(
+        {"task": "retrieval", "dim": 32, "embedding_dim": 32, "hidden_dim": 32, "dropout": 0.0}
+    )
+    model = LRAClassifier(
+        config.model, vocab_size=257, num_classes=2, pair=True, max_length=config.max_length, seed=0
+    ).eval()
     tokens = torch.randint(1, 257, (2, 10))
     mask = torch.zeros(2, 10, dtype=torch.bool)
     mask[:, 6:] = True
@@ -178,14 +175,14 @@ def test_retrieval_model_classifies_pairs_and_mean_pools_only_real_tokens():
 def test_cli_train_reads_toml_then_flags(tmp_path, data):
     toml = tmp_path / "run.toml"
     toml.write_text(
-        f'data = "{data}"\nresults = "{tmp_path / "r.jsonl"}"\nruns = "{tmp_path / "runs"}"\n'
-        'device = "cpu"\nbatch_size = 4\nmax_steps = 3\ndim = 32\nembedding_dim = 32\n'
-        "[table6.listops]\neval_frequency = 3\neval_steps = 1\nwarmup_steps = 1\nmax_length = 32\n"
+        f'data = "{data}"\nout = "{tmp_path / "out"}"\n'
+        'device = "cpu"\nbatch_size = 4\nsteps = 3\ndim = 32\nembedding_dim = 32\n'
+        "[table6.listops]\neval_every = 3\neval_steps = 1\nwarmup_steps = 1\nmax_length = 32\n"
         "batch_size = 2\n"
     )
-    assert main(["train", "--config", str(toml), "--task", "listops", "--max-steps", "2"]) == 0
-    config = ac.read_jsonl(tmp_path / "r.jsonl")[0]["config"]
-    assert (config["batch_size"], config["max_steps"], config["eval_frequency"], config["dim"]) == (
+    assert main(["train", "--config", str(toml), "--task", "listops", "--steps", "2"]) == 0
+    config = ac.read_jsonl(tmp_path / "out" / "results.jsonl")[0]["config"]
+    assert (config["batch_size"], config["steps"], config["eval_every"], config["model"]["dim"]) == (
         4,
         2,
         3,
@@ -194,9 +191,40 @@ def test_cli_train_reads_toml_then_flags(tmp_path, data):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--task", "listops", "--data", str(tmp_path / "none"), "--device", "cpu"])
     assert exit_info.value.code == 2
+    toml.write_text("stpes = 3\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(toml), "--task", "listops"])
+    assert exit_info.value.code == 2
 
 
-@pytest.mark.parametrize("command", ["train", "sweep", "report", "quickstart", "attentions"])
+def test_threads_and_features_errors_name_the_flag(tmp_path, capsys):
+    for argv, flag in (
+        (["train", "--task", "listops", "--threads", "-3"], "--threads"),
+        (["quick", "--attention-features", "-1", "--out", str(tmp_path / "q")], "--attention-features"),
+        (["quickstart", "--attention", "performr", "--out", str(tmp_path / "q")], "performr"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert flag in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()  # refused before any data is generated
+
+
+def test_help_is_plain_text_and_device_help_is_the_same_in_every_subcommand(capsys):
+    texts = []
+    for command in ("train", "sweep", "quick"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "``" not in text
+        assert ":meth:" not in text
+        assert ":data:" not in text
+        assert "{float32,bfloat16}" in text
+        texts.append(" ".join(text.split("--device", 1)[1].split("--", 1)[0].split()))
+    assert len(set(texts)) == 1
+
+
+@pytest.mark.parametrize("command", ["train", "sweep", "report", "quick", "quickstart", "list"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
@@ -204,15 +232,15 @@ def test_every_subcommand_has_help(command, capsys):
     assert "usage: lra-bench" in capsys.readouterr().out
 
 
-def test_attentions_subcommand_lists_rf_attention_names(capsys):
-    main(["attentions", "oprf-*"])
+def test_list_subcommand_lists_rf_attention_names(capsys):
+    main(["list", "oprf-*"])
     names = capsys.readouterr().out.split()
     assert "oprf-fastfoodl" in names
     assert all(n.startswith("oprf-") for n in names)
 
 
 def test_bfloat16_autocast_run_trains(tmp_path, data, helpers):
-    record = train(helpers.tiny_config(tmp_path, attention="oprf-orf", dtype="bfloat16", max_steps=3))
+    record = train(helpers.tiny_config(tmp_path, attention="oprf-orf", dtype="bfloat16", steps=3))
     assert record["config"]["dtype"] == "bfloat16"
     assert record["steps"] == 3
     assert json.dumps(record)  # the record is plain JSON

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import numpy as np
@@ -6,10 +7,11 @@ import torch
 from torch import nn
 
 import ralimp
+from app_common.testing import Killed, kill_at
 from nerf_pinn.cli import main
 from nerf_pinn.config import NerfConfig, PinnConfig, SirenConfig
-from nerf_pinn.experiment import Checkpointer, compare
-from nerf_pinn.layers import FeedForward, layer_options, linearize
+from nerf_pinn.experiment import VariantCheckpoints, compare
+from nerf_pinn.layers import FeedForward, linearize
 from nerf_pinn.nerf import NerfFamily
 from nerf_pinn.pinn import PinnFamily
 from nerf_pinn.scenes import load_blender, load_tiny_nerf, render_synthetic_scene
@@ -27,9 +29,9 @@ def tiny_pinn(tmp_path, **kw):
         "width": 8,
         "num_boundary": 32,
         "num_collocation": 64,
-        "adam_steps": 40,
+        "steps": 40,
         "lbfgs_steps": 0,
-        "learning_rate": 3e-3,
+        "lr": 3e-3,
         "features": 16,
         "device": "cpu",
         "out": tmp_path / "pinn",
@@ -56,7 +58,7 @@ def tiny_nerf(tmp_path, **kw):
         "samples": 8,
         "batch_rays": 64,
         "steps": 30,
-        "learning_rate": 1e-2,
+        "lr": 1e-2,
         "features": 16,
         "device": "cpu",
         "out": tmp_path / "nerf",
@@ -67,7 +69,7 @@ def tiny_nerf(tmp_path, **kw):
 def train(family, kind, tmp_path):
     torch.manual_seed(0)
     model = family.build(kind)
-    losses = family.train(model, Checkpointer(tmp_path / f"{kind}.pt", 10_000, resume=False), kind)
+    losses = family.train(model, VariantCheckpoints(tmp_path / f"{kind}.pt", 10_000, {}, resume=False), kind)
     return model, losses
 
 
@@ -93,7 +95,7 @@ def test_tiny_nerf_run_lowers_its_loss(tmp_path):
     torch.manual_seed(0)
     model = family.build("dense")
     before = loss_on_all_training_rays(model)
-    family.train(model, Checkpointer(tmp_path / "n.pt", 10_000, resume=False), "dense")
+    family.train(model, VariantCheckpoints(tmp_path / "n.pt", 10_000, {}, resume=False), "dense")
     assert loss_on_all_training_rays(model) < 0.5 * before
 
 
@@ -144,24 +146,23 @@ def test_the_replacements_plug_into_nerf_and_train(kind, tmp_path):
     assert all(np.isfinite(losses))
 
 
-def test_equal_budget_counts_the_papers_random_features():
-    opts = layer_options("ralimp", 32, poly_degree=2, num_atoms=1, num_freqs=3)
-    assert opts["poly_features"] + 2 * 1 * 3 * opts["freq_features"] == 32
-    assert (opts["poly_features"], opts["freq_features"]) == (8, 4)  # App. D.1
-    layer = ralimp.RaLiMP(8, 8, activation="tanh", **opts)
-    assert layer.num_random_features == 32
-    assert (
-        ralimp.SNNK(
-            8, 8, activation="tanh", **layer_options("snnk", 32, poly_degree=2, num_atoms=1, num_freqs=3)
-        ).num_random_features
-        == 32
-    )
-    with pytest.raises(ValueError, match="features"):
-        layer_options("ralimp", 4, poly_degree=2, num_atoms=1, num_freqs=3)
+@pytest.mark.parametrize("budget", [16, 32, 40])
+def test_every_kind_spends_the_budget_exactly_through_ralimp_create(budget):
+    layers = nn.ModuleList([FeedForward(4, 8, "tanh"), FeedForward(8, 8, "tanh")])
+    for kind in ("ralimp", "snnk", "eugen"):
+        stack = nn.ModuleList([FeedForward(4, 8, "tanh"), FeedForward(8, 8, "tanh")])
+        stack.load_state_dict(layers.state_dict())
+        linearize(stack, kind, budget=budget, indices=[1], inputs=[torch.randn(64, 4), torch.randn(64, 8)])
+        assert stack[1].num_random_features == budget, kind
+    stack = nn.ModuleList([FeedForward(4, 8, "tanh"), FeedForward(8, 8, "tanh")])
+    linearize(stack, "ralimp", budget=32, indices=[1], inputs=[None, torch.randn(64, 8)], num_freqs=3)
+    assert stack[1].poly_matrices[0].num_features == 8  # App. D.1: 8 + 2 * 1 * 3 * 4
+    with pytest.raises(ValueError, match="budget"):
+        linearize(stack, "ralimp", budget=2, indices=[0], inputs=[torch.randn(64, 4)], num_freqs=3)
 
 
 def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
-    config = tiny_pinn(tmp_path, kinds=("dense", "eugen"), adam_steps=6, checkpoint_every=2)
+    config = tiny_pinn(tmp_path, layer=("dense", "eugen"), steps=6, checkpoint_every=2)
     records = compare(PinnFamily(config))
     out = config.out
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -183,29 +184,24 @@ def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
 
 
 def test_resuming_under_other_settings_is_refused(tmp_path):
-    config = tiny_pinn(tmp_path, kinds=("dense",), adam_steps=3)
+    config = tiny_pinn(tmp_path, layer=("dense",), steps=3)
     compare(PinnFamily(config))
-    changed = tiny_pinn(tmp_path, kinds=("dense",), adam_steps=5)
-    with pytest.raises(ValueError, match=r"final\.pt: saved under other settings \(adam_steps: 3 -> 5\)"):
+    changed = tiny_pinn(tmp_path, layer=("dense",), steps=5)
+    with pytest.raises(ValueError, match=r"final\.pt: saved by a run with other settings \(steps: 3 -> 5\)"):
         compare(PinnFamily(changed))
     # settings that do not change the variant (here the timing rounds) do not block resuming
-    compare(PinnFamily(tiny_pinn(tmp_path, kinds=("dense",), adam_steps=3, time_repeats=2)))
+    compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), steps=3, time_repeats=2)))
+    compare(PinnFamily(dataclasses.replace(changed, resume=False)))  # --no-resume starts over
 
 
-def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
-    config = tiny_pinn(tmp_path, adam_steps=8, checkpoint_every=4)
-    family = PinnFamily(config)
-    torch.manual_seed(0)
-    full = family.build("dense")
-    losses_full = family.train(full, Checkpointer(tmp_path / "a.pt", 4, resume=False), "dense")
-    # run 4 steps (checkpoint at 4), then a new process-like start continues to 8
-    short = PinnFamily(tiny_pinn(tmp_path, adam_steps=4, checkpoint_every=4))
-    model = short.build("dense")
-    short.train(model, Checkpointer(tmp_path / "b.pt", 4, resume=False), "dense")
-    resumed_model = family.build("dense")
-    losses = family.train(resumed_model, Checkpointer(tmp_path / "b.pt", 4, resume=True), "dense")
-    assert len(losses) == 8
-    np.testing.assert_allclose(losses, losses_full, rtol=1e-5)
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_unbroken_losses(tmp_path):
+    whole = compare(PinnFamily(tiny_pinn(tmp_path / "a", layer=("dense",), steps=8, checkpoint_every=4)))
+    broken = tiny_pinn(tmp_path / "b", layer=("dense",), steps=8, checkpoint_every=4)
+    with pytest.raises(Killed):
+        compare(PinnFamily(broken), on_checkpoint=kill_at(4))
+    resumed = compare(PinnFamily(broken))
+    assert len(resumed[0]["losses"]) == 8
+    np.testing.assert_allclose(resumed[0]["losses"], whole[0]["losses"], rtol=1e-5)
 
 
 def test_synthetic_scene_round_trips_through_the_tiny_nerf_loader(tmp_path):
@@ -253,8 +249,39 @@ def test_missing_data_errors_name_the_path(tmp_path):
         load_tiny_nerf(tmp_path / "nothing.npz")
 
 
-def test_cli_refuses_bad_values_with_a_message(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["pinn", "--kinds", "ralimp", "--device", "cpu"])
-    assert info.value.code == 2
-    assert "kinds" in capsys.readouterr().err
+def test_cli_refuses_bad_values_with_a_message(capsys, tmp_path):
+    for argv, text in (
+        (["pinn", "--layer", "ralimp", "--device", "cpu"], "--layer"),
+        (
+            ["train", "--family", "pinn", "--omega-0", "3", "--out", str(tmp_path)],
+            "--omega-0: not a setting of the pinn",
+        ),
+        (["siren", "--threads", "-3"], "--threads: expected an integer >= 0, got -3"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert text in capsys.readouterr().err
+
+
+def test_help_is_plain_text_with_the_shared_device_help(capsys):
+    texts = []
+    for command in ("pinn", "siren", "nerf"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "``" not in text
+        assert "{float32,bfloat16}" in text
+        texts.append(" ".join(text.split("--device", 1)[1].split("--", 1)[0].split()))
+    assert len(set(texts)) == 1
+
+
+def test_train_family_runs_a_tiny_pinn_from_the_command_line(tmp_path, capsys):
+    argv = [
+        "train", "--family", "pinn", "--layer", "dense", "--depth", "2", "--width", "4",
+        "--num-boundary", "8",
+        "--num-collocation", "16", "--steps", "2", "--lbfgs-steps", "0", "--quadrature-nodes", "20",
+        "--time-repeats", "1", "--device", "cpu", "--out", str(tmp_path / "p"),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "| dense" in capsys.readouterr().out

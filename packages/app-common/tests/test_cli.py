@@ -28,3 +28,29 @@ def test_user_errors_exit_with_status_2_and_a_one_line_message(capsys):
         run_cli(parser_with(fail), ["go"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "tool go: error: data: /nowhere does not exist\n"
+
+
+def test_plain_text_drops_sphinx_roles_and_literal_quotes():
+    from app_common import plain_text
+
+    text = "Runs ``lra-bench`` with :data:`TABLE_6`, :meth:`~lra_bench.TrainConfig.resolved` and::\n"
+    assert plain_text(text) == "Runs lra-bench with TABLE_6, resolved and:\n"
+    text = (
+        "See [`run_name`][lra_bench.run_name] and `app_common` ([`Checkpointer`][app_common.Checkpointer])."
+    )
+    assert plain_text(text) == "See run_name and app_common (Checkpointer)."
+    assert plain_text(None) == ""
+
+
+def test_app_parser_shows_the_plain_summary_and_the_subcommand_list(capsys):
+    from app_common import app_parser
+
+    parser, commands = app_parser("tool", "tool: does ``things``.\n\nSubcommands:\n\n- go: goes.\n")
+    commands.add_parser("go")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "tool: does things." in text
+    assert "- go: goes." in text
+    with pytest.raises(SystemExit):
+        parser.parse_args([])  # a subcommand is required

@@ -145,7 +145,8 @@ def test_num_random_features_counts_as_the_paper():
 @pytest.mark.parametrize("name", ["orf", "qmc", "sgq", "sorf"])
 def test_any_registered_weight_matrix_draws_the_projections(name, small_layer_data):
     linear, x = small_layer_data
-    layer = RaLiMP.from_linear(linear, "gelu", weight_matrix=name, seed=0)
+    # 10 rows: sgq's degree-3 rules need at least d (2d with antipodal pairs) rows, d = 4 + 1 here
+    layer = RaLiMP.from_linear(linear, "gelu", weight_matrix=name, poly_features=10, freq_features=10, seed=0)
     assert all(type(m).__name__.lower() == name for m in layer.freq_matrices)
     with torch.no_grad():
         assert torch.isfinite(layer(x)).all()

@@ -149,26 +149,61 @@ def test_causal_is_refused_with_a_clear_error(name):
         rf_attention.create(name, DIM, HEADS, causal=True)
 
 
-@pytest.mark.parametrize("name", ["skyformer", "bigbird", "reformer", "informer"])
-def test_the_seed_fixes_the_random_draws(name):
+RANDOM = ["skyformer", "bigbird", "reformer", "informer"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_modules_with_the_same_seed_are_equal_whatever_the_global_seed(name):
     x = torch.randn(2, 30, DIM)
-    torch.manual_seed(0)
-    a = make(name)
-    torch.manual_seed(0)
-    b = make(name)  # same projections, same seed
-    torch.manual_seed(0)
-    c = make(name, seed=1)
-    torch.testing.assert_close(a(x), b(x))
-    assert not torch.allclose(a(x), c(x))
+    torch.manual_seed(1)
+    a = make(name, seed=3)
+    torch.manual_seed(2)
+    b = make(name, seed=3)
+    state_a, state_b = a.state_dict(), b.state_dict()
+    assert state_a.keys() == state_b.keys()
+    for key, value in state_a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, state_b[key]), key
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+    torch.testing.assert_close(a.eval()(x), b.eval()(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["skyformer", "bigbird", "reformer", "informer"])
-def test_a_restored_state_dict_repeats_the_next_draws(name):
+@pytest.mark.parametrize("name", RANDOM)
+def test_another_seed_gives_other_draws(name):
+    x = torch.randn(2, 30, DIM)
+    a, c = make(name, seed=0), make(name, seed=1)
+    c.load_state_dict({k: v for k, v in a.state_dict().items() if k != "_extra_state"}, strict=False)
+    assert not torch.allclose(a.eval()(x), c.eval()(x))
+
+
+@pytest.mark.parametrize("name", RANDOM)
+def test_eval_output_is_the_same_on_every_call(name):
+    module = make(name).eval()
+    x = torch.randn(2, 30, DIM)
+    mask = padding(30, padded={1: list(range(24, 30))})
+    first = module(x, key_padding_mask=mask)
+    for _ in range(3):
+        torch.testing.assert_close(module(x, key_padding_mask=mask), first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", RANDOM)
+def test_training_steps_draw_afresh_and_eval_reuses_the_last_steps_draws(name):
+    module = make(name)
+    x = torch.randn(2, 30, DIM)
+    steps = [module(x) for _ in range(3)]
+    assert not torch.allclose(steps[0], steps[1])
+    assert not torch.allclose(steps[1], steps[2])
+    torch.testing.assert_close(module.eval()(x), steps[-1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", RANDOM)
+def test_a_restored_state_dict_repeats_eval_and_the_next_training_draws(name):
     x = torch.randn(2, 30, DIM)
     a, b = make(name), make(name, seed=5)
     a(x)
     b.load_state_dict(a.state_dict())
-    torch.testing.assert_close(b(x), a(x))
+    torch.testing.assert_close(b.eval()(x), a.eval()(x), rtol=0, atol=0)
+    torch.testing.assert_close(b.train()(x), a.train()(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -251,7 +286,7 @@ def test_skyformer_with_every_query_and_key_a_landmark_equals_gaussian_kernel_at
 def test_skyformer_draws_landmarks_among_real_tokens_half_queries_half_keys():
     module = SkyformerAttention(DIM, HEADS, num_features=6, seed=0)
     valid = ~padding(10, padded={0: [0, 1, 2, 3, 4, 5], 1: []})
-    index = module.landmark_indices(valid)
+    index = module.landmark_indices(valid, torch.Generator().manual_seed(0))
     assert index.shape == (2, 6)
     assert ((index[:, :3] >= 0) & (index[:, :3] < 10)).all()
     assert (index[:, 3:] >= 10).all()
@@ -316,7 +351,7 @@ def test_bigbird_with_every_block_drawn_at_random_equals_softmax():
 
 def test_bigbird_attends_to_window_global_and_distinct_random_blocks():
     module = BigBirdAttention(DIM, HEADS, block_size=4, window_blocks=3, global_blocks=2, random_blocks=2)
-    index, ok = module.key_blocks(10, torch.device("cpu"))
+    index, ok = module.key_blocks(10, torch.device("cpu"), torch.Generator().manual_seed(0))
     assert index.shape == ok.shape == (HEADS, 10, 7)
     for h in range(HEADS):
         for i in range(10):
@@ -345,9 +380,10 @@ def test_bigbird_block_size_is_half_the_feature_budget():
 
 
 def shared_qk_softmax_without_self(q: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Exact shared-QK attention: keys ``q / ||q||``, no attention to self unless no other key is real."""
+    """Exact shared-QK attention: logits ``q_i . q_j / ||q_j||`` (HF ``LSHSelfAttention``: keys of unit
+    length, no further scaling), no attention to self unless no other key is real."""
     n = q.shape[-2]
-    scores = q @ F.normalize(q, dim=-1).mT * q.shape[-1] ** -0.5
+    scores = q @ F.normalize(q, dim=-1).mT
     real = ~mask[:, None, None, :]
     eye = torch.eye(n, dtype=torch.bool)
     others = real & ~eye
@@ -363,6 +399,65 @@ def test_reformer_with_a_single_bucket_equals_shared_qk_softmax_without_self():
     out = module.attend(q, None, v, mask)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(out[1, :, 0], v[1, :, 0])  # alone: attends to itself
+
+
+def lsh_reference(q: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, size: int) -> torch.Tensor:
+    """Plain float64 LSH attention of given buckets ``(B, H, R, N)``, one query at a time.
+
+    Round ``r`` sorts the positions by (bucket, position); the rounds' sorted lists are concatenated and cut
+    into chunks of ``size``; a query attends to the keys of its chunk and of the chunk before it (cyclically
+    over all rounds' chunks), with logits ``q_i . q_j / ||q_j||`` and ``-1e5`` at its own position; rounds
+    are combined with weights ``softmax_r(lse_r)``. Kitaev et al. 2020, Section 2; HF ``LSHSelfAttention``.
+    """
+    b, h, rounds, n = buckets.shape
+    keys = F.normalize(q, dim=-1)
+    out = torch.zeros_like(v)
+    for bi in range(b):
+        for hi in range(h):
+            order = [
+                (r, i)
+                for r in range(rounds)
+                for i in sorted(range(n), key=lambda i: (buckets[bi, hi, r, i], i))
+            ]
+            chunks = len(order) // size
+            per_round = torch.zeros(n, rounds, v.shape[-1], dtype=v.dtype)
+            lse = torch.zeros(n, rounds, dtype=v.dtype)
+            for slot, (r, i) in enumerate(order):
+                chunk = slot // size
+                context = [order[chunk * size + t][1] for t in range(size)]
+                if chunks > 1:
+                    context += [order[((chunk - 1) % chunks) * size + t][1] for t in range(size)]
+                logits = torch.stack(
+                    [q[bi, hi, i] @ keys[bi, hi, j] if j != i else q.new_tensor(-1e5) for j in context]
+                )
+                per_round[i, r] = torch.softmax(logits, 0) @ v[bi, hi, context]
+                lse[i, r] = torch.logsumexp(logits, 0)
+            out[bi, hi] = (torch.softmax(lse, dim=-1)[..., None] * per_round).sum(1)
+    return out
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_reformer_chunked_attention_equals_the_plain_lsh_reference(rounds):
+    module = ReformerAttention(DIM, HEADS, chunk_length=4, n_hashes=rounds)
+    q, _, v = heads(12, seed=3, scale=2.0)
+    buckets = torch.randint(0, 4, (2, HEADS, rounds, 12), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    out = module.sorted_chunk_attention(q, v, buckets, valid, 4)
+    torch.testing.assert_close(out, lsh_reference(q, v, buckets, 4), rtol=1e-12, atol=1e-12)
+
+
+def test_reformer_hashes_each_head_with_its_own_rotations():
+    module = ReformerAttention(DIM, HEADS, n_hashes=2)
+    q = torch.randn(1, 1, 40, HEAD_DIM, dtype=torch.float64).expand(1, HEADS, 40, HEAD_DIM)
+    buckets = module.buckets(q, 8, torch.Generator().manual_seed(0))
+    assert buckets.shape == (1, HEADS, 2, 40)
+    assert not torch.equal(buckets[:, 0], buckets[:, 1])
+
+
+def test_reformer_bucket_count_follows_hf():
+    module = ReformerAttention(DIM, HEADS, chunk_length=64)
+    # 2 N / c rounded down to a power of two, N = chunks * c: 4096 / 64 = 64 chunks -> 128 buckets.
+    assert [module.bucket_count(c) for c in (1, 2, 3, 16, 63, 64)] == [2, 4, 4, 32, 64, 128]
 
 
 def test_reformer_shares_one_projection_for_queries_and_keys():
@@ -390,12 +485,42 @@ def test_reformer_attends_within_own_and_previous_chunk_only():
 
 
 def test_informer_with_u_equal_to_n_equals_softmax():
-    module = InformerAttention(DIM, HEADS, num_features=12, seed=0)
+    module = InformerAttention(DIM, HEADS, num_active_queries=12, seed=0)
     q, k, v = heads(12)
     mask = padding(12, padded={0: [4], 1: list(range(7, 12))})
     torch.testing.assert_close(
         module.attend(q, k, v, mask), softmax_attention(q, k, v, key_padding_mask=mask)
     )
+
+
+def test_informer_budget_is_the_paper_codes_factor_times_ceil_log_n():
+    # factor = ceil(s / ln(max_seq_len)), u = U = factor * ceil(ln N), capped at N.
+    module = InformerAttention(DIM, HEADS, num_features=128, max_seq_len=4096)
+    assert module.factor == 16
+    assert [module.active_queries(n) for n in (4096, 4000, 1024, 100, 20, 2, 1)] == [
+        144,
+        144,
+        112,
+        80,
+        20,
+        2,
+        1,
+    ]
+    assert [module.sampled_keys(n) for n in (4096, 1024, 20)] == [144, 112, 20]
+    assert InformerAttention(DIM, HEADS, num_features=128, max_seq_len=1024).active_queries(1024) == 133
+    fixed = InformerAttention(DIM, HEADS, num_active_queries=5, num_sampled_keys=7)
+    assert (fixed.active_queries(4096), fixed.sampled_keys(4096), fixed.active_queries(3)) == (5, 7, 3)
+
+
+def test_informer_attends_fully_with_factor_times_ceil_log_n_queries():
+    module = InformerAttention(
+        DIM, HEADS, num_features=6, max_seq_len=12, seed=0
+    )  # factor 3, u = 9 at N = 12
+    q, k, v = heads(12)
+    out = module.attend(q, k, v, None)
+    exact = softmax_attention(q, k, v)
+    active = (out - exact).abs().amax(-1) < 1e-12
+    assert (active.sum(-1) == 9).all()
 
 
 def test_informer_lazy_queries_output_the_mean_of_the_real_values():
@@ -414,10 +539,10 @@ def test_informer_lazy_queries_output_the_mean_of_the_real_values():
 
 
 def test_informer_measurement_is_max_minus_mean_of_sampled_scores():
-    module = InformerAttention(DIM, HEADS, num_features=12, seed=0)  # U = N = 12: 12 draws per query
+    module = InformerAttention(DIM, HEADS, num_sampled_keys=12, seed=0)  # U = N = 12: 12 draws per query
     q, k, _ = heads(12)
     valid = torch.ones(2, 12, dtype=torch.bool)
-    measured = module.sparsity_measurement(q, k, valid)
+    measured = module.sparsity_measurement(q, k, valid, torch.Generator().manual_seed(0))
     scores = q @ k.mT
     # The draws are with replacement: the measurement lies between bounds set by all scores.
     assert (measured <= scores.amax(-1) - scores.amin(-1) + 1e-12).all()

@@ -1,6 +1,7 @@
 """Token data in nanoGPT's format: ``train.bin``, ``val.bin`` (uint16 ids, memory-mapped), ``meta.json``.
 
-``prepare`` builds them from local text files with one of the tokenizers of :data:`TOKENIZERS`:
+``prepare`` builds them from local text files with one of the tokenizers of
+[`TOKENIZERS`][gpt_uptrain.TOKENIZERS]:
 
 - ``gpt2``: GPT-2's BPE through ``tiktoken`` (the optional extra ``gpt-uptrain[bpe]``); its encoding file
   is downloaded once by ``tiktoken`` and cached (``TIKTOKEN_CACHE_DIR``); offline without that cache it
@@ -12,8 +13,9 @@
 The files are concatenated in the order given (one newline between them) and the last ``val_fraction`` of
 the tokens is the validation split, as nanoGPT's ``prepare.py`` does.
 
-Batches are a function of ``(seed, iteration, micro-step)`` only (:meth:`TokenData.batch`), so a resumed run
-and a run split over processes see exactly the batches of one unbroken run.
+Batches are a function of ``(seed, iteration, micro-step)`` only
+([`TokenData.batch`][gpt_uptrain.TokenData.batch]), so a resumed run and a run split over processes see
+exactly the batches of one unbroken run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 META = "meta.json"
 SPLITS = ("train", "val")
@@ -164,7 +166,7 @@ def prepare(
     Args:
         files: UTF-8 text files, concatenated in this order.
         out: the data folder.
-        tokenizer: a name of :data:`TOKENIZERS`.
+        tokenizer: a name of [`TOKENIZERS`][gpt_uptrain.TOKENIZERS].
         val_fraction: the share of tokens (the last ones) that is validation data.
         extra_meta: more fields for ``meta.json`` (e.g. where the corpus came from).
 
@@ -274,6 +276,19 @@ class TokenData:
             split: np.memmap(self.root / f"{split}.bin", dtype=np.uint16, mode="r") for split in SPLITS
         }
 
+    def check_block_size(self, block_size: int, splits: Sequence[str] = SPLITS) -> None:
+        """Check that each split of ``splits`` has more than ``block_size + 1`` tokens (a window, its target).
+
+        Raises:
+            ValueError: naming the split, its length and the block size.
+        """
+        for split in splits:
+            if len(self.splits[split]) <= block_size + 1:
+                raise ValueError(
+                    f"block_size: {block_size} needs more than {block_size + 1} tokens, but {split}.bin of "
+                    f"{self.root} has {len(self.splits[split])}"
+                )
+
     def tokenizer(self):
         """The tokenizer of ``meta.json``."""
         return tokenizer_from_meta(self.meta)
@@ -293,11 +308,7 @@ class TokenData:
         (e.g. ``(run seed, iteration, micro-step)``) gives the same batch everywhere.
         """
         data = self.splits[split]
-        if len(data) <= block_size + 1:
-            raise ValueError(
-                f"block_size: {block_size} needs more than {block_size + 1} tokens, but {split}.bin of "
-                f"{self.root} has {len(data)}"
-            )
+        self.check_block_size(block_size, (split,))
         starts = np.random.default_rng(list(seed)).integers(0, len(data) - block_size - 1, size=batch_size)
         x = torch.from_numpy(np.stack([data[s : s + block_size] for s in starts]).astype(np.int64))
         y = torch.from_numpy(np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64))

@@ -41,7 +41,7 @@ def read_config(path: str | Path) -> dict:
 
 
 def gpt2_config_fields(config: dict) -> dict:
-    """The :class:`~gpt_uptrain.model.GPTConfig` shape fields of an HF GPT-2 ``config.json``.
+    """The [`GPTConfig`][gpt_uptrain.GPTConfig] shape fields of an HF GPT-2 ``config.json``.
 
     Raises:
         ValueError: a ``model_type`` other than ``gpt2``, a missing key, or an unsupported setting
@@ -87,7 +87,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model, path: str | Path) -> Path:
-    """Write a dense :class:`~gpt_uptrain.model.GPT` as an HF GPT-2 folder.
+    """Write a dense [`GPT`][gpt_uptrain.GPT] as an HF GPT-2 folder.
 
     The folder gets ``config.json`` and ``model.safetensors``.
 

@@ -1,12 +1,14 @@
-"""``layer-fit``: the synthetic single-layer fit of the RaLiMP paper (Fig. 2).
+"""layer-fit: the synthetic single-layer fit of the RaLiMP paper (Fig. 2).
 
 Subcommands:
 
-- ``quick``: a reduced protocol (under two minutes on two CPU cores), then its report;
-- ``run``: the paper's protocol, or any part of it (``--activations``, ``--methods``, ``--budgets``,
-  ``--seeds``, ``--steps``, ``--device``); finished runs in the results file are skipped;
-- ``report RESULTS``: Markdown/CSV tables (mean +/- std over seeds) and PNG plots;
-- ``methods``: list the method names.
+- quick: a reduced protocol (about two minutes on two CPU cores), then its report;
+- train: the paper's protocol, or any part of it (--activation, --layer, --features, --seed each take
+  several values; --steps, --device, --paper-literal, ...); finished runs in the results file are skipped;
+- report RESULTS: Markdown/CSV tables (mean +/- std over seeds) with the floors beside them, PNG plots;
+- list: the method names.
+
+Every setting is a flag and a key of the TOML file given with --config; flags win.
 """
 
 from __future__ import annotations
@@ -22,77 +24,58 @@ from layer_fit.methods import METHODS
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``layer-fit`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="layer-fit",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    quick = commands.add_parser(
-        "quick", help="reduced protocol on the CPU, then the report", description=QuickConfig.__doc__
-    )
-    ac.add_dataclass_arguments(quick, QuickConfig)
-    quick.set_defaults(run=_quick)
-
-    run = commands.add_parser(
-        "run", help="the protocol (or a selection), resumable", description=FitConfig.__doc__
-    )
-    ac.add_dataclass_arguments(run, FitConfig)
-    run.set_defaults(run=_run)
+    parser, commands = ac.app_parser("layer-fit", __doc__)
+    for name, cls, text in (
+        ("quick", QuickConfig, "reduced protocol on the CPU, then the report"),
+        ("train", FitConfig, "the protocol (or a selection), resumable"),
+    ):
+        sub = commands.add_parser(name, help=text, description=ac.plain_text(cls.__doc__))
+        ac.add_config_argument(sub)
+        ac.add_dataclass_arguments(sub, cls)
+        sub.set_defaults(run=_fit_and_report, config_class=cls)
 
     report = commands.add_parser(
-        "report", help="tables and plots of a results file", description=ReportConfig.__doc__
+        "report", help="tables and plots of a results file", description=ac.plain_text(ReportConfig.__doc__)
     )
     ac.add_dataclass_arguments(report, ReportConfig, positional=("results",))
     report.set_defaults(run=_report)
 
-    names = commands.add_parser("methods", help="list the method names", description="Print the methods.")
+    names = commands.add_parser("list", help="list the method names", description="Print the methods.")
     names.set_defaults(run=lambda args: print("\n".join(METHODS.names())))
     return parser
 
 
-def _fit_and_report(config: FitConfig) -> None:
+def _print(texts: dict[str, str]) -> None:
+    for key in ("table", "floors", "sweep", "sweep_floors"):
+        if key in texts:
+            print(texts[key] + "\n")
+
+
+def _fit_and_report(args: argparse.Namespace) -> None:
     from layer_fit.report import report
     from layer_fit.train import run_fit
 
+    config = ac.config_from(args.config_class, args, toml=ac.read_config(args))
     results = run_fit(config)
-    texts = report(ReportConfig(results=results, budget=32 if 32 in config.budgets else config.budgets[0]))
-    print(texts["table"])
-    if "sweep" in texts:
-        print("\n" + texts["sweep"])
+    features = 32 if 32 in config.features else config.features[0]
+    _print(report(ReportConfig(results=results, features=features)))
+    for departure in config.departures():
+        print(f"departure from the paper: {departure}")
     print(f"\nresults: {results}\nreport (Markdown, CSV, PNG): {Path(results).parent / 'report'}")
-
-
-def _quick(args: argparse.Namespace) -> None:
-    _fit_and_report(ac.config_from(QuickConfig, args))
-
-
-def _run(args: argparse.Namespace) -> None:
-    _fit_and_report(ac.config_from(FitConfig, args))
 
 
 def _report(args: argparse.Namespace) -> None:
     from layer_fit.report import report
 
     config = ac.config_from(ReportConfig, args)
-    texts = report(config)
-    print(texts["table"])
-    if "sweep" in texts:
-        print("\n" + texts["sweep"])
+    _print(report(config))
     out = config.out if config.out is not None else Path(config.results).parent / "report"
-    print(f"\ntables (Markdown, CSV) and plots (PNG) written to {out}")
+    print(f"tables (Markdown, CSV) and plots (PNG) written to {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``layer-fit`` with ``argv`` (default: the command line); errors exit with status 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.run(args)
-    except (ValueError, FileNotFoundError) as error:
-        parser.exit(2, f"layer-fit {args.command}: error: {error}\n")
-    return 0
+    return ac.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

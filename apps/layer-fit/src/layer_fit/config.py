@@ -1,130 +1,161 @@
-"""Configurations of ``layer-fit``: frozen dataclasses whose fields are the command-line flags, one to one."""
+"""Configurations of ``layer-fit``: frozen dataclasses whose fields are the command-line flags, one to one.
+
+The flags shared with the other apps (``--device``, ``--dtype``, ``--threads``, ``--steps``, ``--lr``,
+``--grad-clip``, ``--out``, ``--resume``, ``--layer``, ``--features``, ``--seed``, ``--log-every``) come from
+``app_common``; here ``--layer``, ``--features``, ``--seed`` and ``--activation`` take several values: the
+grid of runs.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+import app_common as ac
 
 #: The activations of the paper's Fig. 2.
 ACTIVATIONS = ("gelu", "silu", "tanh", "sigmoid", "softsign")
 #: The four methods of Fig. 2, and RaLiMP with a trainable ``Psi`` (``layer_fit.METHODS`` also holds
 #: ``linear``, a rank-``r`` linear map).
 PAPER_METHODS = ("lowrank", "eugen", "snnk", "ralimp", "ralimp-psi")
-#: The budget sweep of the issue.
+#: The budget sweep of the paper's Fig. 2 (right).
 SWEEP_BUDGETS = (16, 32, 64, 128, 256)
+#: The fields that make the grid (several values each); the rest is the protocol every run shares.
+GRID = ("activation", "layer", "features", "seed")
 
 
-@dataclass(frozen=True)
-class FitConfig:
-    """The synthetic single-layer fit (RaLiMP paper, Fig. 2): every activation x method x budget x seed.
+@dataclass(frozen=True, kw_only=True)
+class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+    """The synthetic single-layer fit (RaLiMP paper, Fig. 2): every activation x layer x features x seed.
 
     Defaults are the paper's protocol: W (256 x 256) and X (8192 x 256) i.i.d. Unif[0, 1], the
     pre-activation centered by its mean, X and Y = f(X W^T) standardized per column, full-batch Adam at
-    lr 1e-2 with cosine decay and gradient clipping at 10 for 3000 steps, 10 seeds, train MSE reported.
-    Finished runs found in the results file are skipped; a killed run resumes from its checkpoint.
+    lr 1e-2 with cosine decay and gradient-norm clipping at 10 for 3000 steps, 10 seeds, train MSE
+    reported. Two departures are on unless --paper-literal: a per-column output scale and shift, and
+    balance="auto" for RaLiMP and SNNK (features at x / lambda and lambda w; without it RaLiMP's features
+    overflow float32 at step 0 at width 256). Finished runs found in the results file are skipped; a killed
+    run resumes from its checkpoint. A run's identity is every setting except device, threads, out,
+    resume, checkpoint_every and log_every; resuming under another identity is refused.
     """
 
-    activations: tuple[str, ...] = field(
-        default=ACTIVATIONS, metadata={"help": "target activations f", "metavar": "NAME"}
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")
+
+    activation: tuple[str, ...] = field(
+        default=ACTIVATIONS, metadata={"help": "target activations f (several: a grid)", "metavar": "NAME"}
     )
-    methods: tuple[str, ...] = field(
-        default=PAPER_METHODS,
-        metadata={"help": "methods (lowrank, eugen, snnk, ralimp, ralimp-psi, linear)", "metavar": "NAME"},
+    layer: tuple[str, ...] = ac.option(
+        "layer",
+        PAPER_METHODS,
+        help="methods (several: a grid): lowrank, eugen, snnk, ralimp, ralimp-psi, linear",
+        metavar="NAME",
     )
-    budgets: tuple[int, ...] = field(
-        default=(32,), metadata={"help": "random features / rank per method (the sweep: 16 32 64 128 256)"}
+    features: tuple[int, ...] = ac.option(
+        "features",
+        (32,),
+        help="random features (rank for lowrank/linear) per method, spent by ralimp.create (several: a "
+        "grid; the paper's sweep: 16 32 64 128 256)",
     )
-    seeds: int = field(
-        default=10, metadata={"help": "number of seeds per run (first_seed, first_seed+1, ...)"}
+    seed: tuple[int, ...] = ac.option(
+        "seed", tuple(range(10)), help="seeds of the dense initialization and the projections (a grid)"
     )
-    first_seed: int = field(default=0, metadata={"help": "the first seed"})
-    steps: int = field(default=3000, metadata={"help": "Adam steps (full batch)"})
-    lr: float = field(default=1e-2, metadata={"help": "peak learning rate (cosine decay to 0)"})
-    clip: float = field(default=10.0, metadata={"help": "gradient-norm clipping threshold"})
+    steps: int = ac.option("steps", 3000, help="Adam steps (full batch; the cosine decay ends there)")
+    lr: float = ac.option("lr", 1e-2)
+    grad_clip: float = ac.option("grad_clip", 10.0)
     samples: int = field(default=8192, metadata={"help": "rows of X"})
     dim: int = field(default=256, metadata={"help": "input and output width (W is dim x dim)"})
     data_seed: int = field(default=0, metadata={"help": "seed of W and X (fixed across runs)"})
     center: str = field(
         default="column",
         metadata={
-            "help": "centering of the pre-activation: 'column' (each unit by its mean) or 'global'",
+            "help": "centering of the pre-activation: column (each unit by its mean) or global",
             "choices": ("column", "global"),
         },
     )
     output_affine: bool = field(
         default=True,
-        metadata={
-            "help": "follow every method by a per-column scale and shift (the targets are standardized)"
-        },
+        metadata={"help": "follow every method by a per-column scale and shift (a departure)"},
     )
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:<i>"})
-    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: leave torch's default)"})
-    out: Path = field(
-        default=Path("results/layer-fit"),
-        metadata={"help": "folder of results.jsonl, checkpoints/ and the report"},
+    paper_literal: bool = field(
+        default=False,
+        metadata={"help": "the paper's layers exactly: balance 1 and no output scale and shift"},
+    )
+    out: Path = ac.option(
+        "out", Path("results/layer-fit"), help="folder of results.jsonl, checkpoints/, report/"
     )
     checkpoint_every: int = field(
         default=500, metadata={"help": "save a resumable checkpoint every this many steps (0: never)"}
     )
-    log_every: int = field(default=50, metadata={"help": "record the training loss every this many steps"})
+    log_every: int = ac.option("log_every", 50, help="steps between the recorded training-loss points")
 
     def __post_init__(self) -> None:
-        for name in ("seeds", "steps", "samples", "dim", "log_every"):
+        """Positive sizes and at least one value of every grid field."""
+        super().__post_init__()
+        for name in ("samples", "dim", "log_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        for name in ("first_seed", "data_seed", "checkpoint_every", "threads"):
+                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+        for name in ("data_seed", "checkpoint_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
-        if not self.lr > 0 or not self.clip > 0:
-            raise ValueError(f"lr, clip: expected positive numbers, got lr={self.lr!r}, clip={self.clip!r}")
-        for name in ("activations", "methods", "budgets"):
+                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 0, got {value!r}")
+        for name in GRID:
             if not getattr(self, name):
-                raise ValueError(f"{name}: expected at least one value")
-        if any(b < 1 for b in self.budgets):
-            raise ValueError(f"budgets: expected positive integers, got {self.budgets!r}")
+                raise ValueError(f"--{name}: expected at least one value")
+        if any(s < 0 for s in self.seed):
+            raise ValueError(f"--seed: expected integers >= 0, got {self.seed!r}")
+        if any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in self.features):
+            raise ValueError(f"--features: expected integers >= 1, got {self.features!r}")
+
+    @property
+    def balance(self) -> float | str:
+        """RaLiMP's and SNNK's ``balance``: ``"auto"`` (a departure), or 1 with ``paper_literal``."""
+        return 1.0 if self.paper_literal else "auto"
+
+    @property
+    def affine(self) -> bool:
+        """Whether the output scale and shift is on (never with ``paper_literal``)."""
+        return self.output_affine and not self.paper_literal
+
+    def departures(self) -> list[str]:
+        """What this protocol does that the paper does not (recorded with every run)."""
+        found = []
+        if self.balance == "auto":
+            found.append(
+                "balance='auto' for ralimp and snnk: features at x/lambda, lambda w (not in the paper)"
+            )
+        if self.affine:
+            found.append("output scale and shift per column after every method (not in the paper)")
+        return found
 
     def protocol(self) -> dict:
-        """The settings two runs must share for their MSEs to be comparable (and a finished run reused)."""
-        return {
-            "steps": self.steps,
-            "lr": self.lr,
-            "clip": self.clip,
-            "samples": self.samples,
-            "dim": self.dim,
-            "data_seed": self.data_seed,
-            "center": self.center,
-            "output_affine": self.output_affine,
-        }
+        """The settings every run of the grid shares: a run's identity without its grid point."""
+        return {k: v for k, v in ac.run_identity(self).items() if k not in GRID}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuickConfig(FitConfig):
-    """A reduced protocol that runs in under two minutes on two CPU cores, then prints the report.
+    """A reduced protocol that runs in about two minutes on two CPU cores, then prints the report.
 
-    Every activation and method at budget 32, but 512 x 64 data, 200 steps, 2 seeds, one CPU thread: a
+    Every activation and method at 32 features, but 512 x 64 data, 200 steps, 2 seeds, one CPU thread: a
     check of the whole pipeline (data, training, results, tables, plots), not the paper's measurement.
     """
 
-    steps: int = field(default=200, metadata={"help": "Adam steps (full batch)"})
-    seeds: int = field(default=2, metadata={"help": "number of seeds per run"})
+    seed: tuple[int, ...] = ac.option("seed", (0, 1))
+    steps: int = ac.option("steps", 200, help="Adam steps (full batch)")
     samples: int = field(default=512, metadata={"help": "rows of X"})
     dim: int = field(default=64, metadata={"help": "input and output width (W is dim x dim)"})
-    threads: int = field(default=1, metadata={"help": "torch CPU threads (0: leave torch's default)"})
+    threads: int = ac.option("threads", 1)
     checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every this many steps (0: never)"})
-    out: Path = field(
-        default=Path("results/layer-fit-quick"),
-        metadata={"help": "folder of results.jsonl, checkpoints/ and the report"},
-    )
+    out: Path = ac.option("out", Path("results/layer-fit-quick"), help="folder of results.jsonl and report/")
 
 
 @dataclass(frozen=True)
 class ReportConfig:
     """Tables (Markdown, CSV) and plots (PNG) of a results file: mean +/- std of the train MSE over seeds."""
 
-    results: Path = field(metadata={"help": "the results.jsonl written by `layer-fit run`"})
+    results: Path = field(metadata={"help": "the results.jsonl written by layer-fit train"})
     out: Path | None = field(
         default=None, metadata={"help": "output folder (default: RESULTS' folder/report)"}
     )
-    budget: int = field(default=32, metadata={"help": "the budget of the main table and the bar plot"})
+    features: int = field(default=32, metadata={"help": "the features of the main table and the bar plot"})

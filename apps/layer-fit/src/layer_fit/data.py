@@ -70,7 +70,7 @@ def make_data(
         samples: rows of ``X``.
         dim: columns of ``X``; ``W`` is ``(dim, dim)``.
         seed: seed of ``W`` and ``X``.
-        center: a key of :data:`CENTERINGS`.
+        center: a key of [`CENTERINGS`][layer_fit.CENTERINGS].
         device: where the tensors go.
         dtype: their dtype.
     """

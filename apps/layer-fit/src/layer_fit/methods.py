@@ -1,20 +1,22 @@
-"""The methods of the fit at a feature budget, built from ``ralimp``'s constructors, as a registry.
+"""The methods of the fit at a feature budget, each made by ``ralimp.create``, as a registry.
 
-Each builder takes ``(linear, activation, budget, *, seed, sample)`` and returns a module mapping
+Each builder takes ``(linear, activation, budget, *, seed, sample, balance)`` and returns a module mapping
 ``(..., dim)`` to ``(..., dim)``, initialized from ``linear`` (the same seeded, untrained ``nn.Linear`` for
-every method) with ``from_linear``. Budget ``B`` maps onto the constructors as the paper counts it:
+every method). ``ralimp.create`` spends the budget ``B`` exactly (``num_random_features == B``, the
+paper's counting; table in the RaLiMP guide):
 
-- ``lowrank``: ``ralimp.LowRank(rank=B)``, ``f(U V x + b)`` with the activation applied exactly;
-- ``eugen``: ``ralimp.EUGen(poly_degree=2, num_features=B)``;
-- ``snnk``: ``ralimp.SNNK(num_features=B)`` (Fourier variant, ``B`` complex projections);
-- ``ralimp``: ``ralimp.RaLiMP(poly_degree=2, poly_features=B/4, num_atoms=1, num_freqs=3,
-  freq_features=B/8, tau=1)``: ``B/4 + 2 * 1 * 3 * B/8 = B`` (``B = 32``: 8 polynomial + 24 rational
-  features, 3 frequencies x m = 4, one atom; the shipped fits' single atom is centered, ``p = 0``);
+- ``lowrank``: ``f(U V x + b)``, rank ``B``, the activation applied exactly;
+- ``eugen``: EUGen of degree 2 with ``B`` rows per projection;
+- ``snnk``: SNNK (Fourier variant), ``B`` complex projections;
+- ``ralimp``: RaLiMP with ``K = 2``, one atom at 3 Gauss-Laguerre nodes, ``tau = 1`` (App. D.1): at
+  ``B = 32`` 8 polynomial + 2 x 3 x 4 = 24 rational features;
 - ``ralimp-psi``: the same RaLiMP, compressed at initialization with an identity following layer
-  (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as the
-  package's EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
-- ``linear`` (not in the paper's figure): ``ralimp.LowRank(rank=B)`` with the identity as activation, a
-  purely linear rank-``B`` map.
+  (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as
+  EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
+- ``linear`` (not in the paper's figure): a rank-``B`` linear map ``U V x + b`` (LowRank with the
+  identity as activation).
+
+``balance`` goes to RaLiMP and SNNK (``"auto"``, a departure, or 1, the paper's layer).
 """
 
 from __future__ import annotations
@@ -25,68 +27,48 @@ import torch
 from torch import nn
 
 import ralimp
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 Builder = Callable[..., nn.Module]
 
-#: Method name -> builder ``(linear, activation, budget, *, seed, sample) -> nn.Module``;
+#: Method name -> builder ``(linear, activation, budget, *, seed, sample, balance) -> nn.Module``;
 #: ``METHODS.register("name")(builder)`` adds one.
 METHODS: Registry[Builder] = Registry("method")
 
+#: RaLiMP's shape in the paper's single-layer fit (App. D.1); the budget sets the feature counts.
+RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0}
+
 
 @METHODS.register("lowrank")
-def build_lowrank(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
+def build_lowrank(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
     """``f(U V x + b)``, rank ``budget``, from the truncated SVD of ``linear``."""
-    return ralimp.LowRank.from_linear(linear, activation, rank=budget, seed=seed)
+    return ralimp.create("lowrank", linear, activation, budget=budget, seed=seed)
 
 
 @METHODS.register("eugen")
-def build_eugen(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
+def build_eugen(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
     """EUGen of degree 2 with ``budget`` rows per projection."""
-    return ralimp.EUGen.from_linear(linear, activation, poly_degree=2, num_features=budget, seed=seed)
+    return ralimp.create("eugen", linear, activation, budget=budget, seed=seed, poly_degree=2)
 
 
 @METHODS.register("snnk")
-def build_snnk(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
-    """SNNK (Fourier variant) with ``budget`` projections, balanced on ``sample``."""
-    return ralimp.SNNK.from_linear(linear, activation, num_features=budget, seed=seed, sample=sample)
-
-
-def ralimp_split(budget: int) -> tuple[int, int]:
-    """``(poly_features, freq_features)`` of a RaLiMP with budget ``B``: ``B/4`` and ``B/8`` (``B % 8 == 0``).
-
-    One atom at 3 Gauss-Laguerre nodes spends ``2 * 3 * freq_features`` features (real and imaginary parts),
-    so ``B/4 + 6 B/8 = B``: the paper's 8 + 24 at ``B = 32``.
-    """
-    if budget % 8 or budget < 8:
-        raise ValueError(
-            f"budget: RaLiMP splits B into B/4 + 6 * B/8, expected a multiple of 8, got {budget}"
-        )
-    return budget // 4, budget // 8
+def build_snnk(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+    """SNNK (Fourier variant) with ``budget`` projections; ``balance`` calibrated on ``sample``."""
+    return ralimp.create("snnk", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance)
 
 
 @METHODS.register("ralimp")
-def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
-    """RaLiMP, K = 2 with ``B/4`` features, one atom at 3 nodes x ``B/8`` projections, ``tau = 1``."""
-    poly, freq = ralimp_split(budget)
-    return ralimp.RaLiMP.from_linear(
-        linear,
-        activation,
-        poly_degree=2,
-        poly_features=poly,
-        num_atoms=1,
-        num_freqs=3,
-        freq_features=freq,
-        tau=1.0,
-        seed=seed,
-        sample=sample,
+def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+    """RaLiMP of :data:`RALIMP_SHAPE` spending ``budget``; ``balance`` calibrated on ``sample``."""
+    return ralimp.create(
+        "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **RALIMP_SHAPE
     )
 
 
 @METHODS.register("ralimp-psi")
-def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
-    """:func:`build_ralimp` compressed with the identity: a trainable ``Psi (out, F)`` on a frozen ``Phi``."""
-    layer = build_ralimp(linear, activation, budget, seed=seed, sample=sample)
+def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+    """``build_ralimp`` compressed with the identity: a trainable ``Psi (out, F)`` on a frozen ``Phi``."""
+    layer = build_ralimp(linear, activation, budget, seed=seed, sample=sample, balance=balance)
     eye = nn.Linear(linear.out_features, linear.out_features, bias=False, device=linear.weight.device)
     with torch.no_grad():
         eye.weight.copy_(torch.eye(linear.out_features))
@@ -99,9 +81,9 @@ def identity(t: torch.Tensor) -> torch.Tensor:
 
 
 @METHODS.register("linear")
-def build_linear(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample: torch.Tensor):
+def build_linear(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
     """A rank-``budget`` linear map ``U V x + b`` (no activation), from the truncated SVD of ``linear``."""
-    return ralimp.LowRank.from_linear(linear, identity, rank=budget, seed=seed)
+    return ralimp.create("lowrank", linear, identity, budget=budget, seed=seed)
 
 
 class FitModel(nn.Module):
@@ -109,7 +91,8 @@ class FitModel(nn.Module):
 
     The targets are standardized per column; a shared head lets every method match each column's scale,
     which ``LowRank`` (whose outputs lie in the range of ``f``) and ``RaLiMP`` (one rational function
-    for all units) could not otherwise do.
+    for all units) could not otherwise do. The head is a departure from the paper (``--paper-literal``
+    turns it off).
     """
 
     def __init__(self, layer: nn.Module, out_features: int, *, output_affine: bool = True) -> None:
@@ -135,6 +118,7 @@ def build(
     dim: int,
     seed: int,
     sample: torch.Tensor,
+    balance: float | str = "auto",
     output_affine: bool = True,
     device: torch.device | str = "cpu",
 ) -> FitModel:
@@ -146,5 +130,5 @@ def build(
     builder = METHODS.get(method)
     torch.manual_seed(seed)
     linear = nn.Linear(dim, dim, device=device)
-    layer = builder(linear, activation, budget, seed=seed, sample=sample)
+    layer = builder(linear, activation, budget, seed=seed, sample=sample, balance=balance)
     return FitModel(layer.to(device), dim, output_affine=output_affine)

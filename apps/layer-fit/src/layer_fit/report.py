@@ -3,7 +3,12 @@
 Writes to the output folder:
 
 - ``table.md`` / ``table.csv``: activation x method at one budget (Fig. 2, left), with the lowest method;
-- ``sweep.md`` / ``sweep.csv``: activation x method x budget (Fig. 2, right), when several budgets were run;
+- ``floors.md`` / ``floors.csv``: beside the table, each method's information floor (the least MSE of any
+  readout of its fixed random features) and the Eckart-Young floor of its width ``F``
+  ([`layer_fit.floors`][layer_fit.floors]): a method near its floors is limited by its features, one far
+  above them by its training;
+- ``sweep.md`` / ``sweep.csv``: activation x method x budget (Fig. 2, right), when several budgets were run,
+  and ``sweep_floors.md`` / ``.csv`` beside it;
 - ``mse_bars.png``: grouped bars per activation at the budget, log scale, error bars one std;
 - ``mse_vs_budget.png``: MSE against budget per activation, one line per method (several budgets only).
 
@@ -21,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import app_common as ac
-from layer_fit.config import ACTIVATIONS, PAPER_METHODS, ReportConfig
-from layer_fit.train import PROTOCOL_KEYS
-from rf_matrices import markdown_table
+from layer_fit.config import ACTIVATIONS, PAPER_METHODS, FitConfig, ReportConfig
+
+#: The record fields that make two runs comparable.
+PROTOCOL_KEYS = tuple(FitConfig().protocol())
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,9 @@ class Cell:
     seeds: int
     diverged: int
     seconds: float
+    information_floor: float | None = None
+    eckart_young_floor: float | None = None
+    feature_dim: int | None = None
 
 
 def _ordered(values: set[str], preferred: tuple[str, ...]) -> list[str]:
@@ -65,8 +74,16 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
             seeds=len(ok),
             diverged=len(runs) - len(ok),
             seconds=statistics.fmean(r["train_seconds"] for r in runs),
+            information_floor=_mean_of(runs, "information_floor"),
+            eckart_young_floor=_mean_of(runs, "eckart_young_floor"),
+            feature_dim=runs[0].get("feature_dim"),
         )
     return cells
+
+
+def _mean_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.fmean(values) if values else None
 
 
 def _fmt(cell: Cell | None) -> str:
@@ -112,6 +129,46 @@ def main_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def floors_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
+    """Activation x method at ``budget``: ``information floor / Eckart-Young floor (F)`` beside the MSE table.
+
+    ``-``: a method without fixed features (LowRank, linear), which neither floor bounds.
+    """
+    activations, methods, _ = _axes(cells)
+    header = ["activation", *methods]
+    rows = []
+    for activation in activations:
+        found = [cells.get((activation, m, budget)) for m in methods]
+        if not any(found):
+            continue
+
+        def cell(c: Cell | None) -> str:
+            if c is None or c.information_floor is None:
+                return "-"
+            return f"{c.information_floor:.3e} / {c.eckart_young_floor:.3e} (F={c.feature_dim})"
+
+        rows.append([activation, *(cell(c) for c in found)])
+    return header, rows
+
+
+def floor_lines(cells: dict, budget: int) -> list[str]:
+    """For each method with fixed features: how far its mean MSE is above its information floor."""
+    _, methods, _ = _axes(cells)
+    lines = []
+    for method in methods:
+        ratios = [
+            c.mean / c.information_floor
+            for (a, m, b), c in cells.items()
+            if m == method and b == budget and c.information_floor and not math.isnan(c.mean)
+        ]
+        if ratios:
+            lines.append(
+                f"{method}: trained MSE / information floor = {min(ratios):.3g} .. {max(ratios):.3g} over "
+                f"{len(ratios)} activations (1: limited by its features; >> 1: by its training)."
+            )
+    return lines
+
+
 def _swept(cells: dict) -> list[str]:
     """The activations run at more than one budget."""
     activations, _, _ = _axes(cells)
@@ -132,20 +189,65 @@ def sweep_table(cells: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def sweep_floors_table(cells: dict) -> tuple[list[str], list[list[str]]]:
+    """The floors beside the sweep: ``information floor / Eckart-Young floor`` per budget."""
+    _, methods, budgets = _axes(cells)
+    header = ["activation", "method", *(f"B={b}" for b in budgets)]
+
+    def cell(c: Cell | None) -> str:
+        if c is None or c.information_floor is None:
+            return "-"
+        return f"{c.information_floor:.3e} / {c.eckart_young_floor:.3e}"
+
+    rows = [
+        [a, m, *(cell(cells.get((a, m, b))) for b in budgets)]
+        for a in _swept(cells)
+        for m in methods
+        if any(cells.get((a, m, b)) and cells[(a, m, b)].information_floor is not None for b in budgets)
+    ]
+    return header, rows
+
+
 def write_csv(path: Path, cells: dict) -> None:
-    """Long format: ``activation, method, budget, mse_mean, mse_std, seeds, diverged, train_seconds``."""
+    """Long format: activation, method, budget, mse mean and std, seeds, diverged, train seconds, floors."""
     activations, methods, budgets = _axes(cells)
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(
-            ["activation", "method", "budget", "mse_mean", "mse_std", "seeds", "diverged", "train_seconds"]
+            [
+                "activation",
+                "method",
+                "budget",
+                "mse_mean",
+                "mse_std",
+                "seeds",
+                "diverged",
+                "train_seconds",
+                "information_floor",
+                "eckart_young_floor",
+                "feature_dim",
+            ]
         )
         for a in activations:
             for m in methods:
                 for b in budgets:
                     c = cells.get((a, m, b))
                     if c is not None:
-                        writer.writerow([a, m, b, c.mean, c.std, c.seeds, c.diverged, f"{c.seconds:.2f}"])
+                        writer.writerow(
+                            [
+                                a,
+                                m,
+                                b,
+                                c.mean,
+                                c.std,
+                                c.seeds,
+                                c.diverged,
+                                f"{c.seconds:.2f}",
+                                c.information_floor,
+                                c.eckart_young_floor,
+                                c.feature_dim,
+                            ]
+                        )
 
 
 def plot_bars(cells: dict, budget: int, path: Path) -> None:
@@ -224,16 +326,19 @@ def report(config: ReportConfig) -> dict[str, str]:
     out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     _, _, budgets = _axes(cells)
-    budget = config.budget if config.budget in budgets else budgets[0]
+    budget = config.features if config.features in budgets else budgets[0]
     _, methods, _ = _axes(cells)
     claims = [claim_line(cells, budget, m) for m in ("ralimp", "ralimp-psi") if m in methods]
-    texts = {"table": "\n\n".join([markdown_table(*main_table(cells, budget)), *claims])}
+    texts = {"table": "\n\n".join([ac.markdown_table(*main_table(cells, budget)), *claims])}
     (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
     write_csv(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
+    floors = ac.write_table(out / "floors", *floors_table(cells, budget))
+    texts["floors"] = "\n\n".join([floors, *floor_lines(cells, budget)])
     plot_bars(cells, budget, out / "mse_bars.png")
     if _swept(cells):
-        texts["sweep"] = markdown_table(*sweep_table(cells))
+        texts["sweep"] = ac.markdown_table(*sweep_table(cells))
         (out / "sweep.md").write_text(texts["sweep"] + "\n", encoding="utf-8")
         write_csv(out / "sweep.csv", cells)
+        texts["sweep_floors"] = ac.write_table(out / "sweep_floors", *sweep_floors_table(cells))
         plot_budget(cells, out / "mse_vs_budget.png")
     return texts

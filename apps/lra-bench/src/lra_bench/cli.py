@@ -1,112 +1,97 @@
-"""``lra-bench``: train and compare any attention on the Long Range Arena, with the paper's tables.
+"""lra-bench: train and compare any attention on the Long Range Arena, with the paper's tables.
 
 Subcommands:
 
-- ``train --task T --attention A --features F --seed S --data DIR``: one run (``torchrun`` for DDP);
-- ``sweep``: tasks x attentions x features x seeds, skipping finished runs, ``--shard i/n``;
-- ``report RESULTS``: Tables 1, 7, 8 (Markdown, CSV) and the Figure 4 heatmaps (PNG);
-- ``quickstart``: generate a small ListOps set, train a few attentions on the CPU, print Table 1;
-- ``attentions``: list the attention names.
+- train --task T --attention A --attention-features F --seed S --data DIR: one run (torchrun for DDP);
+- sweep: task x attention x attention features x seed, skipping finished runs, --shard i/n;
+- report RESULTS: Tables 1, 7, 8 (Markdown, CSV) and the Figure 4 heatmaps (PNG);
+- quick (alias quickstart): generate a small ListOps set, train a few attentions on the CPU, print Table 1;
+- list: the attention names.
 
-Every setting is a flag and a key of the TOML file given with ``--config``; flags win.
+Every setting is a flag and a key of the TOML file given with --config; flags win.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 import app_common as ac
 import rf_attention
-from lra_bench.config import QuickstartConfig, ReportConfig, SweepConfig, TrainConfig
+from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
 
-_GRID = ("task", "attention", "features", "seed", "resume")
-
-
-def _config_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="TOML file: keys are the flags' names with underscores; [table6.<task>] tables override Table 6",
-    )
-
-
-def _toml(args: argparse.Namespace) -> dict:
-    return ac.read_toml(args.config) if args.config is not None else {}
-
-
-def _split_toml(table: dict, cls: type) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in table.items() if k in names}
+_TOML_HELP = (
+    "TOML file: keys are the flags' names with underscores; [table6.<task>] tables override Table 6 "
+    "(flags given win)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``lra-bench`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="lra-bench",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("lra-bench", __doc__)
 
-    train = commands.add_parser("train", help="one training run", description=TrainConfig.__doc__)
-    _config_flag(train)
+    train = commands.add_parser(
+        "train", help="one training run", description=ac.plain_text(TrainConfig.__doc__)
+    )
+    ac.add_config_argument(train, _TOML_HELP)
     ac.add_dataclass_arguments(train, TrainConfig)
     train.set_defaults(run=_train)
 
     sweep = commands.add_parser(
-        "sweep", help="a grid of runs, resumable and shardable", description=SweepConfig.__doc__
+        "sweep",
+        help="a grid of runs, resumable and shardable",
+        description=ac.plain_text(SweepConfig.__doc__),
     )
-    _config_flag(sweep)
+    ac.add_config_argument(sweep, _TOML_HELP)
     ac.add_dataclass_arguments(sweep.add_argument_group("grid"), SweepConfig)
-    ac.add_dataclass_arguments(sweep.add_argument_group("settings of every run"), TrainConfig, exclude=_GRID)
+    ac.add_dataclass_arguments(sweep.add_argument_group("settings of every run"), TrainConfig, exclude=GRID)
     sweep.set_defaults(run=_sweep)
 
     report = commands.add_parser(
-        "report", help="paper-style tables and heatmaps", description=ReportConfig.__doc__
+        "report", help="paper-style tables and heatmaps", description=ac.plain_text(ReportConfig.__doc__)
     )
     ac.add_dataclass_arguments(report, ReportConfig, positional=("results",))
     report.set_defaults(run=_report)
 
     quick = commands.add_parser(
-        "quickstart", help="small offline run of the whole pipeline", description=QuickstartConfig.__doc__
+        "quick",
+        aliases=["quickstart"],
+        help="small offline run of the whole pipeline (alias: quickstart)",
+        description=ac.plain_text(QuickConfig.__doc__),
     )
-    ac.add_dataclass_arguments(quick, QuickstartConfig)
-    quick.set_defaults(run=_quickstart)
+    ac.add_dataclass_arguments(quick, QuickConfig)
+    quick.set_defaults(run=_quick)
 
     names = commands.add_parser(
-        "attentions", help="list the attention names", description="Print rf_attention.names()."
+        "list", help="list the attention names", description="Print rf_attention.names()."
     )
     names.add_argument("pattern", nargs="?", default=None, help="shell-style filter, e.g. 'oprf-*'")
-    names.set_defaults(run=_attentions)
+    names.set_defaults(run=_list)
     return parser
 
 
 def _train(args: argparse.Namespace) -> None:
     from lra_bench.train import train
 
-    table = _toml(args)
-    config = ac.config_from(TrainConfig, args, toml=table)
-    train(config.resolved(table.get("table6")))
+    table = ac.read_config(args)
+    (settings,) = ac.split_toml(table, TrainConfig, extra=("table6",), source=args.config)
+    settings.update({k: v for k, v in vars(args).items() if k in ac.leaf_fields(TrainConfig)})
+    train(train_config(settings, table.get("table6")))
 
 
 def _sweep(args: argparse.Namespace) -> None:
     from lra_bench.sweep import run_sweep
 
-    table = _toml(args)
-    sweep = ac.config_from(SweepConfig, args, toml=_split_toml(table, SweepConfig))
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - set(_GRID)
-    unknown = set(table) - train_fields - {f.name for f in dataclasses.fields(SweepConfig)} - {"table6"}
-    if unknown:
-        raise ValueError(f"{args.config}: unknown keys {', '.join(sorted(unknown))}")
-    settings = {k: v for k, v in table.items() if k in train_fields}
-    settings.update({k: v for k, v in vars(args).items() if k in train_fields})
-    checked = ac.config_from(TrainConfig, settings, task=sweep.tasks[0])  # types and values, once
-    shared = {name: getattr(checked, name) for name in train_fields}
-    outcome = run_sweep(sweep, shared, table.get("table6"))
+    table = ac.read_config(args)
+    grid_toml, run_toml = ac.split_toml(
+        table, SweepConfig, TrainConfig, extra=("table6",), source=args.config
+    )
+    sweep = ac.config_from(SweepConfig, args, toml=grid_toml)
+    run_fields = set(ac.leaf_fields(TrainConfig)) - set(GRID)
+    settings = {k: v for k, v in run_toml.items() if k in run_fields}
+    settings.update({k: v for k, v in vars(args).items() if k in run_fields})
+    outcome = run_sweep(sweep, settings, table.get("table6"))
     if outcome["failed"]:
         raise RuntimeError(f"{len(outcome['failed'])} runs failed: {', '.join(outcome['failed'])}")
 
@@ -121,15 +106,15 @@ def _report(args: argparse.Namespace) -> None:
     print(f"\ntables (Markdown, CSV) and heatmaps written to {out}")
 
 
-def _quickstart(args: argparse.Namespace) -> None:
-    from lra_bench.quickstart import quickstart
+def _quick(args: argparse.Namespace) -> None:
+    from lra_bench.quickstart import quick
 
-    config = ac.config_from(QuickstartConfig, args)
-    print(quickstart(config))
+    config = ac.config_from(QuickConfig, args)
+    print(quick(config))
     print(f"\nfull report: {Path(config.out) / 'report'}")
 
 
-def _attentions(args: argparse.Namespace) -> None:
+def _list(args: argparse.Namespace) -> None:
     print("\n".join(rf_attention.names(args.pattern)))
 
 

@@ -1,8 +1,10 @@
 """Configurations of ``lra-bench``: the hyper-parameters of Spectraformer Table 6 and every run setting.
 
 Each frozen dataclass maps one to one onto the flags of a subcommand (``batch_size`` is ``--batch-size``)
-and onto the keys of a TOML file (``--config FILE``). Precedence, later winning: Table 6 (per task), a
-``[table6.<task>]`` table of the TOML file, the TOML file's top-level keys, the command-line flags.
+and onto the keys of a TOML file (``--config FILE``); the flags shared with the other apps (``--device``,
+``--steps``, ``--lr``, ``--attention``, ...) come from ``app_common``'s field groups. Precedence, later
+winning: Table 6 (per task), a ``[table6.<task>]`` table of the TOML file, the TOML file's top-level keys,
+the command-line flags.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import app_common as ac
 import lra_data
-from app_common import DEVICES, DTYPES, config_dict
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,9 @@ class TaskHyperparameters:
 
     Attributes:
         batch_size: examples per optimizer step (the global batch under DDP).
-        learning_rate: peak learning rate of AdamW.
+        lr: peak learning rate of AdamW.
         warmup_steps: steps of linear warm-up from 0 to the peak.
-        eval_frequency: steps between evaluations on the validation split.
+        eval_every: steps between evaluations on the validation split.
         eval_steps: validation batches per evaluation (the first ``eval_steps`` batches, the same each
             time; 0 = the whole split).
         init_steps: steps before early stopping may stop the run (Table 6's "Num. init steps").
@@ -35,9 +37,9 @@ class TaskHyperparameters:
     """
 
     batch_size: int
-    learning_rate: float
+    lr: float
     warmup_steps: int
-    eval_frequency: int
+    eval_every: int
     eval_steps: int
     init_steps: int
     max_length: int
@@ -54,38 +56,28 @@ TABLE_6: dict[str, TaskHyperparameters] = {
 
 TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskHyperparameters))
 
-#: Fields that do not change what a run computes: left out of the run's identity (:func:`run_name`).
-NOT_IDENTITY = ("data", "results", "runs", "resume", "device", "compile", "workers", "threads", "log_every")
 
+def table6_row(task: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Table 6's row of ``task`` with the overrides of a TOML file's ``[table6.<task>]`` table applied.
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run: ``lra-bench train`` (every field is a flag, ``--batch-size`` for ``batch_size``).
-
-    The model rows of Table 6 are the defaults; per-task rows left at None come from :data:`TABLE_6`
-    when the run starts (:meth:`resolved`).
+    Raises:
+        ValueError: an unknown task, or an override that is no field of
+            [`TaskHyperparameters`][lra_bench.TaskHyperparameters].
     """
+    if task not in TABLE_6:
+        raise ValueError(f"--task: unknown {task!r}; expected one of {', '.join(lra_data.TASKS)}")
+    row = dataclasses.asdict(TABLE_6[task])
+    given = dict((overrides or {}).get(task, {}))
+    unknown = set(given) - set(row)
+    if unknown:
+        raise ValueError(f"table6.{task}: unknown {', '.join(sorted(unknown))}; expected {', '.join(row)}")
+    return {**row, **given}
 
-    task: str = field(metadata={"help": "LRA task", "choices": lra_data.TASKS})
-    attention: str = field(default="softmax", metadata={"help": "any name of rf_attention.names()"})
-    features: int = field(default=128, metadata={"help": "random features (rows of the weight matrix)"})
-    seed: int = field(default=0, metadata={"help": "seed of the weights, random features, data order"})
-    data: Path = field(default=Path("data/lra"), metadata={"help": "cache root of lra-data (DATA/TASK)"})
-    results: Path = field(
-        default=Path("results/lra-bench.jsonl"), metadata={"help": "JSON-lines file the result goes to"}
-    )
-    runs: Path = field(
-        default=Path("runs/lra-bench"), metadata={"help": "folder of the runs' checkpoints and logs"}
-    )
-    resume: bool = field(default=False, metadata={"help": "continue from the run's checkpoint if any"})
-    device: str = field(
-        default="auto", metadata={"help": "auto: CUDA if available", "metavar": "|".join(DEVICES)}
-    )
-    dtype: str = field(default="float32", metadata={"help": "autocast precision", "choices": tuple(DTYPES)})
-    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
-    threads: int = field(default=0, metadata={"help": "CPU threads of torch (0: torch's default)"})
-    # Model (Table 6, the same for every task).
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(ac.AttentionFields):
+    """The encoder of Table 6 (the same for every task) and its attention."""
+
     embedding_dim: int = field(default=64, metadata={"help": "token and position embedding width"})
     dim: int = field(default=64, metadata={"help": "transformer width"})
     hidden_dim: int = field(default=128, metadata={"help": "feed-forward and classifier hidden width"})
@@ -95,104 +87,144 @@ class TrainConfig:
     attention_dropout: float = field(
         default=0.1, metadata={"help": "dropout on attention probabilities (attentions that have them)"}
     )
-    # Training (Table 6, per task when None).
-    batch_size: int | None = field(default=None, metadata={"help": "global batch; None: Table 6"})
-    learning_rate: float | None = field(default=None, metadata={"help": "peak AdamW rate; None: Table 6"})
-    warmup_steps: int | None = field(default=None, metadata={"help": "linear warm-up steps; None: Table 6"})
-    eval_frequency: int | None = field(default=None, metadata={"help": "steps between evaluations"})
-    eval_steps: int | None = field(default=None, metadata={"help": "validation batches (0: whole split)"})
-    init_steps: int | None = field(default=None, metadata={"help": "steps before early stopping may stop"})
-    max_length: int | None = field(default=None, metadata={"help": "tokens kept per document"})
-    max_steps: int = field(default=50_000, metadata={"help": "step budget (linear decay ends here)"})
-    patience: int = field(default=10, metadata={"help": "evaluations without improvement before stopping"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    grad_clip: float = field(default=1.0, metadata={"help": "clip gradient values to [-c, c]; 0: off"})
-    log_every: int = field(default=50, metadata={"help": "steps between training-loss log lines"})
 
     def __post_init__(self) -> None:
-        if self.task not in lra_data.TASKS:
-            raise ValueError(f"task: unknown {self.task!r}; expected one of {', '.join(lra_data.TASKS)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        positive = ("features", "dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers", "max_steps")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
+        """Widths and counts >= 1, heads dividing the width, rates in [0, 1)."""
+        super().__post_init__()
+        for name in ("dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
         if self.dim % self.num_heads:
-            raise ValueError(f"num_heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
+            raise ValueError(f"--num-heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}: expected a rate in [0, 1), got {getattr(self, name)}")
-        if self.patience < 1:
-            raise ValueError(f"patience: expected an integer >= 1, got {self.patience}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')}: expected a rate in [0, 1), got {getattr(self, name)}"
+                )
 
-    def resolved(self, table6: Mapping[str, Mapping[str, Any]] | None = None) -> TrainConfig:
-        """This configuration with every per-task field that is None taken from Table 6.
 
-        Args:
-            table6: per-task overrides of Table 6 (``{"listops": {"batch_size": 8}}``, a TOML file's
-                ``[table6.listops]`` table).
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+    """One training run: ``lra-bench train``.
 
-        Raises:
-            ValueError: an override that is no field of :class:`TaskHyperparameters`.
-        """
-        row = dataclasses.asdict(TABLE_6[self.task])
-        overrides = dict((table6 or {}).get(self.task, {}))
-        unknown = set(overrides) - set(row)
-        if unknown:
-            raise ValueError(
-                f"table6.{self.task}: unknown {', '.join(sorted(unknown))}; expected {', '.join(row)}"
-            )
-        row.update(overrides)
-        config = dataclasses.replace(self, **{k: v for k, v in row.items() if getattr(self, k) is None})
+    Per-task fields left at None (batch size, lr, warm-up, eval every, eval steps, init steps, max length)
+    are filled from Table 6 when the configuration is made. The run's identity (its folder name and what
+    a resumed checkpoint must match) is every setting except data, out, resume, device, threads,
+    compile, workers and log_every.
+    """
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("data", "compile", "workers")
+
+    task: str = field(metadata={"help": "LRA task", "choices": lra_data.TASKS})
+    seed: int = ac.option("seed", 0)
+    data: Path = field(default=Path("data/lra"), metadata={"help": "cache root of lra-data (DATA/TASK)"})
+    out: Path = ac.option(
+        "out", Path("results/lra-bench"), help="folder of results.jsonl and runs/<run>/ (checkpoint, log)"
+    )
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # Training (Table 6, per task when None).
+    steps: int = ac.option("steps", 50_000, help="step budget (the linear decay ends here)")
+    lr: float | None = ac.option("lr", None, help="peak AdamW learning rate; None: Table 6")
+    grad_clip: float = ac.option("grad_clip", 1.0)
+    eval_every: int | None = ac.option("eval_every", None, help="steps between evaluations; None: Table 6")
+    log_every: int = ac.option("log_every", 50)
+    batch_size: int | None = field(default=None, metadata={"help": "global batch; None: Table 6"})
+    warmup_steps: int | None = field(default=None, metadata={"help": "linear warm-up steps; None: Table 6"})
+    eval_steps: int | None = field(
+        default=None, metadata={"help": "validation batches per evaluation (0: whole split); None: Table 6"}
+    )
+    init_steps: int | None = field(
+        default=None, metadata={"help": "steps before early stopping may stop; None: Table 6"}
+    )
+    max_length: int | None = field(default=None, metadata={"help": "tokens kept per document; None: Table 6"})
+    patience: int = field(default=10, metadata={"help": "evaluations without improvement before stopping"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+
+    def __post_init__(self) -> None:
+        """Fill the per-task fields left at None from Table 6, then check every value."""
+        row = table6_row(self.task)
         for name in TASK_FIELDS:
-            value = getattr(config, name)
-            if name == "learning_rate":
-                if value <= 0:
-                    raise ValueError(f"learning_rate: expected a rate > 0, got {value}")
-                continue
-            low = 0 if name in ("warmup_steps", "eval_steps", "init_steps") else 1
-            if value < low:
-                raise ValueError(f"{name}: expected an integer >= {low}, got {value}")
-        return config
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, row[name])
+        super().__post_init__()
+        for name in ("batch_size", "max_length", "patience"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}"
+                )
+        for name in ("warmup_steps", "eval_steps", "init_steps", "workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')}: expected an integer >= 0, got {getattr(self, name)}"
+                )
+
+
+def train_config(
+    settings: Mapping[str, Any], table6: Mapping[str, Mapping[str, Any]] | None = None
+) -> TrainConfig:
+    """A [`TrainConfig`][lra_bench.TrainConfig] from flat settings, Table 6 overrides under them.
+
+    Args:
+        settings: field values by name (the model's fields flat, as their flags), ``task`` among them;
+            None values are left to Table 6.
+        table6: a TOML file's ``[table6.<task>]`` tables.
+
+    Raises:
+        ValueError: no task, or an unknown Table 6 override.
+    """
+    if settings.get("task") is None:
+        raise ValueError(f"--task: required, one of {', '.join(lra_data.TASKS)}")
+    task = settings["task"]
+    table6_row(task, table6)  # unknown overrides fail here
+    given = {k: v for k, v in settings.items() if v is not None}
+    return ac.config_from(TrainConfig, {**(table6 or {}).get(task, {}), **given})
 
 
 def run_name(config: TrainConfig) -> str:
-    """The run's identity: task, attention, features, seed and a digest of the other settings.
-
-    The digest covers every setting that changes the result (not the paths, device, ``compile``,
-    workers or logging), after Table 6 is filled in.
+    """The run's identity: task, attention, features, seed and a digest of the other identity settings.
 
     ``listops-oprf-fastfoodl-f128-s0-3f2a9c1e``: its checkpoint folder, and the key by which a sweep
-    knows a run is done.
+    knows a run is done. The digest covers [`app_common.run_identity`][app_common.run_identity] (Table 6
+    filled in).
     """
-    if any(getattr(config, k) is None for k in TASK_FIELDS):
-        config = config.resolved()
-    settings = {k: v for k, v in config_dict(config).items() if k not in NOT_IDENTITY}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{config.task}-{config.attention}-f{config.features}-s{config.seed}-{digest}"
+    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    model = config.model
+    return f"{config.task}-{model.attention}-f{model.attention_features}-s{config.seed}-{digest}"
+
+
+#: Fields of the grid of ``lra-bench sweep`` (each takes several values there).
+GRID = ("task", "attention", "attention_features", "seed")
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """The grid of ``lra-bench sweep``: tasks x attentions x feature counts x seeds.
+    """The grid of ``lra-bench sweep``: task x attention x attention features x seed.
 
-    Every other flag of ``lra-bench train`` is accepted too and applies to every run.
+    Each grid flag is the ``train`` flag of the same name, taking several values; every other flag of
+    ``lra-bench train`` is accepted too and applies to every run. Every attention name and option is
+    checked before the first run starts.
     """
 
-    tasks: tuple[str, ...] = field(default=lra_data.TASKS, metadata={"help": "tasks"})
-    attentions: tuple[str, ...] = field(
+    task: tuple[str, ...] = field(
+        default=lra_data.TASKS, metadata={"help": "tasks", "choices": lra_data.TASKS}
+    )
+    attention: tuple[str, ...] = field(
         default=("softmax", "performer", "oprf-fastfoodl"), metadata={"help": "attention names"}
     )
-    features: tuple[int, ...] = field(default=(64, 128, 256, 512), metadata={"help": "feature counts"})
-    seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata={"help": "seeds"})
+    attention_features: tuple[int, ...] = field(
+        default=(64, 128, 256, 512), metadata={"help": "random-feature counts of the attention"}
+    )
+    seed: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata={"help": "seeds"})
     shard: str = field(default="0/1", metadata={"help": "i/n: run the i-th of n interleaved parts"})
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.tasks if t not in lra_data.TASKS]
+        unknown = [t for t in self.task if t not in lra_data.TASKS]
         if unknown:
             raise ValueError(
-                f"tasks: unknown {', '.join(unknown)}; expected some of {', '.join(lra_data.TASKS)}"
+                f"--task: unknown {', '.join(unknown)}; expected some of {', '.join(lra_data.TASKS)}"
             )
         self.shard_index()
 
@@ -205,9 +237,9 @@ class SweepConfig:
         try:
             i, n = (int(part) for part in self.shard.split("/"))
         except ValueError:
-            raise ValueError(f"shard: expected 'i/n' with integers, got {self.shard!r}") from None
+            raise ValueError(f"--shard: expected 'i/n' with integers, got {self.shard!r}") from None
         if not 0 <= i < n:
-            raise ValueError(f"shard: expected 0 <= i < n, got {self.shard!r}")
+            raise ValueError(f"--shard: expected 0 <= i < n, got {self.shard!r}")
         return i, n
 
 
@@ -217,31 +249,49 @@ class ReportConfig:
 
     results: Path = field(metadata={"help": "JSON-lines results file of train/sweep"})
     out: Path | None = field(default=None, metadata={"help": "output folder; None: RESULTS' folder/report"})
-    table1_features: int = field(default=128, metadata={"help": "feature count of the Table 1 rows"})
+    table1_features: int = field(default=128, metadata={"help": "attention features of the Table 1 rows"})
     time_unit: str = field(
         default="h", metadata={"help": "unit of training time", "choices": ("s", "min", "h")}
     )
 
 
-@dataclass(frozen=True)
-class QuickstartConfig:
-    """``lra-bench quickstart``: a small generated ListOps set, a few attentions, the report table."""
+@dataclass(frozen=True, kw_only=True)
+class QuickConfig(ac.RuntimeFields):
+    """``lra-bench quick`` (alias ``quickstart``): generated ListOps, a few attentions, Table 1."""
 
-    out: Path = field(default=Path("runs/quickstart"), metadata={"help": "folder of data, runs and report"})
-    attentions: tuple[str, ...] = field(
-        default=("softmax", "performer", "oprf-fastfoodl"), metadata={"help": "attentions to train"}
+    out: Path = ac.option("out", Path("runs/quickstart"), help="folder of data, runs and report")
+    attention: tuple[str, ...] = ac.option(
+        "attention", ("softmax", "performer", "oprf-fastfoodl"), help="attentions to train"
     )
     train_examples: int = field(default=4000, metadata={"help": "generated training expressions"})
     eval_examples: int = field(default=500, metadata={"help": "generated validation and test expressions"})
     max_depth: int = field(default=4, metadata={"help": "ListOps tree depth"})
     max_args: int = field(default=4, metadata={"help": "ListOps arguments per operator"})
     max_length: int = field(default=100, metadata={"help": "longest generated expression (tokens)"})
-    features: int = field(default=64, metadata={"help": "random features"})
-    max_steps: int = field(default=1000, metadata={"help": "steps per attention"})
+    attention_features: int = ac.option("attention_features", 64)
+    steps: int = ac.option("steps", 1000, help="steps per attention")
     batch_size: int = field(default=32, metadata={"help": "batch size"})
-    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    seed: int = field(default=0, metadata={"help": "seed"})
-    device: str = field(default="auto", metadata={"help": "auto: CUDA if available"})
-    threads: int = field(
-        default=1, metadata={"help": "CPU threads of torch: the models are tiny; more threads only contend"}
+    lr: float = ac.option("lr", 1e-3)
+    seed: int = ac.option("seed", 0)
+    threads: int = ac.option(
+        "threads", 1, help="CPU threads of torch: the models are tiny; more threads only contend"
     )
+
+    def __post_init__(self) -> None:
+        """Every count >= 1 (checked before any data is generated)."""
+        super().__post_init__()
+        for name in (
+            "train_examples",
+            "eval_examples",
+            "max_depth",
+            "max_args",
+            "max_length",
+            "attention_features",
+            "steps",
+            "batch_size",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr: expected a number > 0, got {self.lr!r}")

@@ -3,9 +3,9 @@
 Token and learned position embeddings (64), dropout, 2 pre-LayerNorm transformer blocks of width 64 with
 2 heads of 32 and a feed-forward of 128, a final LayerNorm, mean pooling over the tokens that are not
 padding, and a classifier MLP. Retrieval encodes both documents with the shared encoder and classifies
-``[u, v, u * v, u - v]``::
+``[u, v, u * v, u - v]``:
 
-    model = LRAClassifier(config, vocab_size=16, num_classes=10, pair=False)
+    model = LRAClassifier(config.model, vocab_size=16, num_classes=10, pair=False, max_length=2000, seed=0)
     logits = model(tokens, key_padding_mask)                          # (B, L), (B, L) -> (B, 10)
     logits = model(tokens_0, mask_0, tokens_1, mask_1)                # Retrieval
 """
@@ -16,43 +16,41 @@ import torch
 from torch import nn
 
 import rf_attention
-from lra_bench.config import TrainConfig
+from lra_bench.config import ModelConfig
 
 
-def create_attention(config: TrainConfig, layer: int) -> tuple[nn.Module, bool]:
-    """The attention of block ``layer`` and whether it applies attention dropout.
+def create_attention(config: ModelConfig, *, seed: int) -> tuple[nn.Module, bool]:
+    """The attention of one block and whether it applies attention dropout.
 
-    ``rf_attention.create(config.attention, ...)`` with the output dropout, the feature count and a seed
-    derived from the run's seed and the layer (every layer draws its own random features). Attentions
-    that compute attention probabilities take ``attention_dropout``; kernelized ones have no
-    probabilities to drop and are created without it.
+    ``rf_attention.create(config.attention, ...)`` with the output dropout, the feature count and
+    ``seed`` (every layer draws its own random features). An attention that computes attention
+    probabilities says so with an ``attention_dropout`` attribute (``SoftmaxAttention``); it gets
+    ``config.attention_dropout``. Kernelized attentions have no probabilities to drop.
+
+    Raises:
+        ValueError: an unknown attention name or a bad option (from ``rf_attention``).
     """
-    kwargs = {"num_features": config.features, "dropout": config.dropout, "seed": 1000 * config.seed + layer}
-    if config.attention_dropout > 0:
-        try:
-            return (
-                rf_attention.create(
-                    config.attention,
-                    config.dim,
-                    config.num_heads,
-                    attention_dropout=config.attention_dropout,
-                    **kwargs,
-                ),
-                True,
-            )
-        except TypeError as error:
-            if "attention_dropout" not in str(error):
-                raise
-    return rf_attention.create(config.attention, config.dim, config.num_heads, **kwargs), False
+    attention = rf_attention.create(
+        config.attention,
+        config.dim,
+        config.num_heads,
+        num_features=config.attention_features,
+        dropout=config.dropout,
+        seed=seed,
+    )
+    applies = hasattr(attention, "attention_dropout")
+    if applies:
+        attention.attention_dropout = config.attention_dropout
+    return attention, applies and config.attention_dropout > 0
 
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``."""
 
-    def __init__(self, config: TrainConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, *, seed: int) -> None:
         super().__init__()
         self.norm_1 = nn.LayerNorm(config.dim)
-        self.attention, self.attention_dropout_applied = create_attention(config, layer)
+        self.attention, self.attention_dropout_applied = create_attention(config, seed=seed)
         self.norm_2 = nn.LayerNorm(config.dim)
         self.mlp = nn.Sequential(
             nn.Linear(config.dim, config.hidden_dim),
@@ -72,19 +70,17 @@ class LRAEncoder(nn.Module):
     """Tokens ``(B, N)`` -> one vector per sequence ``(B, dim)``: the mean over its non-padding tokens.
 
     Args:
-        config: the model rows of Table 6 (``embedding_dim``, ``dim``, ``hidden_dim``, ``num_heads``,
-            ``num_layers``, ``dropout``, ``attention_dropout``), the attention, features and seed, and
-            ``max_length`` (positions with a learned embedding).
+        config: the model rows of Table 6 and the attention.
         vocab_size: token ids ``0 .. vocab_size - 1``, 0 being padding.
+        max_length: positions with a learned embedding.
+        seed: block ``i``'s attention draws its random features from ``1000 * seed + i``.
     """
 
-    def __init__(self, config: TrainConfig, vocab_size: int) -> None:
+    def __init__(self, config: ModelConfig, *, vocab_size: int, max_length: int, seed: int) -> None:
         super().__init__()
-        if config.max_length is None:
-            raise ValueError("config: max_length is None; pass config.resolved() (Table 6 filled in)")
-        self.max_length = config.max_length
+        self.max_length = max_length
         self.token_embedding = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=0)
-        self.position_embedding = nn.Embedding(config.max_length, config.embedding_dim)
+        self.position_embedding = nn.Embedding(max_length, config.embedding_dim)
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.position_embedding.weight, std=0.02)
         with torch.no_grad():
@@ -95,7 +91,9 @@ class LRAEncoder(nn.Module):
             else nn.Linear(config.embedding_dim, config.dim)
         )
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.num_layers))
+        self.blocks = nn.ModuleList(
+            Block(config, seed=1000 * seed + layer) for layer in range(config.num_layers)
+        )
         self.norm = nn.LayerNorm(config.dim)
 
     def forward(self, tokens: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
@@ -119,10 +117,19 @@ class LRAClassifier(nn.Module):
     ``[u, v, u * v, u - v]`` (width ``4 dim``).
     """
 
-    def __init__(self, config: TrainConfig, *, vocab_size: int, num_classes: int, pair: bool) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        vocab_size: int,
+        num_classes: int,
+        pair: bool,
+        max_length: int,
+        seed: int,
+    ) -> None:
         super().__init__()
         self.pair = pair
-        self.encoder = LRAEncoder(config, vocab_size)
+        self.encoder = LRAEncoder(config, vocab_size=vocab_size, max_length=max_length, seed=seed)
         width = 4 * config.dim if pair else config.dim
         self.head = nn.Sequential(
             nn.Linear(width, config.hidden_dim), nn.ReLU(), nn.Linear(config.hidden_dim, num_classes)
@@ -130,7 +137,7 @@ class LRAClassifier(nn.Module):
 
     @property
     def attention_dropout_applied(self) -> bool:
-        """Whether the attentions apply attention dropout (see :func:`create_attention`)."""
+        """Whether the attentions apply attention dropout (see `create_attention`)."""
         return all(block.attention_dropout_applied for block in self.encoder.blocks)
 
     def forward(

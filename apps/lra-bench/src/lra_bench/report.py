@@ -13,7 +13,6 @@ means. ``mu`` is the mean over the tasks the row has results for (the paper's ro
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from collections import defaultdict
@@ -24,7 +23,6 @@ import app_common as ac
 import lra_data
 import rf_attention
 from lra_bench.config import ReportConfig
-from rf_matrices import markdown_table
 
 TASK_LETTERS = {"listops": "L", "text": "T", "retrieval": "R", "image": "I", "pathfinder": "P"}
 TIME_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
@@ -220,12 +218,10 @@ def heatmaps(cells: dict, out: Path) -> list[Path]:
 
 
 def _write(out: Path, stem: str, header: list[str], rows: list[list[str]]) -> str:
-    with (out / f"{stem}.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-    text = markdown_table(header, rows) if rows else f"(no rows: {stem} needs results of matching attentions)"
-    (out / f"{stem}.md").write_text(text + "\n")
+    text = ac.write_table(out / stem, header, rows)
+    if not rows:
+        text = f"(no rows: {stem} needs results of matching attentions)"
+        (out / f"{stem}.md").write_text(text + "\n", encoding="utf-8")
     return text
 
 

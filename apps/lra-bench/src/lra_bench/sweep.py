@@ -1,41 +1,63 @@
 """``lra-bench sweep``: every run of a grid, each in a fresh process, skipping those already in the results.
 
-The grid ``tasks x attentions x features x seeds`` is enumerated in a fixed order; shard ``i/n`` takes runs
-``i, i + n, i + 2n, ...`` so ``n`` machines (or GPUs) split it without talking to each other. A run is done
-when the results file holds a line with its :func:`~lra_bench.config.run_name`; every other run starts
-with ``resume=True``, so re-running the same command after a crash continues where it stopped.
+The grid ``task x attention x attention_features x seed`` is enumerated in a fixed order; shard ``i/n``
+takes runs ``i, i + n, i + 2n, ...`` so ``n`` machines (or GPUs) split it without talking to each other.
+A run is done when the results file holds a line with its [`run_name`][lra_bench.run_name]; every other
+run resumes its checkpoint, so re-running the same command after a crash continues where it stopped.
 
-Each run gets its own process: its peak memory (on the CPU the peak RSS, which a process cannot reset) is
-its own, and a crash of one run does not end the sweep.
+Every attention name and option of the grid is checked before the first run starts (a typo fails at
+once, not in every run). Each run gets its own process ([`app_common.run_child`][app_common.run_child]): its
+peak memory
+(on the CPU the peak RSS, which a process cannot reset) is its own, a crash of one run does not end the
+sweep, and SIGTERM sent to the sweep reaches the running child, which is waited for.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import app_common as ac
-from lra_bench.config import SweepConfig, TrainConfig, run_name
+from lra_bench.config import SweepConfig, TrainConfig, run_name, train_config
+from lra_bench.model import create_attention
+from lra_bench.train import RESULTS
 
 
 def grid(sweep: SweepConfig, settings: Mapping[str, Any], table6: Mapping | None = None) -> list[TrainConfig]:
-    """The resolved run configurations of the whole grid, in order (before sharding).
+    """The run configurations of the whole grid, in order (before sharding).
 
     Args:
         sweep: the grid.
-        settings: values of the other :class:`TrainConfig` fields, the same for every run.
-        table6: per-task overrides of Table 6 (see :meth:`TrainConfig.resolved`).
+        settings: values of the other [`TrainConfig`][lra_bench.TrainConfig] fields (flat), the same
+            for every run.
+        table6: per-task overrides of Table 6 (a TOML file's ``[table6.<task>]`` tables).
     """
     return [
-        TrainConfig(
-            task=task, attention=attention, features=features, seed=seed, **{**settings, "resume": True}
-        ).resolved(table6)
+        train_config(
+            {**settings, "task": task, "attention": attention, "attention_features": features, "seed": seed},
+            table6,
+        )
         for task, attention, features, seed in itertools.product(
-            sweep.tasks, sweep.attentions, sweep.features, sweep.seeds
+            sweep.task, sweep.attention, sweep.attention_features, sweep.seed
         )
     ]
+
+
+def check_attentions(configs: list[TrainConfig]) -> None:
+    """Build each distinct attention of ``configs`` once, so that a bad name or option fails now.
+
+    Raises:
+        ValueError: naming the attention and what is wrong with it.
+    """
+    for model in {config.model for config in configs}:
+        try:
+            create_attention(model, seed=0)
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"--attention {model.attention} (attention_features={model.attention_features}): {error}"
+            ) from None
 
 
 def _run(config: TrainConfig) -> None:
@@ -52,26 +74,29 @@ def run_sweep(
     Returns:
         The run names that were ``done`` before, ``ran`` now and ``failed`` (a process that exited with
         an error; the other runs still run).
+
+    Raises:
+        ValueError: a bad setting or attention anywhere in the grid (before any run starts).
+        app_common.Terminated: the sweep got SIGTERM (the running child got it too and was waited for).
     """
     index, count = sweep.shard_index()
-    runs = grid(sweep, settings, table6)[index::count]
+    everything = grid(sweep, settings, table6)
+    check_attentions(everything)
+    runs = everything[index::count]
     outcome: dict[str, list[str]] = {"done": [], "ran": [], "failed": []}
     if not runs:
         return outcome
-    results = runs[0].results
+    results = Path(runs[0].out) / RESULTS
     finished = {record.get("run") for record in ac.read_jsonl(results, missing_ok=True)}
-    context = multiprocessing.get_context("spawn")
     for config in ac.progress(runs, desc=f"sweep {sweep.shard}", unit="run"):
         name = run_name(config)
         if name in finished:
             outcome["done"].append(name)
             continue
-        process = context.Process(target=_run, args=(config,), name=name)
-        process.start()
-        process.join()
-        outcome["ran" if process.exitcode == 0 else "failed"].append(name)
-        if process.exitcode != 0:
-            print(f"{name}: failed (exit code {process.exitcode}); the sweep goes on")
+        exitcode = ac.run_child(_run, config, name=name)
+        outcome["ran" if exitcode == 0 else "failed"].append(name)
+        if exitcode != 0:
+            print(f"{name}: failed (exit code {exitcode}); the sweep goes on")
     print(
         f"sweep {sweep.shard}: {len(runs)} runs, {len(outcome['done'])} already done, {len(outcome['ran'])} "
         f"ran now, {len(outcome['failed'])} failed"

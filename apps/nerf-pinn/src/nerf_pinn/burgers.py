@@ -3,7 +3,7 @@
 ``u_t + u u_x = nu u_xx`` on ``x in [-1, 1]``, ``t in [0, 1]``, ``u(0, x) = -sin(pi x)``, ``u(t, +-1) = 0``,
 ``nu = 0.01 / pi`` (Raissi et al. 2019). With ``u = -2 nu (log phi)_x`` the equation becomes the heat
 equation ``phi_t = nu phi_xx``, whose solution from ``phi(0, y) = exp(-cos(pi y) / (2 pi nu))`` gives
-(Basdevant et al. 1986)::
+(Basdevant et al. 1986):
 
     u(t, x) = - int sin(pi (x - eta)) f(x - eta) exp(-eta^2 / (4 nu t)) d eta
               / int f(x - eta) exp(-eta^2 / (4 nu t)) d eta,       f(y) = exp(-cos(pi y) / (2 pi nu)).
@@ -97,7 +97,7 @@ def reference_grid(
 
 
 def compare_with_mat(path: str, *, quadrature_nodes: int = 100) -> dict[str, float]:
-    """Relative L2 and max differences between :func:`reference_grid` and a ``burgers_shock.mat`` file.
+    """Relative L2 and max differences between `reference_grid` and a ``burgers_shock.mat`` file.
 
     The file (Raissi et al.'s ``burgers_shock.mat``) holds ``x (256, 1)``, ``t (100, 1)``,
     ``usol (256, 100)``; it is read with ``scipy.io.loadmat``.

@@ -1,16 +1,18 @@
-"""``nerf-pinn``: coordinate networks with linearized MLPs (RaLiMP, SNNK, EUGen) against the dense MLP.
+"""nerf-pinn: coordinate networks with linearized MLPs (RaLiMP, SNNK, EUGen) against the dense MLP.
 
 Subcommands:
 
-- ``pinn``: a PINN for viscous Burgers, relative L2 error against the Cole-Hopf reference;
-- ``siren``: SIREN fitting an image (scikit-image's ``camera``), PSNR;
-- ``nerf``: NeRF on posed images (Blender folder, tiny_nerf npz, or the offline synthetic scene), PSNR;
-- ``scene``: render the offline synthetic scene to an npz file (the tiny_nerf format);
-- ``burgers-check``: compare the reference solution with a ``burgers_shock.mat`` file.
+- train --family pinn|siren|nerf: train and compare the variants of one family (the family's flags:
+  nerf-pinn <family> --help);
+- pinn, siren, nerf: shortcuts of train --family <family>: a PINN for viscous Burgers (relative L2 error
+  against the Cole-Hopf reference), SIREN fitting an image (PSNR), NeRF on posed images (PSNR);
+- list: the families and the layer kinds;
+- scene: render the offline synthetic scene to an npz file (the tiny_nerf format);
+- burgers-check: compare the reference solution with a burgers_shock.mat file.
 
 Every family trains each variant, then times the inference of all of them in the same run; results go to
-``<out>/results.jsonl``, ``<out>/results.md`` and PNG plots. Every setting is a flag and a key of the TOML
-file given with ``--config`` (the paper-scale settings ship in the app's ``configs/``); flags win.
+<out>/results.jsonl, <out>/results.md and PNG plots. Every setting is a flag and a key of the TOML file
+given with --config (the paper-scale settings ship in the app's configs/); flags win.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import app_common as ac
-from nerf_pinn.config import NerfConfig, PinnConfig, SirenConfig
+from nerf_pinn.config import FAMILIES
+from nerf_pinn.layers import KINDS
 
 
 @dataclass(frozen=True)
@@ -51,17 +54,27 @@ def _family(name: str):
     return {"pinn": PinnFamily, "siren": SirenFamily, "nerf": NerfFamily}[name]
 
 
-FAMILIES = {"pinn": PinnConfig, "siren": SirenConfig, "nerf": NerfConfig}
-
-
 def _run_family(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import compare
 
-    toml = ac.read_toml(args.config) if args.config is not None else {}
-    config = ac.config_from(FAMILIES[args.command], args, toml=toml)
-    compare(_family(args.command)(config))
+    family = args.family
+    fields = ac.leaf_fields(FAMILIES[family])
+    foreign = sorted(k for k in vars(args) if k in _ALL_FIELDS and k not in fields)
+    if foreign:
+        flags = ", ".join(ac.flag(k) for k in foreign)
+        raise ValueError(f"{flags}: not a setting of the {family} family (see nerf-pinn {family} --help)")
+    config = ac.config_from(FAMILIES[family], args, toml=ac.read_config(args))
+    compare(_family(family)(config))
     print((Path(config.out) / "results.md").read_text())
     print(f"records: {Path(config.out) / 'results.jsonl'}; plots: {Path(config.out)}/*.png")
+
+
+_ALL_FIELDS = {name for cls in FAMILIES.values() for name in ac.leaf_fields(cls)}
+
+
+def _list(args: argparse.Namespace) -> None:
+    print("families: " + " ".join(FAMILIES))
+    print("layer kinds: " + " ".join(KINDS))
 
 
 def _scene(args: argparse.Namespace) -> None:
@@ -81,24 +94,37 @@ def _check(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``nerf-pinn`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="nerf-pinn",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser, commands = ac.app_parser("nerf-pinn", __doc__)
+    train = commands.add_parser(
+        "train",
+        help="train and compare the variants of one family",
+        description="Train and compare the variants of one family; its flags: nerf-pinn <family> --help.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    train.add_argument("--family", required=True, choices=tuple(FAMILIES), help="the experiment family")
+    ac.add_config_argument(train)
+    added: set[str] = set()
+    for cls in FAMILIES.values():  # every family's flags, once each; the family's own are checked
+        ac.add_dataclass_arguments(train, cls, exclude=tuple(added))
+        added.update(ac.leaf_fields(cls))
+    train.set_defaults(run=_run_family)
     helps = {"pinn": "PINN for viscous Burgers", "siren": "SIREN image fit", "nerf": "NeRF on posed images"}
     for name, cls in FAMILIES.items():
-        sub = commands.add_parser(name, help=helps[name], description=cls.__doc__)
-        sub.add_argument(
-            "--config", type=Path, default=None, help="TOML file whose keys are the flags' names"
+        sub = commands.add_parser(
+            name, help=f"{helps[name]} (train --family {name})", description=ac.plain_text(cls.__doc__)
         )
+        ac.add_config_argument(sub)
         ac.add_dataclass_arguments(sub, cls)
-        sub.set_defaults(run=_run_family)
-    scene = commands.add_parser("scene", help="render the synthetic scene", description=SceneConfig.__doc__)
+        sub.set_defaults(run=_run_family, family=name)
+    names = commands.add_parser("list", help="list the families and layer kinds", description="Print them.")
+    names.set_defaults(run=_list)
+    scene = commands.add_parser(
+        "scene", help="render the synthetic scene", description=ac.plain_text(SceneConfig.__doc__)
+    )
     ac.add_dataclass_arguments(scene, SceneConfig)
     scene.set_defaults(run=_scene)
-    check = commands.add_parser("burgers-check", help="check the reference", description=CheckConfig.__doc__)
+    check = commands.add_parser(
+        "burgers-check", help="check the reference", description=ac.plain_text(CheckConfig.__doc__)
+    )
     ac.add_dataclass_arguments(check, CheckConfig)
     check.set_defaults(run=_check)
     return parser

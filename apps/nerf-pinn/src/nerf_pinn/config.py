@@ -1,8 +1,10 @@
 """Configurations of ``nerf-pinn``: one frozen dataclass per subcommand, fields one to one with its flags.
 
-The defaults are the quick CPU settings (a few minutes each); ``configs/*-paper.toml`` hold the paper-scale
-settings for a GPU (``nerf-pinn pinn --config configs/pinn-paper.toml``). Precedence, later winning: the
-defaults, the TOML file, the flags.
+The defaults are the quick CPU settings (a few minutes each); ``configs/*-paper.toml`` hold the
+paper-scale settings for a GPU (``nerf-pinn train --family pinn --config configs/pinn-paper.toml``).
+Precedence, later winning: the defaults, the TOML file, the flags. The flags shared with the other apps
+(``--device``, ``--dtype``, ``--threads``, ``--seed``, ``--steps``, ``--lr``, ``--grad-clip``, ``--layer``,
+``--features``, ``--weight-matrix``, ``--out``, ``--resume``) come from ``app_common``.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from app_common import DEVICES
-from nerf_pinn.layers import KINDS
+import app_common as ac
+from nerf_pinn.layers import DENSE, KINDS
 
 REPLACED_LAYERS: dict[str, Callable[[int], list[int]]] = {
     "alternate": lambda depth: list(range(1, depth, 2)),
@@ -35,12 +38,25 @@ def _help(text: str, **extra) -> dict:
     return {"help": text, **extra}
 
 
-@dataclass(frozen=True)
-class CompareConfig:
-    """Settings every family shares: which variants, their feature budget, seeds, output, resuming."""
+@dataclass(frozen=True, kw_only=True)
+class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.OutputFields):
+    """Settings every family shares: which variants, their feature budget, seed, optimizer, output, resuming.
 
-    kinds: tuple[str, ...] = field(default=KINDS, metadata=_help("variants to compare", choices=KINDS))
-    features: int = field(default=32, metadata=_help("random features per linearized layer (equal budget)"))
+    A variant's identity (what its checkpoint must match to be resumed) is every setting except layer,
+    device, threads, out, resume, checkpoint_every and time_repeats.
+    """
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("layer", "checkpoint_every", "time_repeats")
+
+    layer: tuple[str, ...] = ac.option(
+        "layer",
+        KINDS,
+        help="variants to compare: dense and MLP replacement kinds of ralimp.create",
+        choices=KINDS,
+    )
+    features: int = ac.option(
+        "features", 32, help="random features per linearized layer (ralimp.create's budget)"
+    )
     poly_degree: int = field(default=2, metadata=_help("K of RaLiMP and EUGen"))
     num_atoms: int = field(default=1, metadata=_help("J, the atoms of RaLiMP's rational fit"))
     num_freqs: int = field(
@@ -54,33 +70,57 @@ class CompareConfig:
             choices=REPLACE,
         ),
     )
-    weight_matrix: str = field(default="base", metadata=_help("rf_matrices name of the projections"))
-    seed: int = field(default=0, metadata=_help("seed of the data, the initialization and the projections"))
-    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
-    out: Path = field(default=Path("results/nerf-pinn"), metadata=_help("output folder of the family"))
-    resume: bool = field(default=True, metadata=_help("continue from checkpoints and finished variants"))
+    balance: str = field(
+        default="auto",
+        metadata=_help(
+            "ralimp and snnk: auto (features at x/lambda and lambda w, a departure from the paper; without "
+            "it SNNK's PINN loss starts at 1e13) or a number (1: the paper's layer)"
+        ),
+    )
+    seed: int = ac.option("seed", 0, help="seed of the data, the initialization and the projections")
+    lr: float = ac.option("lr", 1e-3, help="Adam learning rate")
+    grad_clip: float = ac.option("grad_clip", 0.0)
+    out: Path = ac.option("out", Path("results/nerf-pinn"), help="output folder of the family")
     checkpoint_every: int = field(default=200, metadata=_help("optimizer steps between checkpoints"))
-    threads: int = field(default=0, metadata=_help("torch CPU threads (0: torch's default)"))
     time_repeats: int = field(default=10, metadata=_help("interleaved rounds of the inference timing"))
 
     def __post_init__(self) -> None:
-        unknown = [k for k in self.kinds if k not in KINDS]
-        if unknown or not self.kinds:
-            raise ValueError(f"kinds: expected names among {list(KINDS)}, got {list(self.kinds)}")
-        if "dense" not in self.kinds:
-            raise ValueError(f"kinds: 'dense' is needed for the time ratio, got {list(self.kinds)}")
-        if self.device not in DEVICES and not self.device.startswith("cuda:"):
-            raise ValueError(f"device: expected one of {list(DEVICES)} or cuda:N, got {self.device!r}")
+        """Known kinds (dense among them), a known replacement rule, positive counts."""
+        super().__post_init__()
+        unknown = [k for k in self.layer if k not in KINDS]
+        if unknown or not self.layer:
+            raise ValueError(f"--layer: expected names among {list(KINDS)}, got {list(self.layer)}")
+        if DENSE not in self.layer:
+            raise ValueError(f"--layer: 'dense' is needed for the time ratio, got {list(self.layer)}")
         if self.replace not in REPLACE:
-            raise ValueError(f"replace: expected one of {list(REPLACE)}, got {self.replace!r}")
-        if self.threads < 0:
-            raise ValueError(f"threads: expected 0 (torch's default) or a positive count, got {self.threads}")
-        for name in ("features", "checkpoint_every", "time_repeats", "num_freqs"):
+            raise ValueError(f"--replace: expected one of {list(REPLACE)}, got {self.replace!r}")
+        self.balance_value()
+        for name in ("checkpoint_every", "time_repeats", "num_freqs"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)!r}"
+                )
+
+    def balance_value(self) -> float | str:
+        """``balance`` as ``ralimp.create`` takes it: ``"auto"`` or a positive number."""
+        if self.balance == "auto":
+            return "auto"
+        try:
+            value = float(self.balance)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ValueError(f"--balance: expected auto or a positive number, got {self.balance!r}")
+        return value
+
+    def departures(self, kind: str) -> list[str]:
+        """What variant ``kind`` does that the paper does not (recorded with its results)."""
+        if kind in ("ralimp", "snnk") and self.balance_value() == "auto":
+            return ["balance='auto': features at x/lambda and lambda w (not in the paper)"]
+        return []
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PinnConfig(CompareConfig):
     """``nerf-pinn pinn``: viscous Burgers (Raissi et al. 2019), dense vs linearized hidden layers.
 
@@ -93,13 +133,12 @@ class PinnConfig(CompareConfig):
     width: int = field(default=20, metadata=_help("units per hidden layer"))
     num_boundary: int = field(default=100, metadata=_help("initial and boundary points"))
     num_collocation: int = field(default=1000, metadata=_help("collocation points of the residual"))
-    adam_steps: int = field(default=1000, metadata=_help("Adam steps"))
-    learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
+    steps: int = ac.option("steps", 1000, help="Adam steps (L-BFGS follows)")
     lbfgs_steps: int = field(default=30, metadata=_help("L-BFGS steps after Adam (each up to 20 iterations)"))
     quadrature_nodes: int = field(default=100, metadata=_help("Gauss-Hermite nodes of the reference"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SirenConfig(CompareConfig):
     """``nerf-pinn siren``: SIREN (omega_0 = 30) fitting scikit-image's ``camera``, PSNR.
 
@@ -115,11 +154,10 @@ class SirenConfig(CompareConfig):
     depth: int = field(default=4, metadata=_help("sine layers (the first one included)"))
     width: int = field(default=64, metadata=_help("units per layer"))
     omega_0: float = field(default=30.0, metadata=_help("SIREN's frequency factor"))
-    steps: int = field(default=400, metadata=_help("Adam steps (full batch)"))
-    learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
+    steps: int = ac.option("steps", 400, help="Adam steps (full batch)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NerfConfig(CompareConfig):
     """``nerf-pinn nerf``: NeRF on posed images, PSNR on held-out views.
 
@@ -129,7 +167,6 @@ class NerfConfig(CompareConfig):
     """
 
     out: Path = field(default=Path("results/nerf-pinn/nerf"), metadata=_help("output folder"))
-    features: int = field(default=32, metadata=_help("random features per linearized layer (equal budget)"))
     num_atoms: int = field(default=1, metadata=_help("J of RaLiMP (relu: J >= 2 floors narrow poles)"))
     data: Path | None = field(
         default=None, metadata=_help("Blender folder or tiny_nerf npz (default: synthetic)")
@@ -146,6 +183,9 @@ class NerfConfig(CompareConfig):
     near: float | None = field(default=None, metadata=_help("near bound (default: the data's)"))
     far: float | None = field(default=None, metadata=_help("far bound (default: the data's)"))
     batch_rays: int = field(default=256, metadata=_help("rays per step"))
-    steps: int = field(default=1200, metadata=_help("Adam steps"))
-    learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
+    steps: int = ac.option("steps", 1200, help="Adam steps")
     eval_views: int = field(default=4, metadata=_help("held-out views rendered for PSNR"))
+
+
+#: ``--family`` -> its configuration.
+FAMILIES: dict[str, type[CompareConfig]] = {"pinn": PinnConfig, "siren": SirenConfig, "nerf": NerfConfig}

@@ -1,7 +1,7 @@
 """The comparison every family runs: dense vs linearized variants, trained, evaluated and timed together.
 
-A family (PINN, SIREN, NeRF) gives a :class:`Family`: how to build each variant, train it (with
-:class:`Checkpointer` for resuming), evaluate it, run its inference, and plot. :func:`compare` trains the
+A family (PINN, SIREN, NeRF) gives a `Family`: how to build each variant, train it (with
+`VariantCheckpoints` for resuming), evaluate it, run its inference, and plot. `compare` trains the
 variants one after the other (a finished one is loaded from ``<out>/<kind>/final.pt``), then times the
 inference of all of them in interleaved rounds so that each ratio to the dense model is measured in the
 same run under the same load, and writes ``results.jsonl``, ``results.md``, ``results.csv`` and the
@@ -11,8 +11,10 @@ family's plots.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,43 +23,35 @@ from torch import nn
 
 import app_common as ac
 from nerf_pinn.config import CompareConfig
-from nerf_pinn.layers import DENSE, count_parameters, inference_parameters, linearize, time_inference
-from rf_matrices import markdown_table
-
-#: Settings that do not change what a variant computes: a checkpoint saved under other values still fits.
-NOT_IDENTITY = ("kinds", "out", "resume", "device", "threads", "checkpoint_every", "time_repeats")
+from nerf_pinn.layers import DENSE, inference_parameters, linearize
 
 
-def identity(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings that decide what a variant computes (:data:`NOT_IDENTITY` left out)."""
-    return {k: v for k, v in settings.items() if k not in NOT_IDENTITY}
-
-
-def check_settings(path: Path, state: dict[str, Any], settings: dict[str, Any]) -> None:
-    """Refuse to resume from ``path`` when it was saved under other settings."""
-    saved = identity(state.get("settings", {}))
-    wanted = identity(settings)
-    changed = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
-        raise ValueError(f"{path}: saved under other settings ({details}); pass --no-resume or another --out")
-
-
-class Checkpointer:
+class VariantCheckpoints:
     """Periodic checkpoints of one variant's training (model, optimizers, step, losses, RNG, seconds).
+
+    The one resume policy of the apps (``app_common.Checkpointer``): a checkpoint saved under another
+    identity is refused with the changed settings listed.
 
     Args:
         path: the checkpoint file.
         every: steps between checkpoints.
+        identity: the variant's identity (``app_common.run_identity`` of the config, and the kind).
         resume: read an existing checkpoint (else start over).
-        settings: the run's settings, saved with each checkpoint and checked on resuming (None: no check).
+        on_save: called with the step after every checkpoint (tests stop the run there).
     """
 
-    def __init__(self, path: Path, every: int, resume: bool, settings: dict[str, Any] | None = None) -> None:
-        self.path, self.every, self.settings = Path(path), every, settings
-        self.state = ac.load_checkpoint(path) if resume else None
-        if self.state is not None and settings is not None:
-            check_settings(self.path, self.state, settings)
+    def __init__(
+        self,
+        path: Path,
+        every: int,
+        identity: dict[str, Any],
+        *,
+        resume: bool = True,
+        on_save: Callable[[int], None] | None = None,
+    ) -> None:
+        self.checkpointer = ac.Checkpointer(path, identity, resume=resume, on_save=on_save)
+        self.every = every
+        self.state = self.checkpointer.load()
         self.timer = ac.Timer(elapsed=self.state["seconds"] if self.state else 0.0)
 
     def restore(
@@ -66,10 +60,10 @@ class Checkpointer:
         """Load the saved state into ``model`` and ``optimizers``; ``(next step, losses so far)``."""
         if self.state is None:
             return 0, []
-        model.load_state_dict(self.state["model"])
-        for name, optimizer in optimizers.items():
-            if name in self.state["optimizers"]:
-                optimizer.load_state_dict(self.state["optimizers"][name])
+        ac.load_state_dicts(self.state, model=model)
+        ac.load_state_dicts(
+            self.state["optimizers"], **{k: v for k, v in optimizers.items() if k in self.state["optimizers"]}
+        )
         ac.set_rng_state(self.state["rng"])
         return int(self.state["step"]), list(self.state["losses"])
 
@@ -79,22 +73,22 @@ class Checkpointer:
         """Save after ``step`` steps when ``step`` is a multiple of ``every``."""
         if step % self.every:
             return
-        ac.save_checkpoint(
-            self.path,
-            {
-                "step": step,
-                "model": model.state_dict(),
-                "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
-                "losses": losses,
-                "rng": ac.rng_state(),
-                "seconds": self.timer.running_total,
-                "settings": self.settings or {},
-            },
-        )
+        state = {
+            **ac.state_dicts(model=model),
+            "optimizers": ac.state_dicts(**optimizers),
+            "losses": losses,
+            "rng": ac.rng_state(),
+            "seconds": self.timer.running_total,
+        }
+        self.checkpointer.save(step, state)
+
+    def remove(self) -> None:
+        """Delete the checkpoint (the variant finished)."""
+        self.checkpointer.remove()
 
 
 class Family(abc.ABC):
-    """One experiment family: what :func:`compare` needs to know about it."""
+    """One experiment family: what `compare` needs to know about it."""
 
     #: Family name (the subcommand).
     name: str
@@ -114,8 +108,8 @@ class Family(abc.ABC):
         """The model of variant ``kind`` (the dense model, linearized for the other kinds), on the device."""
 
     @abc.abstractmethod
-    def train(self, model: nn.Module, checkpointer: Checkpointer, kind: str) -> list[float]:
-        """Train ``model`` in place (resuming from ``checkpointer``); the training losses."""
+    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
+        """Train ``model`` in place (resuming from ``checkpoints``); the training losses."""
 
     @abc.abstractmethod
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
@@ -132,7 +126,7 @@ class Family(abc.ABC):
     def linearize(
         self, layers: nn.ModuleList, kind: str, indices: list[int], inputs: list[torch.Tensor]
     ) -> None:
-        """:func:`~nerf_pinn.layers.linearize` with this family's budget, rational fit and projections."""
+        """`linearize` with this family's budget, rational fit and projections."""
         config = self.config
         linearize(
             layers,
@@ -144,6 +138,7 @@ class Family(abc.ABC):
             num_atoms=config.num_atoms,
             num_freqs=config.num_freqs,
             weight_matrix=config.weight_matrix,
+            balance=config.balance_value(),
             seed=config.seed,
         )
 
@@ -154,7 +149,7 @@ class Family(abc.ABC):
         step: int,
         value: float,
         losses: list[float],
-        checkpointer: Checkpointer,
+        checkpoints: VariantCheckpoints,
         model: nn.Module,
         optimizers: dict[str, torch.optim.Optimizer],
     ) -> bool:
@@ -166,12 +161,21 @@ class Family(abc.ABC):
             )
             return False
         bar.set_postfix(loss=f"{value:.3g}")
-        checkpointer.step(step + 1, model, optimizers, losses)
+        checkpoints.step(step + 1, model, optimizers, losses)
         return True
+
+    def clip(self, model: nn.Module) -> None:
+        """Clip the gradient norm at ``grad_clip`` (0: no clipping), before an optimizer step."""
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
 
     def settings(self) -> dict[str, Any]:
         """What the records say about the setting (the config, as plain values)."""
         return ac.config_dict(self.config)
+
+    def identity(self, kind: str) -> dict[str, Any]:
+        """A variant's identity: the family, the kind and the settings that may not change on resume."""
+        return {"family": self.name, "kind": kind, **ac.run_identity(self.config)}
 
 
 def format_metric(value: float) -> str:
@@ -202,7 +206,7 @@ def results_table(records: list[dict], metric: str) -> str:
         ]
         for r in records
     ]
-    return markdown_table(header, rows)
+    return ac.markdown_table(header, rows)
 
 
 def write_csv(records: list[dict], metric: str, path: Path) -> Path:
@@ -227,8 +231,12 @@ def write_csv(records: list[dict], metric: str, path: Path) -> Path:
     return path
 
 
-def compare(family: Family) -> list[dict]:
+def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = None) -> list[dict]:
     """Train, evaluate and time every variant of ``family``; write results and plots under ``config.out``.
+
+    Args:
+        family: the family and its configuration.
+        on_checkpoint: called with the step after every checkpoint (tests stop the run there).
 
     Returns:
         One record per variant (also the lines of ``results.jsonl``).
@@ -237,32 +245,8 @@ def compare(family: Family) -> list[dict]:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     models, evaluations, records = {}, {}, []
-    for kind in config.kinds:
-        ac.seed_everything(config.seed)
-        model = family.build(kind)
-        final_path = out / kind / "final.pt"
-        final = ac.load_checkpoint(final_path, map_location=family.device) if config.resume else None
-        if final is not None:
-            check_settings(final_path, final, family.settings())
-            model.load_state_dict(final["model"])
-            losses, seconds = list(final["losses"]), float(final["seconds"])
-        else:
-            checkpointer = Checkpointer(
-                out / kind / "checkpoint.pt", config.checkpoint_every, config.resume, family.settings()
-            )
-            with checkpointer.timer:
-                losses = family.train(model, checkpointer, kind)
-            seconds = checkpointer.timer.elapsed
-            ac.save_checkpoint(
-                final_path,
-                {
-                    "model": model.state_dict(),
-                    "losses": losses,
-                    "seconds": seconds,
-                    "settings": family.settings(),
-                },
-            )
-            (out / kind / "checkpoint.pt").unlink(missing_ok=True)
+    for kind in config.layer:
+        model, losses, seconds = _trained_variant(family, kind, on_checkpoint)
         model.eval()
         evaluation = family.evaluate(model)
         stride = max(1, len(losses) // 200)
@@ -271,9 +255,10 @@ def compare(family: Family) -> list[dict]:
             {
                 "family": family.name,
                 "kind": kind,
+                "departures": config.departures(kind),
                 family.metric: evaluation[family.metric],
                 **{k: v for k, v in evaluation.items() if k not in ("outputs", family.metric)},
-                "params": count_parameters(model),
+                "params": ac.count_parameters(model),
                 "inference_params": inference_parameters(model),
                 "train_seconds": seconds,
                 "initial_loss": losses[0] if losses else float("nan"),
@@ -282,11 +267,18 @@ def compare(family: Family) -> list[dict]:
                 "loss_stride": stride,
             }
         )
-    times = time_inference(models, family.infer, repeats=config.time_repeats, device=family.device)
+    for model in models.values():
+        model.eval()
+    with torch.no_grad():
+        times = ac.interleaved_medians(
+            {kind: functools.partial(family.infer, model) for kind, model in models.items()},
+            repeats=config.time_repeats,
+            device=family.device,
+        )
     for record in records:
         record["inference_seconds"] = times[record["kind"]]
         record["time_ratio"] = times[record["kind"]] / times[DENSE]
-        record["device"] = str(family.device)
+        record["device"] = ac.device_name(family.device)
         record["settings"] = family.settings()
         record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     results = out / "results.jsonl"
@@ -299,6 +291,32 @@ def compare(family: Family) -> list[dict]:
     family.plot({kind: e["outputs"] for kind, e in evaluations.items()}, out)
     plot_losses(records, out / "losses.png")
     return records
+
+
+def _trained_variant(family: Family, kind: str, on_checkpoint) -> tuple[nn.Module, list[float], float]:
+    """Variant ``kind`` trained: loaded from ``<out>/<kind>/final.pt`` when finished, else trained now."""
+    config = family.config
+    out = Path(config.out) / kind
+    ac.seed_everything(config.seed)
+    model = family.build(kind)
+    final = ac.Checkpointer(out / "final.pt", family.identity(kind), resume=config.resume)
+    state = final.load(map_location=family.device)
+    if state is not None:
+        ac.load_state_dicts(state, model=model)
+        return model, list(state["losses"]), float(state["seconds"])
+    checkpoints = VariantCheckpoints(
+        out / "checkpoint.pt",
+        config.checkpoint_every,
+        family.identity(kind),
+        resume=config.resume,
+        on_save=on_checkpoint,
+    )
+    with checkpoints.timer:
+        losses = family.train(model, checkpoints, kind)
+    seconds = checkpoints.timer.elapsed
+    final.save(len(losses), {**ac.state_dicts(model=model), "losses": losses, "seconds": seconds})
+    checkpoints.remove()
+    return model, losses, seconds
 
 
 def plot_losses(records: list[dict], path: Path) -> Path:

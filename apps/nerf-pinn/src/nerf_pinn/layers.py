@@ -1,15 +1,15 @@
 """The feed-forward layer of every coordinate network, and its linearized replacements from ``ralimp``.
 
-Every network here is a stack of :class:`FeedForward` layers ``activation(scale * (W x + b))`` (tanh for
+Every network here is a stack of `FeedForward` layers ``activation(scale * (W x + b))`` (tanh for
 the PINN, ``sin`` with ``scale = omega_0`` for SIREN, relu for NeRF) followed by plain ``nn.Linear`` heads.
-:func:`linearize` swaps chosen layers for a ``ralimp`` layer of the registered kind (``ralimp``, ``snnk``,
-``eugen``) built by ``from_linear`` from the layer's own weights (``scale`` folded into ``W, b``), with the
-same feature budget (:func:`layer_options`), so the kinds are compared at equal numbers of random features.
+`linearize` swaps chosen layers for a ``ralimp`` layer of the registered kind (``ralimp``, ``snnk``,
+``eugen``) made by ``ralimp.create`` from the layer's own weights (``scale`` folded into ``W, b``), which
+spends the same feature budget exactly for every kind (``num_random_features == budget``), so the kinds are
+compared at equal numbers of random features.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -23,7 +23,7 @@ KINDS = (DENSE, "ralimp", "snnk", "eugen")
 
 
 class Sine(nn.Module):
-    """``sin(x)`` as a module (SIREN's activation; ``scale = omega_0`` lives in :class:`FeedForward`)."""
+    """``sin(x)`` as a module (SIREN's activation; ``scale = omega_0`` lives in `FeedForward`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``sin(x)``."""
@@ -67,51 +67,13 @@ class FeedForward(nn.Module):
         return f"activation={self.activation_name!r}, scale={self.scale:g}"
 
 
-def _ralimp_options(budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
-    per_node = 2 * num_atoms * num_freqs
-    freq_features = max(1, round(0.75 * budget / per_node)) if num_atoms else 1
-    poly_features = budget - per_node * freq_features if num_atoms else budget
-    if poly_features < 1:
-        raise ValueError(
-            f"features: {budget} is below RaLiMP's smallest budget 1 + 2 J n_freq = {1 + per_node} "
-            f"(num_atoms={num_atoms}, num_freqs={num_freqs})"
-        )
-    return {
-        "poly_degree": poly_degree,
-        "poly_features": poly_features,
-        "num_atoms": num_atoms,
-        "num_freqs": num_freqs,
-        "freq_features": freq_features,
-    }
-
-
-def _eugen_options(budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
-    return {"poly_degree": poly_degree, "num_features": budget}
-
-
-def _snnk_options(budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
-    return {"num_features": budget}
-
-
-BUDGETS: dict[str, Callable[..., dict]] = {
-    "ralimp": _ralimp_options,
-    "eugen": _eugen_options,
-    "snnk": _snnk_options,
+#: The shape options of ``--poly-degree``, ``--num-atoms``, ``--num-freqs`` each kind takes (the budget
+#: itself is spent by ``ralimp.create``).
+SHAPE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "ralimp": ("poly_degree", "num_atoms", "num_freqs", "balance"),
+    "eugen": ("poly_degree",),
+    "snnk": ("balance",),
 }
-"""Layer kind -> the constructor options spending a feature budget (a kind added to ``ralimp`` adds one)."""
-
-
-def layer_options(kind: str, budget: int, *, poly_degree: int, num_atoms: int, num_freqs: int) -> dict:
-    """Constructor options of ``kind`` giving ``budget`` random features as the paper counts them.
-
-    RaLiMP counts ``m_poly + 2 J n_freq m`` (App. D.1: ``8 + 2 * 1 * 3 * 4 = 32``): about a quarter of the
-    budget goes to the polynomial block and the rest to the atoms. EUGen and SNNK count their ``m``.
-    """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
-        raise ValueError(f"features: expected an integer >= 2, got {budget!r}")
-    if kind not in BUDGETS:
-        raise ValueError(f"kind: expected one of {sorted(BUDGETS)}, got {kind!r}")
-    return BUDGETS[kind](budget, poly_degree=poly_degree, num_atoms=num_atoms, num_freqs=num_freqs)
 
 
 def sine_fit_interval(t: torch.Tensor, *, margin: float = 1.1, minimum: float = 1.0) -> tuple[float, float]:
@@ -131,26 +93,28 @@ def linearize(
     num_atoms: int = 1,
     num_freqs: int = 3,
     weight_matrix: str = "base",
+    balance: float | str = 1.0,
     seed: int = 0,
 ) -> list[int]:
-    """Replace ``layers[i]`` (a :class:`FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
+    """Replace ``layers[i]`` (a `FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
 
-    Each replacement is ``ralimp.LAYERS.get(kind).from_linear(scaled_linear, activation, sample=...)``,
-    calibrated on the layer's own inputs (``inputs[i]``, e.g. from :func:`stack_inputs`). Registered
+    Each replacement is ``ralimp.create(kind, scaled_linear, activation, budget=budget, sample=...)``,
+    calibrated on the layer's own inputs (``inputs[i]``, e.g. from `stack_inputs`). Registered
     activations (tanh, relu) use ``ralimp``'s fits on ``[-4, 4]``; ``sin`` is fitted on the range of the
-    layer's pre-activations over the sample (:func:`sine_fit_interval`, RaLiMP by ``fit_rational``,
+    layer's pre-activations over the sample (`sine_fit_interval`, RaLiMP by ``fit_rational``,
     EUGen's polynomial and SNNK's Fourier series on the same interval).
 
     Args:
         layers: the stack, applied in order.
         kind: ``"ralimp"``, ``"snnk"`` or ``"eugen"`` (``"dense"`` changes nothing).
-        budget: random features per layer (:func:`layer_options`).
+        budget: random features per layer (``ralimp.create``'s budget, spent exactly).
         indices: which layers to replace.
         inputs: a sample of each layer's inputs, ``inputs[i]`` of shape ``(n, layers[i].in_features)``.
         poly_degree: ``K`` of RaLiMP and EUGen.
         num_atoms: ``J`` of RaLiMP.
         num_freqs: Gauss-Laguerre nodes of RaLiMP.
         weight_matrix: ``rf_matrices`` name of the projections.
+        balance: RaLiMP's and SNNK's ``balance``: 1 (the paper's layer) or ``"auto"`` (a departure).
         seed: seed of layer ``i``'s projections is ``seed + i``.
 
     Returns:
@@ -158,11 +122,13 @@ def linearize(
     """
     if kind == DENSE:
         return []
-    options = layer_options(kind, budget, poly_degree=poly_degree, num_atoms=num_atoms, num_freqs=num_freqs)
+    if kind not in SHAPE_OPTIONS:
+        raise ValueError(f"kind: expected one of {sorted(SHAPE_OPTIONS)}, got {kind!r}")
+    shape = {"poly_degree": poly_degree, "num_atoms": num_atoms, "num_freqs": num_freqs, "balance": balance}
+    options = {name: shape[name] for name in SHAPE_OPTIONS[kind]}
     bad = [i for i in indices if not 0 <= i < len(layers) or not isinstance(layers[i], FeedForward)]
     if bad:
         raise ValueError(f"indices: {bad} are not FeedForward layers of the stack of {len(layers)}")
-    cls = ralimp.LAYERS.get(kind)
     for i in indices:
         layer: FeedForward = layers[i]
         x = inputs[i].detach()
@@ -172,9 +138,11 @@ def linearize(
             extra["interval"] = sine_fit_interval(layer.preactivation(x).detach())
         else:
             activation = layer.activation_name
-        layers[i] = cls.from_linear(
+        layers[i] = ralimp.create(
+            kind,
             layer.scaled_linear(),
             activation,
+            budget=budget,
             sample=x,
             weight_matrix=weight_matrix,
             seed=seed + i,
@@ -193,11 +161,6 @@ def stack_inputs(layers: nn.ModuleList, x: torch.Tensor) -> list[torch.Tensor]:
     return inputs
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters (random projection matrices are buffers: they are regenerated from the seed)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def inference_parameters(model: nn.Module) -> int:
     """Parameters of the model as deployed: each linearized layer counts its ``Psi(W)`` (``out x F``).
 
@@ -212,32 +175,3 @@ def inference_parameters(model: nn.Module) -> int:
             total += m.psi().numel()
     total += sum(p.numel() for p in model.parameters() if id(p) not in inside)
     return total
-
-
-@torch.no_grad()
-def time_inference(
-    models: dict[str, nn.Module],
-    run: Callable[[nn.Module], object],
-    *,
-    repeats: int = 5,
-    device: torch.device | None = None,
-) -> dict[str, float]:
-    """Median seconds of ``run(model)`` for each model, the models interleaved in every round.
-
-    Interleaving makes the ratios between models robust to a load that drifts during the measurement
-    (a shared CPU). One warm-up round is not counted. Models are put in eval mode (RaLiMP caches ``Psi``).
-    """
-    for model in models.values():
-        model.eval()
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for round_ in range(repeats + 1):
-        for name, model in models.items():
-            if device is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            run(model)
-            if device is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if round_:
-                times[name].append(time.perf_counter() - start)
-    return {name: sorted(v)[len(v) // 2] for name, v in times.items()}

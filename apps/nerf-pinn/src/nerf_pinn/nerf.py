@@ -5,7 +5,7 @@ density ``softplus(sigma)`` (mip-NeRF's choice: relu's zero gradient can leave a
 field empty for good early in training) and a colour ``sigmoid(rgb)``; the trunk is a stack of relu
 layers with an optional
 skip connection that concatenates the encoding again. Rays are sampled at stratified depths and rendered
-by :func:`nerf_pinn.render.volume_render`; the loss is the mean squared error of ray colours. Held-out
+by `nerf_pinn.render.volume_render`; the loss is the mean squared error of ray colours. Held-out
 views are rendered at the bin centres and scored by PSNR.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 
 import app_common as ac
 from nerf_pinn.config import NerfConfig, replaced_layers
-from nerf_pinn.experiment import Checkpointer, Family
+from nerf_pinn.experiment import Family, VariantCheckpoints
 from nerf_pinn.layers import DENSE, FeedForward
 from nerf_pinn.render import camera_rays, positional_encoding, stratified_samples, volume_render
 from nerf_pinn.scenes import Scene, load_scene, render_synthetic_scene
@@ -109,7 +109,7 @@ def render_rays(
 
 
 class NerfFamily(Family):
-    """The NeRF family of :func:`nerf_pinn.experiment.compare`."""
+    """The NeRF family of `nerf_pinn.experiment.compare`."""
 
     name = "nerf"
     metric = "psnr"
@@ -171,27 +171,29 @@ class NerfFamily(Family):
             **kw,
         )
 
-    def train(self, model: nn.Module, checkpointer: Checkpointer, kind: str) -> list[float]:
+    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
         """Adam on random batches of training rays, stratified depths redrawn every step."""
         config = self.config
         model.train()
-        adam = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
-        start, losses = checkpointer.restore(model, {"adam": adam})
+        adam = torch.optim.Adam(model.parameters(), lr=config.lr)
+        start, losses = checkpoints.restore(model, {"adam": adam})
         gen = torch.Generator().manual_seed(config.seed + start)
         bar = ac.progress(range(start, config.steps), total=config.steps, initial=start, desc=f"nerf {kind}")
         for step in bar:
             batch = torch.randint(0, self.origins.shape[0], (config.batch_rays,), generator=gen).to(
                 self.device
             )
-            colour = self.render(
-                model, self.origins[batch], self.directions[batch], jitter=True, generator=gen
-            )
-            loss = (colour - self.colours[batch]).pow(2).mean()
+            with ac.autocast(self.device, config.dtype):
+                colour = self.render(
+                    model, self.origins[batch], self.directions[batch], jitter=True, generator=gen
+                )
+            loss = (colour.float() - self.colours[batch]).pow(2).mean()
             adam.zero_grad(set_to_none=True)
             loss.backward()
+            self.clip(model)
             adam.step()
             value = loss.detach().item()
-            if not self.record_step(bar, kind, step, value, losses, checkpointer, model, {"adam": adam}):
+            if not self.record_step(bar, kind, step, value, losses, checkpoints, model, {"adam": adam}):
                 break
         return losses
 

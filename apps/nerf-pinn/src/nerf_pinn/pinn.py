@@ -4,7 +4,7 @@ The network maps ``(t, x)``, rescaled to ``[-1, 1]^2``, through ``depth`` tanh l
 ``u``. The loss is the mean squared misfit at ``num_boundary`` initial/boundary points (``u(0, x) = -sin(pi
 x)``, ``u(t, +-1) = 0``) plus the mean squared residual ``u_t + u u_x - nu u_xx`` at ``num_collocation``
 points (Sobol, as Raissi's Latin hypercube: space-filling). Adam first, then L-BFGS with a strong-Wolfe line
-search. The error is the relative L2 error against :func:`nerf_pinn.burgers.burgers_solution` on the
+search. The error is the relative L2 error against `nerf_pinn.burgers.burgers_solution` on the
 classic 256 x 100 grid.
 """
 
@@ -20,7 +20,7 @@ from torch import nn
 import app_common as ac
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig, replaced_layers
-from nerf_pinn.experiment import Checkpointer, Family
+from nerf_pinn.experiment import Family, VariantCheckpoints
 from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
 
 
@@ -81,7 +81,7 @@ def training_points(
 
 
 class PinnFamily(Family):
-    """The PINN family of :func:`nerf_pinn.experiment.compare`."""
+    """The PINN family of `nerf_pinn.experiment.compare`."""
 
     name = "pinn"
     metric = "relative_l2"
@@ -113,30 +113,33 @@ class PinnFamily(Family):
         return model
 
     def loss(self, model: nn.Module) -> torch.Tensor:
-        """Initial/boundary misfit plus PDE residual, both mean squared."""
+        """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in float32)."""
         t_f = self.t_f.clone().requires_grad_(True)
         x_f = self.x_f.clone().requires_grad_(True)
-        residual = burgers_residual(model(t_f, x_f), t_f, x_f, nu=NU)
-        misfit = model(self.t_b, self.x_b) - self.u_b
+        with ac.autocast(self.device, self.config.dtype):
+            u_f, u_b = model(t_f, x_f), model(self.t_b, self.x_b)
+        residual = burgers_residual(u_f.float(), t_f, x_f, nu=NU)
+        misfit = u_b.float() - self.u_b
         return misfit.pow(2).mean() + residual.pow(2).mean()
 
-    def train(self, model: nn.Module, checkpointer: Checkpointer, kind: str) -> list[float]:
-        """Adam for ``adam_steps``, then ``lbfgs_steps`` L-BFGS steps (20 iterations each at most)."""
+    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
+        """Adam for ``steps``, then ``lbfgs_steps`` L-BFGS steps (20 iterations each at most)."""
         config = self.config
         model.train()
-        adam = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+        adam = torch.optim.Adam(model.parameters(), lr=config.lr)
         lbfgs = torch.optim.LBFGS(
             model.parameters(), lr=1.0, max_iter=20, history_size=50, line_search_fn="strong_wolfe"
         )
         optimizers = {"adam": adam, "lbfgs": lbfgs}
-        start, losses = checkpointer.restore(model, optimizers)
-        total = config.adam_steps + config.lbfgs_steps
+        start, losses = checkpoints.restore(model, optimizers)
+        total = config.steps + config.lbfgs_steps
         bar = ac.progress(range(start, total), total=total, initial=start, desc=f"pinn {kind}")
         for step in bar:
-            if step < config.adam_steps:
+            if step < config.steps:
                 adam.zero_grad(set_to_none=True)
                 loss = self.loss(model)
                 loss.backward()
+                self.clip(model)
                 adam.step()
                 value = loss.detach().item()
             else:
@@ -149,7 +152,7 @@ class PinnFamily(Family):
 
                 lbfgs.step(closure)
                 value = self.loss(model).detach().item()
-            if not self.record_step(bar, kind, step, value, losses, checkpointer, model, optimizers):
+            if not self.record_step(bar, kind, step, value, losses, checkpoints, model, optimizers):
                 break
         return losses
 

@@ -1,10 +1,10 @@
 """Posed images for NeRF: the Blender synthetic and ``tiny_nerf_data.npz`` loaders, and an offline scene.
 
-A :class:`Scene` holds images ``(N, H, W, 3)`` in ``[0, 1]``, camera-to-world poses ``(N, 4, 4)`` (OpenGL
+A `Scene` holds images ``(N, H, W, 3)`` in ``[0, 1]``, camera-to-world poses ``(N, 4, 4)`` (OpenGL
 convention, as in both formats: the camera looks along its ``-z`` axis, ``y`` up), the focal length in
 pixels, the near/far bounds, and which views train and which are held out.
 
-The offline default (:func:`render_synthetic_scene`) is a small scene of analytic shapes (spheres and a
+The offline default (`render_synthetic_scene`) is a small scene of analytic shapes (spheres and a
 box with known colours and constant densities) rendered from known poses on a sphere around it with the
 same volume rendering equation the model uses, at many samples per ray, and written in the
 ``tiny_nerf_data.npz`` format, so training runs with no download.
@@ -156,7 +156,7 @@ SHAPES = (
 
 
 def scene_field(points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Density ``(...)`` and colour ``(..., 3)`` of :data:`SHAPES` at ``points (..., 3)``.
+    """Density ``(...)`` and colour ``(..., 3)`` of `SHAPES` at ``points (..., 3)``.
 
     Densities add where shapes overlap; the colour is the density-weighted mean of theirs.
     """
@@ -196,7 +196,7 @@ def render_synthetic_scene(
     samples: int = 256,
     seed: int = 0,
 ) -> Path:
-    """Render :data:`SHAPES` from ``num_views`` poses to the ``.npz`` file ``path``; returns ``path``.
+    """Render `SHAPES` from ``num_views`` poses to the ``.npz`` file ``path``; returns ``path``.
 
     The file holds ``images``, ``poses``, ``focal`` (and ``near``, ``far``); black background, 40 degree
     field of view.

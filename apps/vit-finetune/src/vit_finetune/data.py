@@ -1,8 +1,8 @@
 """Image classification data: scikit-learn's digits (offline default), CIFAR-100, ImageFolder, VTAB-1k.
 
 Every data set gives ``train``, ``val`` and ``test`` splits of ``(uint8 image (3, H, W), label)`` pairs;
-:func:`prepare` turns a batch into the model's input on the device (scale to [0, 1], resize, optional
-flip/crop augmentation, normalize)::
+`prepare` turns a batch into the model's input on the device (scale to [0, 1], resize, optional
+flip/crop augmentation, normalize):
 
     splits = load("cifar100", "data/cifar-100-python", image_size=224)
     x = prepare(images.to(device), image_size=224, mean=(0.5,) * 3, std=(0.5,) * 3)
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 SPLITS = ("train", "val", "test")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
@@ -255,14 +255,14 @@ class DataSpec:
     Attributes:
         load: ``(root or None, image_size) -> Splits``.
         batch_size: default batch size.
-        learning_rate: default peak learning rate of AdamW.
+        lr: default peak learning rate of AdamW.
         epochs: default epochs.
         model: default model name.
     """
 
     load: Callable[[Path | None, int], Splits]
     batch_size: int
-    learning_rate: float
+    lr: float
     epochs: int
     model: str
 

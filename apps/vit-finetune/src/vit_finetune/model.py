@@ -2,7 +2,7 @@
 
 Patches of ``patch_size`` pixels are embedded by a strided convolution, a class token is prepended, learned
 position embeddings are added, ``depth`` pre-LayerNorm blocks follow, and the final LayerNorm of the class
-token goes to a linear head::
+token goes to a linear head:
 
     config = ViTConfig(image_size=16, patch_size=4, dim=32, depth=12, num_heads=2, mlp_dim=128,
                        num_classes=10)
@@ -12,7 +12,7 @@ token goes to a linear head::
 The parameter names are timm's ``VisionTransformer`` ones (``patch_embed.proj``, ``cls_token``,
 ``pos_embed``, ``blocks.{i}.norm1``, ``blocks.{i}.attn.qkv``, ``blocks.{i}.attn.proj``, ``blocks.{i}.norm2``,
 ``blocks.{i}.mlp.fc1``/``act``/``fc2``, ``norm``, ``head``), so a timm checkpoint loads as it is and
-``ralimp.replace_mlp`` finds the MLPs; :mod:`vit_finetune.weights` maps Hugging Face checkpoints onto them.
+``ralimp.replace_mlp`` finds the MLPs; `vit_finetune.weights` maps Hugging Face checkpoints onto them.
 The attention is ``rf_attention.create("softmax", ...)``, whose ``qkv``/``proj`` layout is timm's.
 """
 

@@ -1,7 +1,7 @@
 """The models by name, and pretrained weights: local checkpoint files, the hub when online, key mappings.
 
-Every model is our :class:`~vit_finetune.model.ViT`; pretrained checkpoints of timm and of Hugging Face are
-mapped onto it, so neither library is needed::
+Every model is our [`ViT`][vit_finetune.ViT]; pretrained checkpoints of timm and of Hugging Face are
+mapped onto it, so neither library is needed:
 
     spec = MODELS.get("vit_base_patch16_224.augreg_in21k")
     model = build_model("vit_base_patch16_224.augreg_in21k", num_classes=100, weights="model.safetensors")
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from app_common import read_safetensors
-from rf_matrices import Registry
+from spectraformer_core import Registry
 from vit_finetune.model import ViT, ViTConfig, resample_pos_embed
 
 
@@ -196,7 +196,7 @@ def hf_to_timm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def to_vit_state_dict(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """A timm or Hugging Face ViT state dict as our :class:`ViT`'s, without the head.
+    """A timm or Hugging Face ViT state dict as our [`ViT`][vit_finetune.ViT]'s, without the head.
 
     Position embeddings of another grid are resampled to ``config.grid_size`` (bicubic).
     """
@@ -280,7 +280,7 @@ def build_model(
     """The model ``name`` for ``num_classes``, with pretrained weights where it has them, and its spec.
 
     Args:
-        name: a registered model name (:func:`names`).
+        name: a registered model name (`names`).
         num_classes: classes of the (zero-initialized) head.
         image_size: input side; None: the model's (position embeddings are resampled when it differs).
         weights: a local checkpoint file or folder; None: fetch from the hub if the model has weights.

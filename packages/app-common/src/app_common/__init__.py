@@ -1,25 +1,52 @@
 """Plumbing shared by the spectraformer apps, written once.
 
-Device and precision (``--device auto|cpu|cuda``, ``--dtype float32|bfloat16``), seeding and random state,
-timing, peak memory, JSON-lines results, atomic checkpoints, tqdm progress bars, DistributedDataParallel
-set-up from ``torchrun``'s environment, and frozen dataclass configurations read from flags and TOML::
+Device and precision, seeding and random state, the resumable batch order, timing (an accumulating timer,
+median timers), peak memory, parameter counts, JSON-lines results and Markdown/CSV tables, atomic
+checkpoints under one resume policy, tqdm progress bars, child processes that die with their parent,
+DistributedDataParallel set-up from ``torchrun``'s environment, and frozen dataclass configurations read
+from flags and TOML, composed of the vocabulary's field groups:
 
     import app_common as ac
 
-    dist = ac.setup_distributed("auto")             # one process, or the torchrun group
-    ac.seed_everything(0)
-    state = ac.load_checkpoint("runs/x/checkpoint.pt")
+    @dataclass(frozen=True, kw_only=True)
+    class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+        lr: float = ac.option("lr", 1e-2)
+
+    dist = ac.setup_distributed(config.device)          # one process, or the torchrun group
+    checkpointer = ac.Checkpointer(out / "checkpoint.pt", ac.run_identity(config), resume=config.resume)
+    state = checkpointer.load()                         # None, or the state saved under this identity
     with ac.Timer(dist.device) as timer:
-        for step in ac.progress(range(100), desc="train", disable=not dist.is_main):
+        for step in ac.progress(range(config.steps), desc="train", disable=not dist.is_main):
             ...
-    ac.append_jsonl("results/x.jsonl", {"seconds": timer.elapsed, **vars(ac.peak_memory(dist.device))})
+            checkpointer.save(step + 1, ac.state_dicts(model=model, optimizer=optimizer))
+    ac.append_jsonl(out / "results.jsonl", {"seconds": timer.elapsed, "device": ac.device_name(dist.device)})
     ac.teardown_distributed()
 """
 
-from app_common.checkpoint import load_checkpoint, save_checkpoint
-from app_common.cli import USER_ERRORS, run_cli
-from app_common.config import add_dataclass_arguments, config_dict, config_from, flag, read_toml
-from app_common.device import DEVICES, DTYPES, autocast, resolve_device, resolve_dtype
+from app_common.batches import StepBatches, stream_seed
+from app_common.checkpoint import (
+    Checkpointer,
+    changed_settings,
+    load_checkpoint,
+    load_state_dicts,
+    rewind_log,
+    save_checkpoint,
+    state_dicts,
+)
+from app_common.cli import USER_ERRORS, app_parser, plain_text, run_cli
+from app_common.config import (
+    add_config_argument,
+    add_dataclass_arguments,
+    config_dict,
+    config_from,
+    flag,
+    flat_settings,
+    leaf_fields,
+    read_config,
+    read_toml,
+    split_toml,
+)
+from app_common.device import DEVICES, DTYPES, autocast, device_name, resolve_device, resolve_dtype
 from app_common.distributed import (
     Distributed,
     all_gather_object,
@@ -29,46 +56,101 @@ from app_common.distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from app_common.measure import PeakMemory, Timer, peak_memory, reset_peak_memory
+from app_common.fields import (
+    FLAGS,
+    AttentionFields,
+    EvalFields,
+    Fields,
+    LayerFields,
+    OptimizerFields,
+    OutputFields,
+    RuntimeFields,
+    may_change_on_resume,
+    option,
+    run_identity,
+)
+from app_common.measure import (
+    PeakMemory,
+    Timer,
+    count_parameters,
+    interleaved_medians,
+    median_seconds,
+    peak_memory,
+    reset_peak_memory,
+)
+from app_common.process import Terminated, run_child
 from app_common.progress import progress
-from app_common.results import append_jsonl, iter_jsonl, read_jsonl
+from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_table
 from app_common.safetensors import SAFETENSORS_DTYPES, read_safetensors, write_safetensors
 from app_common.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = [
     "DEVICES",
     "DTYPES",
+    "FLAGS",
     "SAFETENSORS_DTYPES",
     "USER_ERRORS",
+    "AttentionFields",
+    "Checkpointer",
     "Distributed",
+    "EvalFields",
+    "Fields",
+    "LayerFields",
+    "OptimizerFields",
+    "OutputFields",
     "PeakMemory",
+    "RuntimeFields",
+    "StepBatches",
+    "Terminated",
     "Timer",
+    "add_config_argument",
     "add_dataclass_arguments",
     "all_gather_object",
     "all_reduce",
+    "app_parser",
     "append_jsonl",
     "autocast",
     "barrier",
+    "changed_settings",
     "config_dict",
     "config_from",
+    "count_parameters",
+    "device_name",
     "flag",
+    "flat_settings",
+    "interleaved_medians",
     "iter_jsonl",
     "launched_by_torchrun",
+    "leaf_fields",
     "load_checkpoint",
+    "load_state_dicts",
+    "markdown_table",
+    "may_change_on_resume",
+    "median_seconds",
+    "option",
     "peak_memory",
+    "plain_text",
     "progress",
+    "read_config",
     "read_jsonl",
     "read_safetensors",
     "read_toml",
     "reset_peak_memory",
     "resolve_device",
     "resolve_dtype",
+    "rewind_log",
     "rng_state",
+    "run_child",
     "run_cli",
+    "run_identity",
     "save_checkpoint",
     "seed_everything",
     "set_rng_state",
     "setup_distributed",
+    "split_toml",
+    "state_dicts",
+    "stream_seed",
     "teardown_distributed",
     "write_safetensors",
+    "write_table",
 ]

@@ -3,16 +3,62 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 #: Errors a subcommand raises for bad input (a wrong flag value, a missing file): reported, not traced.
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_REFERENCE = re.compile(r"\[`([^`]+)`\]\[[^\]]*\]")
+_LITERAL = re.compile(r"``([^`]*)``")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def plain_text(text: str | None) -> str:
+    """A docstring as plain text for ``--help``.
+
+    Cross-references (mkdocstrings' ``[`name`][path]`` and reST roles) become their name, back-quoted
+    code loses its quotes, and a closing ``::`` becomes ``:``.
+    """
+    if not text:
+        return ""
+
+    def role(match: re.Match) -> str:
+        name = match.group(1).strip()
+        return name.rsplit(".", 1)[-1] if match.group(0)[match.group(0).index("`") + 1] == "~" else name
+
+    text = _REFERENCE.sub(r"\1", _ROLE.sub(role, text))
+    return _CODE.sub(r"\1", _LITERAL.sub(r"\1", text)).replace("::\n", ":\n")
+
+
+def app_parser(prog: str, doc: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """An app's parser and its subcommands: ``doc``'s first paragraph is the description, the rest the epilog.
+
+    Args:
+        prog: the console script (``lra-bench``).
+        doc: the CLI module's docstring, plain text (its subcommand list shows in ``--help``).
+
+    Returns:
+        ``(parser, commands)``; add subcommands with ``commands.add_parser`` and ``set_defaults(run=...)``.
+    """
+    summary, _, rest = plain_text(doc).partition("\n\n")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=summary,
+        epilog=rest or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    return parser, commands
 
 
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line) and call the subcommand's ``run(args)``.
 
     Subcommands set ``run`` with ``set_defaults(run=...)`` and are stored as ``args.command``. A
-    :data:`USER_ERRORS` exception exits with status 2 and ``"<prog> <command>: error: <message>"``.
+    [`USER_ERRORS`][app_common.USER_ERRORS] exception exits with status 2 and
+    ``"<prog> <command>: error: <message>"``.
 
     Returns:
         0 on success.

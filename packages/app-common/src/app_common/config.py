@@ -2,14 +2,18 @@
 
 A field ``batch_size: int | None = None`` becomes the flag ``--batch-size`` and the TOML key
 ``batch_size``. Values are taken in this order, later ones winning: the dataclass default, the TOML file,
-the flags given on the command line. A field's ``metadata`` may carry ``help`` and ``choices``::
+the flags given on the command line. A field's ``metadata`` may carry ``help``, ``choices`` and
+``metavar``. A field whose type is itself a dataclass (``model: ModelConfig``) is a nested group: its
+fields are flags under their own names, and TOML gives them flat or in a ``[model]`` table:
 
     @dataclass(frozen=True)
     class Config:
         lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
 
+    add_config_argument(parser)
     add_dataclass_arguments(parser, Config)
-    config = config_from(Config, parser.parse_args(), toml=read_toml("run.toml"))
+    args = parser.parse_args()
+    config = config_from(Config, args, toml=read_config(args))
 """
 
 from __future__ import annotations
@@ -41,14 +45,59 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
         return _unwrap(args[0])
     if origin is tuple:
         return typing.get_args(hint)[0], True
-    if hint in (int, float, str, bool, Path):
+    if hint in (int, float, str, bool, Path) or dataclasses.is_dataclass(hint):
         return hint, False
-    raise TypeError(f"unsupported field type {hint}: expected int, float, str, bool, Path, tuple or X | None")
+    raise TypeError(
+        f"unsupported field type {hint}: expected int, float, str, bool, Path, a tuple, X | None or a "
+        "dataclass"
+    )
 
 
 def _field_types(cls: type) -> dict[str, tuple[type, bool]]:
     hints = typing.get_type_hints(cls)
     return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _is_group(kind: type) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def leaf_fields(cls: type) -> dict[str, tuple[dataclasses.Field, type, bool, Any]]:
+    """Every flag-carrying field of ``cls``, nested dataclasses flattened.
+
+    Returns ``name -> (field, type, is a tuple, default)``.
+
+    A field whose type is a dataclass (``model: ModelConfig``) contributes its own fields under their own
+    names (``--dim``, not ``--model-dim``); names must therefore be unique across the nesting.
+
+    Raises:
+        TypeError: two nested fields with one name.
+    """
+    found: dict[str, tuple[dataclasses.Field, type, bool, Any]] = {}
+    types_ = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        kind, many = types_[f.name]
+        if _is_group(kind):
+            default = _default(f)
+            for name, (inner, inner_kind, inner_many, inner_default) in leaf_fields(kind).items():
+                if name in found:
+                    raise TypeError(f"{cls.__name__}: field {name!r} appears twice in the nesting")
+                if default is not dataclasses.MISSING:
+                    inner_default = getattr(default, name, inner_default)
+                found[name] = (inner, inner_kind, inner_many, inner_default)
+            continue
+        if f.name in found:
+            raise TypeError(f"{cls.__name__}: field {f.name!r} appears twice in the nesting")
+        found[f.name] = (f, kind, many, _default(f))
+    return found
 
 
 def add_dataclass_arguments(
@@ -58,11 +107,12 @@ def add_dataclass_arguments(
     exclude: tuple[str, ...] = (),
     positional: tuple[str, ...] = (),
 ) -> None:
-    """Add one flag per field of the dataclass ``cls`` to ``parser``.
+    """Add one flag per field of the dataclass ``cls`` (nested dataclasses flattened) to ``parser``.
 
     Flags that are not given leave no attribute on the parsed namespace (``argparse.SUPPRESS``), so
-    :func:`config_from` can tell them from values given explicitly. Booleans get ``--x/--no-x``; tuple
-    fields take one or more values (``--features 64 128``).
+    [`config_from`][app_common.config_from] can tell them from values given explicitly. Booleans get
+    ``--x/--no-x``; tuple
+    fields take one or more values (``--features 64 128``); a field's ``choices`` are listed in the help.
 
     Args:
         parser: a parser or argument group.
@@ -70,18 +120,15 @@ def add_dataclass_arguments(
         exclude: fields that get no flag.
         positional: fields given as positional arguments instead of flags.
     """
-    types_ = _field_types(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in exclude:
+    for name, (f, kind, many, default) in leaf_fields(cls).items():
+        if name in exclude:
             continue
-        kind, many = types_[f.name]
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        required = default is dataclasses.MISSING
         text = f.metadata.get("help", "")
         if not required:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = " ".join(map(str, default)) if many else default
+            shown = " ".join(map(str, default)) if many and default is not None else default
             text = f"{text} (default: {shown})" if text else f"default: {shown}"
-        kwargs: dict[str, Any] = {"help": text, "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {"help": text.replace("%", "%%"), "default": argparse.SUPPRESS}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -90,12 +137,24 @@ def add_dataclass_arguments(
                 kwargs["nargs"] = "+"
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
-            kwargs["metavar"] = f.metadata.get("metavar", f.name.upper())
-        if f.name in positional:
+            else:
+                kwargs["metavar"] = f.metadata.get("metavar", name.upper())
+        if name in positional:
             kwargs.pop("default")
-            parser.add_argument(f.name, **kwargs)
+            parser.add_argument(name, **kwargs)
         else:
-            parser.add_argument(flag(f.name), dest=f.name, required=required, **kwargs)
+            parser.add_argument(flag(name), dest=name, required=required, **kwargs)
+
+
+def add_config_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The ``--config FILE`` flag every training command has: a TOML file whose keys are the flags' names."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=help or "TOML file whose keys are the flags' names with underscores (flags given win)",
+    )
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -114,6 +173,34 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid TOML ({error})") from None
 
 
+def read_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The TOML table of ``args.config``, or ``{}`` without one.
+
+    See [`add_config_argument`][app_common.add_config_argument].
+    """
+    path = getattr(args, "config", None)
+    return read_toml(path) if path is not None else {}
+
+
+def split_toml(
+    table: Mapping[str, Any], *classes: type, extra: tuple[str, ...] = (), source: object = "TOML"
+) -> list[dict[str, Any]]:
+    """The keys of ``table`` that belong to each dataclass of ``classes`` (a sweep's grid, its runs).
+
+    A key belongs to every class that has such a field (or a nested group of that name); keys in
+    ``extra`` are the caller's own tables (``[table6.<task>]``).
+
+    Raises:
+        ValueError: a key that belongs to none, naming ``source`` and listing the known keys.
+    """
+    known = [set(leaf_fields(cls)) | {f.name for f in dataclasses.fields(cls)} for cls in classes]
+    unknown = sorted(set(table) - set(extra) - set().union(*known))
+    if unknown:
+        listed = ", ".join(sorted(set().union(*known)))
+        raise ValueError(f"{source}: unknown keys {', '.join(unknown)}; expected some of {listed}")
+    return [{k: v for k, v in table.items() if k in names} for names in known]
+
+
 def _coerce(name: str, value: Any, kind: type, many: bool) -> Any:
     if value is None:
         return None
@@ -130,6 +217,34 @@ def _coerce(name: str, value: Any, kind: type, many: bool) -> Any:
     return value
 
 
+def _leaf_values(instance: Any) -> dict[str, Any]:
+    """The leaf values of a dataclass instance, nested groups flattened, as they are (not made plain)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
+        out.update(_leaf_values(value) if _is_group(type(value)) else {f.name: value})
+    return out
+
+
+def _build(cls: type[T], values: Mapping[str, Any], fixed: Mapping[str, Any]) -> T:
+    """``cls(**...)`` from flat ``values`` (leaf names); nested groups from them over their defaults."""
+    types_ = _field_types(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        kind, _ = types_[f.name]
+        if f.name in fixed:
+            kwargs[f.name] = fixed[f.name]
+        elif _is_group(kind):
+            given = {k: v for k, v in values.items() if k in leaf_fields(kind)}
+            default = _default(f)
+            if given or default is dataclasses.MISSING:
+                base = {} if default is dataclasses.MISSING else _leaf_values(default)
+                kwargs[f.name] = _build(kind, {**base, **given}, {})
+        elif f.name in values:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)
+
+
 def config_from(
     cls: type[T],
     args: argparse.Namespace | Mapping[str, Any] | None = None,
@@ -139,40 +254,66 @@ def config_from(
 ) -> T:
     """An instance of the dataclass ``cls`` from its defaults, a TOML table and parsed flags.
 
+    Nested dataclass fields take their values from the same flat flags and from either flat TOML keys
+    or a TOML table named after the field (``[model]``).
+
     Args:
         cls: a dataclass.
         args: parsed flags (attributes that are not fields of ``cls`` are ignored).
-        toml: a TOML table whose keys are field names (nested tables are ignored: callers read them).
-        **fixed: values that win over both.
+        toml: a TOML table whose keys are field names (other nested tables are ignored: callers read them).
+        **fixed: values of top-level fields that win over both.
 
     Raises:
         ValueError: a TOML key that is no field of ``cls`` (listing the fields), or a value of the wrong
             type.
     """
-    types_ = _field_types(cls)
+    leaves = leaf_fields(cls)
+    groups = {f.name for f in dataclasses.fields(cls) if _is_group(_field_types(cls)[f.name][0])}
     values: dict[str, Any] = {}
     for key, value in (toml or {}).items():
         if isinstance(value, dict):
+            if key in groups:
+                for inner, inner_value in value.items():
+                    if inner not in leaves:
+                        expected = ", ".join(leaves)
+                        raise ValueError(f"TOML key {key}.{inner}: not a setting; expected one of {expected}")
+                    values[inner] = _coerce(inner, inner_value, *leaves[inner][1:3])
             continue
-        if key not in types_:
-            raise ValueError(f"TOML key {key!r}: not a setting; expected one of {', '.join(types_)}")
-        values[key] = _coerce(key, value, *types_[key])
+        if key not in leaves:
+            raise ValueError(f"TOML key {key!r}: not a setting; expected one of {', '.join(leaves)}")
+        values[key] = _coerce(key, value, *leaves[key][1:3])
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
-    values.update({k: _coerce(k, v, *types_[k]) for k, v in given.items() if k in types_})
-    values.update(fixed)
-    return cls(**values)
+    values.update({k: _coerce(k, v, *leaves[k][1:3]) for k, v in given.items() if k in leaves})
+    return _build(cls, values, fixed)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return config_dict(value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """A dataclass instance as a JSON- and TOML-friendly dict (paths as strings, tuples as lists)."""
+    """A dataclass instance as a JSON- and TOML-friendly dict.
 
-    def plain(value: Any) -> Any:
-        if isinstance(value, Path):
-            return str(value)
-        if isinstance(value, tuple | list):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return value
+    Paths become strings, tuples lists, nested dataclasses nested dicts.
+    """
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
-    return {f.name: plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+def flat_settings(config: Any) -> dict[str, Any]:
+    """Every leaf setting of a (possibly nested) dataclass instance by field name, as plain values."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(flat_settings(value))
+        else:
+            out[f.name] = _plain(value)
+    return out

@@ -1,46 +1,30 @@
-"""Device and precision choice: ``--device auto|cpu|cuda[:i]`` and ``--dtype float32|bfloat16``."""
+"""Device and precision choice: ``--device auto|cpu|cuda[:i]`` and ``--dtype float32|bfloat16``.
+
+``resolve_device`` and ``DEVICES`` are ``spectraformer_core``'s (one rule for the demos and the apps),
+re-exported here so that an app finds its device flags in one module.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import platform
+from pathlib import Path
 
 import torch
 
-DEVICES = ("auto", "cpu", "cuda")
-"""The values ``--device`` takes (``cuda:<i>`` is accepted too)."""
+from spectraformer_core import DEVICES, resolve_device
+
+__all__ = ["DEVICES", "DTYPES", "autocast", "device_name", "resolve_device", "resolve_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """``--dtype`` name -> the dtype that autocast computes in (``float32``: no autocast)."""
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """The torch device for ``device``: ``auto`` is CUDA when one is available, else the CPU.
-
-    Raises:
-        ValueError: an unknown name, or ``cuda`` asked for on a machine without CUDA.
-    """
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise ValueError(f"device: expected one of {', '.join(DEVICES)} or cuda:<index>, got {device!r}")
-    resolved = torch.device(device)
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device here")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device: {device!r} asked for, but there are {torch.cuda.device_count()} CUDA devices"
-            )
-    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype for a ``--dtype`` name.
 
     Raises:
-        ValueError: a name not in :data:`DTYPES`.
+        ValueError: a name not in [`DTYPES`][app_common.DTYPES].
     """
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -59,3 +43,19 @@ def autocast(device: torch.device, dtype: str | torch.dtype) -> contextlib.Abstr
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def device_name(device: torch.device) -> str:
+    """What a result record says the run ran on: the CUDA device's name, or the CPU's model name.
+
+    The CPU's name is the ``model name`` line of ``/proc/cpuinfo`` where there is one (Linux), else
+    ``platform.processor()`` or ``platform.machine()``.
+    """
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()

@@ -1,9 +1,9 @@
 """DistributedDataParallel set-up from the environment ``torchrun`` sets, and its teardown.
 
 ``torchrun --nproc_per_node N -m app ...`` starts ``N`` processes with ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set; :func:`setup_distributed` joins the process group
-(``nccl`` on CUDA, ``gloo`` on the CPU) and gives each process its device. Started without ``torchrun``,
-it returns a one-process context and the same code runs unchanged.
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set; [`setup_distributed`][app_common.setup_distributed]
+joins the process group (``nccl`` on CUDA, ``gloo`` on the CPU) and gives each process its device. Started
+without ``torchrun``, it returns a one-process context and the same code runs unchanged.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def setup_distributed(device: str | torch.device = "auto") -> Distributed:
     CPU every process uses ``gloo``. A world of size 1 sets up no process group.
 
     Args:
-        device: ``auto``, ``cpu`` or ``cuda`` (see :func:`~app_common.resolve_device`); under ``torchrun``
+        device: ``auto``, ``cpu`` or ``cuda`` (see `resolve_device`); under ``torchrun``
             a CUDA device index is replaced by ``LOCAL_RANK``.
 
     Raises:

@@ -1,10 +1,15 @@
-"""Wall-clock timing and peak memory: CUDA allocator peak on GPUs, peak resident set size on the CPU."""
+"""Timing (an accumulating timer, median timers), peak memory and parameter counts.
+
+Peak memory is the CUDA allocator's peak on GPUs and the peak resident set size on the CPU.
+"""
 
 from __future__ import annotations
 
 import resource
+import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +18,7 @@ import torch
 class Timer:
     """Accumulating wall-clock timer (``time.perf_counter``); waits for CUDA work before reading the clock.
 
-    ``with timer: ...`` adds the block's duration to :attr:`elapsed`; ``Timer(elapsed=t)`` continues a
+    ``with timer: ...`` adds the block's duration to `elapsed`; ``Timer(elapsed=t)`` continues a
     total saved earlier (a resumed run).
 
     Args:
@@ -36,7 +41,7 @@ class Timer:
         self._start = time.perf_counter()
 
     def stop(self) -> float:
-        """Stop counting; returns the total :attr:`elapsed` seconds."""
+        """Stop counting; returns the total `elapsed` seconds."""
         if self._start is None:
             raise RuntimeError("Timer.stop: the timer is not running; call start() first")
         self._sync()
@@ -81,9 +86,71 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory(device: torch.device) -> PeakMemory:
-    """The peak memory of ``device`` (see :class:`PeakMemory` for what each kind counts)."""
+    """The peak memory of ``device`` (see [`PeakMemory`][app_common.PeakMemory] for what each kind counts)."""
     if device.type == "cuda":
         return PeakMemory(int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports kibibytes, macOS bytes.
     return PeakMemory(int(rss if sys.platform == "darwin" else rss * 1024), "cpu_peak_rss")
+
+
+def _synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(
+    fn: Callable[[], object],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | None = None,
+    setup: Callable[[], object] | None = None,
+) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeats`` calls, after ``warmup`` uncounted ones.
+
+    Args:
+        fn: the work.
+        repeats: counted calls (>= 1).
+        warmup: uncounted calls first.
+        device: CUDA work queued on it is waited for before each clock reading.
+        setup: called before every call, outside the clock (e.g. clearing gradients).
+    """
+    return interleaved_medians({"fn": fn}, repeats=repeats, warmup=warmup, device=device, setup=setup)["fn"]
+
+
+def interleaved_medians(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | None = None,
+    setup: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """Median seconds of each ``fns[name]()``, the functions interleaved in every round.
+
+    Interleaving makes the ratios between them robust to a load that drifts during the measurement (a
+    shared CPU): every round times each function once. ``warmup`` rounds are not counted.
+
+    Raises:
+        ValueError: ``repeats`` < 1.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(warmup + repeats):
+        for name, fn in fns.items():
+            if setup is not None:
+                setup()
+            _synchronize(device)
+            start = time.perf_counter()
+            fn()
+            _synchronize(device)
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def count_parameters(model: torch.nn.Module, *, trainable: bool = True) -> int:
+    """Parameters of ``model`` (``trainable``: only those with ``requires_grad``; buffers never count)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)

@@ -1,13 +1,21 @@
-"""Results as JSON lines: one self-contained record per finished run, appended, never rewritten."""
+"""Results as JSON lines, and result tables as Markdown and CSV.
+
+A JSON-lines file holds one self-contained record per finished run, appended, never rewritten.
+"""
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from spectraformer_core import markdown_table
+
+__all__ = ["append_jsonl", "iter_jsonl", "markdown_table", "read_jsonl", "write_table"]
 
 
 def _default(value: Any) -> Any:
@@ -68,7 +76,24 @@ def iter_jsonl(path: str | Path) -> Iterator[dict]:
 
 
 def read_jsonl(path: str | Path, *, missing_ok: bool = False) -> list[dict]:
-    """All records of a JSON-lines file (see :func:`iter_jsonl`); ``missing_ok``: [] for no file."""
+    """All records of a JSON-lines file (see `iter_jsonl`); ``missing_ok``: [] for no file."""
     if missing_ok and not Path(path).is_file():
         return []
     return list(iter_jsonl(path))
+
+
+def write_table(stem: str | Path, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Write ``stem.md`` (a Markdown table) and ``stem.csv`` (the same cells); returns the Markdown.
+
+    Cells are written as ``str(cell)`` in the Markdown and as they are in the CSV (full precision for
+    numbers: format the Markdown's cells yourself where they need rounding, e.g. by passing strings).
+    """
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    text = markdown_table([str(h) for h in header], [[str(c) for c in row] for row in rows])
+    stem.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    with stem.with_suffix(".csv").open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return text

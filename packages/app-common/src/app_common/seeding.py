@@ -37,7 +37,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore the random states saved by :func:`rng_state`."""
+    """Restore the random states saved by [`rng_state`][app_common.rng_state]."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]

@@ -1,7 +1,7 @@
 """Long Range Arena data: the five tasks from the real files, or generated offline.
 
 Convert the downloaded files once into a memory-mapped cache, then load a split as a dataset of
-``(tokens, label)`` and batch it with :func:`collate`::
+``(tokens, label)`` and batch it with [`collate`][lra_data.collate]:
 
     # lra-data prepare --task listops --source lra_release --out data/lra
     import lra_data
@@ -12,8 +12,9 @@ Convert the downloaded files once into a memory-mapped cache, then load a split 
     tokens, key_padding_mask, labels = next(iter(loader))  # (32, L), (32, L) True = padding, (32,)
 
 With no download, ``lra-data generate --task listops --n 96000 --out data/lra`` writes the same cache
-format from :func:`generate_listops`'s rules (and ``--task pathfinder`` from :func:`generate_pathfinder`).
-Token id 0 is padding in every task and nothing else (pixel ``v`` is token ``v + 1``).
+format from [`generate_listops`][lra_data.generate_listops]'s rules (and ``--task pathfinder`` from
+[`generate_pathfinder`][lra_data.generate_pathfinder]). Token id 0 is padding in every task and nothing else
+(pixel ``v`` is token ``v + 1``).
 """
 
 from lra_data.cache import MANIFEST, CacheWriter, LRADataset, cache_folder, read_manifest

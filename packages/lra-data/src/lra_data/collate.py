@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -74,15 +74,15 @@ def pad(sequences: Sequence[torch.Tensor], *, length: int | None = None) -> tupl
     return tokens, mask
 
 
-def collate(batch: Sequence[tuple], *, length: int | None = None) -> Batch | PairBatch:
-    """Pad a list of dataset items into a :class:`Batch` (or a :class:`PairBatch` for Retrieval).
+def collate(batch: Sequence[tuple[Any, int]], *, length: int | None = None) -> Batch | PairBatch:
+    """Pad a list of dataset items into a `Batch` (or a `PairBatch` for Retrieval).
 
     Use as ``DataLoader(dataset, collate_fn=collate)``, or
     ``collate_fn=functools.partial(collate, length=1024)`` for a fixed length.
 
     Args:
-        batch: items ``(tokens, label)`` or ``((tokens_0, tokens_1), label)`` as :func:`lra_data.load`
-            returns them.
+        batch: items ``(tokens, label)`` or ``((tokens_0, tokens_1), label)`` as
+            [`lra_data.load`][lra_data.load] returns them.
         length: pad to this length instead of the batch's longest sequence (Retrieval: each document).
 
     Raises:

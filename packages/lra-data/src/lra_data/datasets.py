@@ -1,4 +1,4 @@
-"""Caches: built by :func:`prepare` (real files) or :func:`generate` (offline), read by :func:`load`."""
+"""Caches: built by `prepare` (real files) or `generate` (offline), read by `load`."""
 
 from __future__ import annotations
 
@@ -24,11 +24,13 @@ def load(task: str, split: str, root: str | Path, *, verify: bool = True) -> LRA
     """One split of a task's cache, as a map-style dataset of ``(tokens, label)``.
 
     Args:
-        task: one of :data:`~lra_data.TASKS`.
+        task: one of [`TASKS`][lra_data.TASKS].
         split: ``train``, ``val`` or ``test`` (Text has ``train`` and ``test`` only).
         root: the ``--out`` folder of ``lra-data prepare``/``generate`` (the cache is ``root/task``), or
             the task's cache folder itself.
-        verify: check every file's SHA-256 against the manifest (sizes and offsets are always checked).
+        verify: check every file's SHA-256 against the manifest (sizes, offsets and labels are always
+            checked). Without it, each example's token ids are checked against the vocabulary as it is
+            read.
 
     Raises:
         ValueError: an unknown task or split.
@@ -44,7 +46,7 @@ class PrepareConfig:
     """What ``lra-data prepare`` does; its flags map onto these fields.
 
     Attributes:
-        task: one of :data:`~lra_data.TASKS`.
+        task: one of [`TASKS`][lra_data.TASKS].
         source: the downloaded data: the release folder (or a folder above it), ``aclImdb``,
             ``cifar-10-batches-py``, or a folder of pre-processed ``{task}.{split}.pickle`` files.
         out: the cache root; the cache goes to ``out/task``.
@@ -52,9 +54,9 @@ class PrepareConfig:
             (pickles if ``{prefix}.train.pickle`` is in ``source``).
         pickle_prefix: the ``{task}`` part of the pickles' names (default: the task's name, and
             ``pathfinder32-curv_contour_length_14`` style for Pathfinder).
-        difficulty: see :class:`~lra_data.tasks.ReleaseOptions`.
-        split_seed: see :class:`~lra_data.tasks.ReleaseOptions`.
-        image_size: see :class:`~lra_data.tasks.ReleaseOptions`.
+        difficulty: see [`ReleaseOptions`][lra_data.ReleaseOptions].
+        split_seed: see [`ReleaseOptions`][lra_data.ReleaseOptions].
+        image_size: see [`ReleaseOptions`][lra_data.ReleaseOptions].
         overwrite: replace an existing cache.
     """
 
@@ -78,11 +80,12 @@ def _pickle_files(config: PrepareConfig, prefix: str) -> dict[str, Path]:
     }
 
 
-def prepare(config: PrepareConfig) -> dict:
+def prepare(config: PrepareConfig) -> dict[str, Any]:
     """Convert a task's downloaded files into a cache once; returns the manifest.
 
     Raises:
-        ValueError: an unknown task or format, or malformed data (:class:`~lra_data.DataFormatError`).
+        ValueError: an unknown task or format, or malformed data
+            ([`DataFormatError`][lra_data.DataFormatError]).
         FileNotFoundError: the source or one of its files is missing.
         FileExistsError: a cache exists at ``out/task`` and ``overwrite`` is off.
     """
@@ -106,7 +109,7 @@ def prepare(config: PrepareConfig) -> dict:
                 "vocab": None,
                 "description": "token ids as in the pre-processed pickles (trailing padding dropped)",
             }
-        source = {
+        source: dict[str, Any] = {
             "kind": "pickle",
             "path": str(Path(config.source).resolve()),
             "prefix": prefix,
@@ -158,7 +161,8 @@ class GenerateConfig:
         out: the cache root; the cache goes to ``out/task``.
         val: validation examples (default ``max(1, n // 10)``).
         test: test examples (default ``max(1, n // 10)``).
-        seed: every split draws from its own stream derived from this seed (:func:`split_seed`).
+        seed: every split draws from its own stream derived from this seed
+            ([`split_seed`][lra_data.split_seed]).
         listops: the ListOps generator's rules.
         pathfinder: the Pathfinder generator's geometry.
         overwrite: replace an existing cache.
@@ -196,11 +200,11 @@ GENERATORS: dict[str, _Generator] = {
     "listops": _Generator(lambda c: c.listops, _listops_examples, lambda s: s.max_length),
     "pathfinder": _Generator(lambda c: c.pathfinder, _pathfinder_examples, lambda s: s.size**2),
 }
-"""Tasks that :func:`generate` can make offline."""
+"""Tasks that [`generate`][lra_data.generate] can make offline."""
 
 
-def generate(config: GenerateConfig) -> dict:
-    """Write a generated ListOps or Pathfinder data set in the cache format of :func:`prepare`.
+def generate(config: GenerateConfig) -> dict[str, Any]:
+    """Write a generated ListOps or Pathfinder data set in the cache format of [`prepare`][lra_data.prepare].
 
     Split ``s`` is drawn with the seed ``split_seed(config.seed, config.task, s)``, so the training split of
     ``generate`` equals ``generate_listops(n, seed=split_seed(seed, "listops", "train"), ...)``.

@@ -12,22 +12,23 @@ from __future__ import annotations
 import csv
 import random
 import statistics
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lra_data.tokenizers import LISTOPS_CLOSE, listops_symbols
 
 _LRA_OPERATOR_ORDER = ("[MIN", "[MAX", "[MED", "[SM")  # the order of the LRA code's OPERATORS list
 
-_APPLY = {
+_APPLY: dict[str, Callable[[list[int]], int]] = {
     "[MAX": max,
     "[MIN": min,
     "[MED": lambda args: int(statistics.median(args)),
     "[SM": lambda args: sum(args) % 10,
 }
 
-Tree = int | tuple
+Tree = int | tuple[Any, Any]
 """A generated expression: a digit, or nested pairs ``((op, a1), a2), ..., "]")`` as in the LRA code."""
 
 
@@ -51,7 +52,7 @@ class ListOpsConfig:
     max_length: int = 2000
     operator_prob: float = 0.25
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise ValueError(f"max_depth: expected an integer >= 1, got {self.max_depth}")
         if self.max_args < 2:
@@ -110,7 +111,7 @@ def tree_to_string(tree: Tree) -> str:
 def tree_value(tree: Tree) -> int:
     """The value of a tree, by walking its nested pairs as the LRA's ``to_value`` does."""
 
-    def walk(t):
+    def walk(t: Any) -> Any:
         if not isinstance(t, tuple):
             return t
         left, right = walk(t[0]), walk(t[1])
@@ -122,7 +123,7 @@ def tree_value(tree: Tree) -> int:
             return _APPLY[left[0]](left[1])
         return (left[0], [*left[1], right])  # one more argument
 
-    return walk(tree)
+    return int(walk(tree))
 
 
 def evaluate_listops(source: str) -> int:
@@ -135,7 +136,7 @@ def evaluate_listops(source: str) -> int:
             operator, or more than one expression.
     """
     stack: list[tuple[str, list[int]]] = []
-    result = None
+    result: int | None = None
     for position, symbol in enumerate(listops_symbols(source)):
         if symbol in _APPLY:
             stack.append((symbol, []))
@@ -165,7 +166,7 @@ def evaluate_listops(source: str) -> int:
 def iter_listops(
     n: int, *, seed: int, config: ListOpsConfig | None = None, max_attempts: int | None = None
 ) -> Iterator[tuple[str, int]]:
-    """Yield ``n`` expressions ``(source, label)`` one at a time; see :func:`generate_listops`."""
+    """Yield ``n`` expressions ``(source, label)`` one at a time; see `generate_listops`."""
     if n < 0:
         raise ValueError(f"n: expected a count >= 0, got {n}")
     config = config or ListOpsConfig()
@@ -199,18 +200,18 @@ def generate_listops(
 ) -> list[tuple[str, int]]:
     """``n`` random ListOps expressions in the release's format, with their values as labels.
 
-    Follows the LRA generator: draw trees (:func:`generate_tree`) and keep those whose length (operators,
-    digits and ``]``) lies strictly between ``min_length`` and ``max_length``; the label is the tree's
-    value. The same ``seed`` gives the same list on every run and machine.
+    Follows the LRA generator: draw trees ([`generate_tree`][lra_data.generate_tree]) and keep those whose
+    length (operators, digits and ``]``) lies strictly between ``min_length`` and ``max_length``; the label is
+    the tree's value. The same ``seed`` gives the same list on every run and machine.
 
     Args:
         n: number of expressions.
         seed: seed of the random stream (``random.Random(seed)``).
-        max_depth: see :class:`ListOpsConfig`.
-        max_args: see :class:`ListOpsConfig`.
-        min_length: see :class:`ListOpsConfig`.
-        max_length: see :class:`ListOpsConfig`.
-        operator_prob: see :class:`ListOpsConfig`.
+        max_depth: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        max_args: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        min_length: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        max_length: see [`ListOpsConfig`][lra_data.ListOpsConfig].
+        operator_prob: see [`ListOpsConfig`][lra_data.ListOpsConfig].
         max_attempts: trees drawn at most before giving up (default ``1000 * n + 100000``).
 
     Returns:

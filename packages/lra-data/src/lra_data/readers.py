@@ -1,9 +1,10 @@
 """Readers of the data sets' own file formats, yielding ``(tokens, label)`` examples.
 
 Every reader checks what it reads and raises, naming the file (and line), instead of skipping anything:
-:class:`~lra_data.errors.DataFormatError` for malformed content, :class:`FileNotFoundError` for a missing
-file. Tokens are ``int64`` numpy arrays in the tokenization of :mod:`lra_data.tokenizers`, not yet
-truncated (the cache writer truncates to the task's length); Retrieval examples carry a pair of arrays.
+[`DataFormatError`][lra_data.DataFormatError] for malformed content, `FileNotFoundError` for a missing
+file. Tokens are ``int64`` numpy arrays in the tokenization of [`lra_data.tokenizers`][lra_data.tokenizers],
+not yet truncated (the cache writer truncates to the task's length); Retrieval examples carry a pair of
+arrays.
 """
 
 from __future__ import annotations
@@ -73,11 +74,23 @@ def _int_label(text: bytes, path: Path, line: int, num_classes: int) -> int:
     return int(value)
 
 
+def _decode(field: bytes, encoding: str, what: str, path: Path, line: int) -> str:
+    """``field`` as text, or a [`DataFormatError`][lra_data.DataFormatError] naming the byte that is not."""
+    try:
+        return field.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise DataFormatError(
+            path,
+            f"{what}: byte 0x{field[error.start]:02x} at position {error.start + 1} is not {encoding} text",
+            line=line,
+        ) from None
+
+
 def read_listops_tsv(path: str | Path) -> Iterator[Example]:
     """Examples of a ListOps release TSV (``basic_{train,val,test}.tsv``).
 
     The file starts with the header ``Source<TAB>Target``; each line holds the parenthesized expression and
-    its value ``0``-``9``. Tokens are :func:`~lra_data.tokenizers.tokenize_listops` ids.
+    its value ``0``-``9``. Tokens are [`tokenize_listops`][lra_data.tokenize_listops] ids.
     """
     path = Path(path)
     lines = _lines(path)
@@ -91,10 +104,13 @@ def read_listops_tsv(path: str | Path) -> Iterator[Example]:
             raise DataFormatError(
                 path, f"expected 2 tab-separated fields (Source, Target), got {len(fields)}", line=number
             )
+        source = _decode(fields[0], "ascii", "Source", path, number)
         try:
-            tokens = tokenize_listops(fields[0].decode("ascii"))
-        except (UnicodeDecodeError, ValueError) as error:
-            raise DataFormatError(path, f"Source: {error}", line=number) from None
+            tokens = tokenize_listops(source)
+        except ValueError as error:
+            # tokenize_listops names its argument ("source: ..."); here the column is named instead.
+            message = str(error).removeprefix("source: ")
+            raise DataFormatError(path, f"Source: {message}", line=number) from None
         if tokens.size == 0:
             raise DataFormatError(path, "Source: expected an expression, got no symbols", line=number)
         yield tokens, _int_label(fields[1], path, number, 10)
@@ -119,7 +135,7 @@ def read_retrieval_tsv(path: str | Path) -> Iterator[Example]:
         yield (tokenize_bytes(fields[3]), tokenize_bytes(fields[4])), label
 
 
-def _name_key(path: Path) -> tuple:
+def _name_key(path: Path) -> tuple[tuple[int, int, str], ...]:
     """Sort key putting ``12_7.txt`` before ``100_3.txt`` (numbers compare as numbers)."""
     return tuple(
         (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", path.name)
@@ -223,7 +239,8 @@ def pathfinder_metadata(folder: str | Path) -> list[tuple[Path, int, Path, int]]
                     f"expected >= 4 space-separated fields (folder, file, _, label), got {len(fields)}",
                     line=number,
                 )
-            image = folder / fields[0].decode() / fields[1].decode()
+            image = folder / _decode(fields[0], "utf-8", "folder", file, number)
+            image = image / _decode(fields[1], "utf-8", "file", file, number)
             entries.append((image, _int_label(fields[3], file, number, 2), file, number))
     return entries
 
@@ -268,7 +285,8 @@ def read_pathfinder(
     """Examples of one Pathfinder difficulty folder (e.g. ``pathfinder32/curv_contour_length_14``).
 
     All images listed in the metadata are split 80/10/10 by a permutation seeded with ``seed``
-    (:func:`pathfinder_split_indices`); each image must be ``image_size x image_size``.
+    ([`pathfinder_split_indices`][lra_data.pathfinder_split_indices]); each image must be
+    ``image_size x image_size``.
     """
     entries = pathfinder_metadata(folder)
     for index in pathfinder_split_indices(len(entries), split, seed).tolist():
@@ -313,7 +331,7 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
             raise DataFormatError(
                 path, f"item {i}: expected a dict {expected} 'input_ids_1', got {sorted(item)}"
             )
-        docs = []
+        docs: list[Tokens] = []
         for key in ("input_ids_0", "input_ids_1")[: 1 + pair]:
             ids = np.asarray(item[key]).reshape(-1).astype(np.int64)
             if pixels:
@@ -329,4 +347,7 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
                 nonzero = np.flatnonzero(ids)
                 ids = ids[: nonzero[-1] + 1] if nonzero.size else ids[:0]
             docs.append(ids)
-        yield (docs[0] if len(docs) == 1 else tuple(docs)), int(label[0])
+        if pair:
+            yield (docs[0], docs[1]), int(label[0])
+        else:
+            yield docs[0], int(label[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lra_data.readers import (
     PATHFINDER_DIFFICULTIES,
@@ -52,7 +53,7 @@ class Task:
     """Everything ``prepare`` and ``load`` need to know about one task.
 
     Attributes:
-        name: the task's name (one of :data:`TASKS`).
+        name: the task's name (one of [`TASKS`][lra_data.TASKS]).
         num_classes: labels lie in ``[0, num_classes)``.
         max_length: tokens kept per document (longer ones are truncated).
         pair: two documents per example (Retrieval).
@@ -70,7 +71,7 @@ class Task:
     max_length: int
     pair: bool
     pixels: bool
-    tokenization: dict
+    tokenization: dict[str, Any]
     splits: tuple[str, ...]
     marker: str
     subfolders: tuple[str, ...]
@@ -78,7 +79,7 @@ class Task:
     pickle_prefix: Callable[[ReleaseOptions], str] = field(repr=False)
 
     def locate(self, source: str | Path, options: ReleaseOptions) -> Path:
-        """The data folder below ``source`` that holds :attr:`marker`.
+        """The data folder below ``source`` that holds `marker`.
 
         Raises:
             FileNotFoundError: naming every place looked at.
@@ -206,11 +207,11 @@ TASK_SPECS: dict[str, Task] = {
         pickle_prefix=lambda options: f"pathfinder{options.image_size}-{options.difficulty_folder}",
     ),
 }
-"""Task name -> :class:`Task`."""
+"""Task name -> [`Task`][lra_data.Task]."""
 
 
 def task_spec(name: str) -> Task:
-    """The :class:`Task` called ``name``.
+    """The [`Task`][lra_data.Task] called ``name``.
 
     Raises:
         ValueError: an unknown name, listing the known ones.

@@ -2,7 +2,7 @@
 
 ``activation(W x + b) ~ Psi(W) Phi(x)``: the activation is replaced by a rational fit (polynomial plus
 irreducible-quadratic atoms), the polynomial linearized by product features and each atom by its Laplace
-representation at Gauss-Laguerre nodes with complex-exponential random features::
+representation at Gauss-Laguerre nodes with complex-exponential random features:
 
     import ralimp
     layer = ralimp.create("ralimp", linear, "gelu", budget=32, seed=0)  # num_random_features == 32

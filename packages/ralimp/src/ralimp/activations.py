@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 

@@ -53,8 +53,10 @@ def seeds(seed: int | None, count: int) -> list[int]:
 class FeatureLinearization(nn.Module, abc.ABC):
     """A layer ``y = Psi(W) Phi(x)`` standing in for ``activation(x @ W.T + b)``.
 
-    Subclasses give :meth:`feature_map` (``Phi``, on the input) and :meth:`weight_features` (``Psi``, one row
-    per output unit); ``forward`` is one matmul, and :meth:`compress` folds a following linear layer in.
+    Subclasses give [`feature_map`][ralimp.FeatureLinearization.feature_map] (``Phi``, on the input) and
+    [`weight_features`][ralimp.FeatureLinearization.weight_features] (``Psi``, one row per output unit);
+    ``forward`` is one matmul, and [`compress`][ralimp.FeatureLinearization.compress] folds a following linear
+    layer in.
     """
 
     in_features: int
@@ -87,8 +89,9 @@ class FeatureLinearization(nn.Module, abc.ABC):
     def compress(self, next_linear: nn.Linear) -> CompressedLinearization:
         """Fold ``next_linear`` (``W'``, ``b'``) in: ``W' Psi(W) Phi(x) + b' = W_hat Phi(x) + b'`` (App. B).
 
-        Returns a :class:`CompressedLinearization` that computes ``next_linear(self(x))`` with one
-        ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later training of ``self`` does not reach it).
+        Returns a [`CompressedLinearization`][ralimp.CompressedLinearization] that computes
+        ``next_linear(self(x))`` with one ``(out, F)`` matrix ``W_hat = W' Psi(W)`` (a snapshot: later
+        training of ``self`` does not reach it).
         """
         if not isinstance(next_linear, nn.Linear) or next_linear.in_features != self.out_features:
             raise ValueError(
@@ -101,7 +104,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
         return CompressedLinearization(self.frozen_feature_map(), w_hat.to(next_linear.weight.dtype), bias)
 
     def frozen_feature_map(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A snapshot of :meth:`feature_map` that no longer depends on this module's parameters."""
+        """A snapshot of `feature_map` that no longer depends on this module's parameters."""
         return FrozenFeatureMap(self)
 
     @property
@@ -129,7 +132,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
                 ``init="lstsq"``, the readout.
             init: ``"psi"``, the paper's ``Psi(W)`` (unbiased for the fit, log-normal variance); or
                 ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
-                ``Phi(sample)`` (needs ``sample``; :meth:`fit_readout`).
+                ``Phi(sample)`` (needs ``sample``; `fit_readout`).
             ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
             **kw: constructor options of the class.
         """
@@ -289,6 +292,6 @@ def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
 class PoleWidthWarning(UserWarning):
     """Formerly issued when a pole was too narrow for the Gauss-Laguerre nodes; no longer issued.
 
-    The fit is now made in the layer's discretized basis (:func:`ralimp.fit_discretized`), so no pole has to
+    The fit is now made in the layer's discretized basis (`ralimp.fit_discretized`), so no pole has to
     be resolved by the nodes. The class stays importable for warning filters that name it.
     """

@@ -1,6 +1,6 @@
 """The baselines RaLiMP is compared with: EUGen, SNNK and a low-rank factorization.
 
-All take the same constructor style as :class:`ralimp.RaLiMP` (``in_features, out_features, *,
+All take the same constructor style as [`ralimp.RaLiMP`][ralimp.RaLiMP] (``in_features, out_features, *,
 activation, ..., bias, weight_matrix, seed``) and ``from_linear(linear, activation, **kw)``.
 """
 
@@ -26,11 +26,11 @@ from ralimp.base import (
 from ralimp.budget import BudgetError, check_budget, check_count, exact_share
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.rational import DEFAULT_INTERVAL, activation_fit, fit_rational
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 def refuse_fixed(name: str, overrides: dict) -> None:
-    """A :class:`BudgetError` when ``overrides`` sets the size the budget decides."""
+    """A `BudgetError` when ``overrides`` sets the size the budget decides."""
     if name in overrides:
         raise BudgetError(f"{name}: set by the budget, got {name}={overrides[name]!r} as well")
 
@@ -43,11 +43,12 @@ def _default_linear(out_features: int, in_features: int, bias: bool, factory: di
 class EUGen(FeatureLinearization):
     """Polynomial-only product features with a trainable ``Psi`` (Kim et al. 2025).
 
-    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]`` (:func:`ralimp.product_features`),
-    ``Psi`` a trainable ``(out, 1 + K m)`` matrix initialized as ``[c_0, c_n phi_n(w+) / m]`` with
-    ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial fit of the activation on ``interval``, so the
-    layer starts as an unbiased estimate of ``P(w . x + b)``. The ``||x||`` coordinate is EUGen's
-    augmentation; it enters at initialization with weight 0 and is available to training.
+    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]``
+    ([`ralimp.product_features`][ralimp.product_features]), ``Psi`` a trainable ``(out, 1 + K m)`` matrix
+    initialized as ``[c_0, c_n phi_n(w+) / m]`` with ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial
+    fit of the activation on ``interval``, so the layer starts as an unbiased estimate of ``P(w . x + b)``.
+    The ``||x||`` coordinate is EUGen's augmentation; it enters at initialization with weight 0 and is
+    available to training.
 
     Args:
         in_features: ``d``.
@@ -439,7 +440,7 @@ class LowRank(nn.Module):
 
 
 class Dense(nn.Module):
-    """``activation(linear(x))`` itself: the dense reference, :func:`ralimp.create`'s ``"dense"``.
+    """``activation(linear(x))`` itself: the dense reference, `ralimp.create`'s ``"dense"``.
 
     Args:
         in_features: ``d``.

@@ -6,7 +6,7 @@ With the per-node coefficients free, the expected output of a RaLiMP over its ra
 
 (``s_k`` the Gauss-Laguerre nodes). Discretizing a continuous rational fit node by node (``w = gamma_k``
 times the atom's coefficients) misses ``f`` by far more than the fit does (GELU ``J = 1``: 2.4e-3 -> 0.32
-on ``[-4, 4]``), so :func:`fit_discretized` fits ``f`` directly in this basis: ``c``, ``w^c``, ``w^s`` by
+on ``[-4, 4]``), so `fit_discretized` fits ``f`` directly in this basis: ``c``, ``w^c``, ``w^s`` by
 linear least squares for given widths ``q``, and the ``q`` by Levenberg-Marquardt on top (variable
 projection). The centers ``p`` do not enter ``E y`` once the node coefficients are free (the phase
 ``s_k p / q`` is a rotation of ``(w^c_jk, w^s_jk)``); they are kept from the continuous fit, and ``A, B``
@@ -138,7 +138,7 @@ class DiscretizedFit:
         return self._rho_c.shape[1] if self.num_atoms else 0
 
     def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(w^c, w^s)``, ``(J, n)`` each (:func:`channel_coefficients`)."""
+        """``(w^c, w^s)``, ``(J, n)`` each (`channel_coefficients`)."""
         nodes = gauss_laguerre(self.num_freqs)[0] if self.num_atoms else torch.zeros(0, dtype=torch.float64)
         return channel_coefficients(self._atoms, self._rho_c, self._rho_s, nodes)
 
@@ -161,7 +161,7 @@ class DiscretizedFit:
         return float(err.abs().max()), float(err.pow(2).mean().sqrt())
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict (inverse of :meth:`from_dict`)."""
+        """A JSON-ready dict (inverse of `from_dict`)."""
         return {
             "poly": self.poly,
             "atoms": [list(a) for a in self.atoms],
@@ -175,7 +175,7 @@ class DiscretizedFit:
 
     @classmethod
     def from_dict(cls, data: dict) -> DiscretizedFit:
-        """Rebuild from :meth:`to_dict` output."""
+        """Rebuild from `to_dict` output."""
         continuous = data.get("continuous")
         return cls(
             data["poly"],
@@ -278,7 +278,7 @@ def fit_discretized(
 
     Args:
         fn: an elementwise function of a float64 tensor, a registered activation name, or a
-            :class:`RationalFunction` (then also the default ``continuous``).
+            `RationalFunction` (then also the default ``continuous``).
         interval: ``(a, b)``.
         poly_degree: ``K >= 0``.
         num_atoms: ``J >= 0``.
@@ -293,7 +293,7 @@ def fit_discretized(
         seed: seed of the random starts.
 
     Returns:
-        the :class:`DiscretizedFit`, with its errors and the continuous fit.
+        the `DiscretizedFit`, with its errors and the continuous fit.
     """
     if isinstance(fn, RationalFunction) and continuous is None:
         continuous = fn

@@ -1,8 +1,8 @@
 """``ralimp-fit`` (or ``python -m ralimp.fit_activations``): recompute the shipped activation fits.
 
 For every shipped activation on ``[-4, 4]``, ``K = 1..3`` and ``J = 0..3``: the continuous rational fit
-(:func:`ralimp.fit_rational`) and, for ``num_freqs = 1..4``, the fit in the layer's discretized basis
-(:func:`ralimp.fit_discretized`, started from the continuous one). Writes ``fits.json`` (by default the
+(`ralimp.fit_rational`) and, for ``num_freqs = 1..4``, the fit in the layer's discretized basis
+(`ralimp.fit_discretized`, started from the continuous one). Writes ``fits.json`` (by default the
 package's own copy) and prints a Markdown table with three errors per fit: the continuous fit, the
 continuous fit discretized node by node at the Gauss-Laguerre weights (what the layer computed before), and
 the discretized fit (what the layer computes in expectation now). ``--plot PATH`` draws the ``K = 2``,

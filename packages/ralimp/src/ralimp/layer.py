@@ -46,9 +46,9 @@ class RaLiMP(FeatureLinearization):
     - ``P`` by EUGen product features on ``[x; 1]`` and ``[w; b]`` (``poly_features = m`` rows per factor);
     - each atom ``a_j`` by its Laplace representation, discretized at ``num_freqs`` Gauss-Laguerre nodes
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
-      random features (:func:`ralimp.complex_exponential_features`).
+      random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
-    The fit is made in the basis this computes (:func:`ralimp.fit_discretized`: polynomial, per-node
+    The fit is made in the basis this computes (`ralimp.fit_discretized`: polynomial, per-node
     coefficients and widths jointly, for these ``num_freqs`` nodes), so the layer's expectation over the
     projections is the fit (``expected_output == fit`` at initialization).
 
@@ -60,8 +60,8 @@ class RaLiMP(FeatureLinearization):
         in_features: ``d``.
         out_features: ``l``.
         activation: a registered name (``"gelu"``, ``"gelu_tanh"``, ``"silu"``, ...; shipped fits), an
-            elementwise callable (fitted now), a :class:`RationalFunction` (refitted in the layer's basis)
-            or a :class:`ralimp.DiscretizedFit` (used as is); the last two fix ``poly_degree`` and
+            elementwise callable (fitted now), a `RationalFunction` (refitted in the layer's basis)
+            or a `ralimp.DiscretizedFit` (used as is); the last two fix ``poly_degree`` and
             ``num_atoms``.
         poly_degree: ``K``.
         poly_features: ``m`` of the polynomial block.
@@ -81,7 +81,7 @@ class RaLiMP(FeatureLinearization):
             takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which minimizes
             ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1); it keeps
             float32 features finite when ``||x|| >> ||w||`` but cannot lower the bound of
-            :mod:`ralimp.variance`.
+            `ralimp.variance`.
         sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
         dtype: parameter dtype.
@@ -273,7 +273,7 @@ class RaLiMP(FeatureLinearization):
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
         ``poly_degree``, ``num_atoms`` and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
-        :class:`RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
+        `RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
         ``freq_features`` may be fixed there too.
         """
         if isinstance(activation, RationalFunction):
@@ -347,7 +347,7 @@ class RaLiMP(FeatureLinearization):
     def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Per node, the coefficients ``(w_c, w_s)`` of ``C_k ~ cos(s_k v / q')`` and ``S_k``, ``(J, n)``.
 
-        :func:`ralimp.discretized.channel_coefficients` of the poles in ``v = t / tau^2`` units (Sec. 2.4).
+        `ralimp.discretized.channel_coefficients` of the poles in ``v = t / tau^2`` units (Sec. 2.4).
         """
         atoms = torch.stack([self.atom_a, self.atom_b, self.atom_p, self.pole_widths()], -1).to(dtype)
         return channel_coefficients(
@@ -357,7 +357,7 @@ class RaLiMP(FeatureLinearization):
     def weight_features(self) -> torch.Tensor:
         """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in.
 
-        The free readout instead, once :meth:`set_readout` (``init="lstsq"``) has set one.
+        The free readout instead, once `set_readout` (``init="lstsq"``) has set one.
         """
         if self.readout is not None:
             return self.readout

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 @functools.cache
@@ -49,8 +49,8 @@ def atom_quadrature_error(num_freqs: int, u_max: float, *, points: int = 2001) -
 def resolvable_argument(num_freqs: int, tol: float) -> float:
     """The largest ``U`` such that the ``num_freqs``-node rule is within ``tol`` of the atom on ``|u| <= U``.
 
-    Found by bisection on :func:`atom_quadrature_error`; an atom of width ``q`` centered at ``p`` is resolved
-    on an interval ``[a, b]`` when ``max(|a - p|, |b - p|) / q <= U``.
+    Found by bisection on [`atom_quadrature_error`][ralimp.atom_quadrature_error]; an atom of width ``q``
+    centered at ``p`` is resolved on an interval ``[a, b]`` when ``max(|a - p|, |b - p|) / q <= U``.
     """
     if not 0 < tol < 1:
         raise ValueError(f"tol: expected a tolerance in (0, 1), got {tol!r}")

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ralimp.activations import ACTIVATIONS
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 #: The interval the shipped fits cover.
 DEFAULT_INTERVAL = (-4.0, 4.0)
@@ -91,7 +91,7 @@ class RationalFunction:
         return float(err.abs().max()), float(err.pow(2).mean().sqrt())
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict (inverse of :meth:`from_dict`)."""
+        """A JSON-ready dict (inverse of [`from_dict`][ralimp.RationalFunction.from_dict])."""
         return {
             "poly": self.poly,
             "atoms": [list(a) for a in self.atoms],
@@ -102,7 +102,7 @@ class RationalFunction:
 
     @classmethod
     def from_dict(cls, data: dict) -> RationalFunction:
-        """Rebuild from :meth:`to_dict` output."""
+        """Rebuild from [`to_dict`][ralimp.RationalFunction.to_dict] output."""
         return cls(
             data["poly"],
             data["atoms"],
@@ -165,7 +165,8 @@ def fit_rational(
         seed: seed of the random starts.
 
     Returns:
-        the fitted :class:`RationalFunction` with its ``max_error`` and ``rms_error`` on the grid.
+        the fitted [`RationalFunction`][ralimp.RationalFunction] with its ``max_error`` and ``rms_error`` on
+        the grid.
     """
     fn = ACTIVATIONS.get(fn) if isinstance(fn, str) else fn
     if isinstance(num_atoms, bool) or not isinstance(num_atoms, int) or num_atoms < 0:
@@ -269,7 +270,7 @@ def activation_fit(
 
     Fits of the shipped activations (``ralimp.fit_activations.SHIPPED``) on ``[-4, 4]`` for ``K = 1..3`` and
     ``J = 0..3`` ship in ``ralimp/fits.json`` (recomputed by ``ralimp-fit``); other intervals or degrees are
-    fitted by :func:`fit_rational` (a few seconds). A RaLiMP layer uses :func:`ralimp.layer_fit`, the fit
+    fitted by `fit_rational` (a few seconds). A RaLiMP layer uses `ralimp.layer_fit`, the fit
     in its discretized basis.
     """
     fn = ACTIVATIONS.get(activation)

@@ -1,4 +1,4 @@
-"""Swap the MLP blocks of a model for linearized layers: :func:`replace_mlp` and the layer registry."""
+"""Swap the MLP blocks of a model for linearized layers: `replace_mlp` and the layer registry."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from ralimp.activations import activation_name
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
-from rf_matrices import Registry
+from spectraformer_core import Registry
 
-#: Layer kinds of :func:`create` and :func:`replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``,
+#: Layer kinds of `create` and `replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``,
 #: ``dense``.
 #: An entry is a class with ``budget_options(budget, activation, *, count, **overrides) -> dict`` (its budget
 #: policy) and ``from_linear(linear, activation, *, sample, init, **kw)``.
@@ -27,7 +27,7 @@ LAYERS.register("dense")(Dense)
 
 
 def register(name: str, *, override: bool = False):
-    """Class decorator adding a layer kind (``budget_options`` and ``from_linear`` as in :data:`LAYERS`)."""
+    """Class decorator adding a layer kind (``budget_options`` and ``from_linear`` as in `LAYERS`)."""
     return LAYERS.register(name, override=override)
 
 
@@ -91,7 +91,7 @@ def create(
     return layer
 
 
-#: ``(up Linear, activation, down Linear)`` attribute names of the MLP layouts :func:`find_mlp_blocks` knows:
+#: ``(up Linear, activation, down Linear)`` attribute names of the MLP layouts `find_mlp_blocks` knows:
 #: timm ``Mlp`` and HF ViT 5.x ``mlp`` (fc1/act/fc2), nanoGPT ``MLP`` (c_fc/gelu/c_proj), and the
 #: ``intermediate`` module of HF ViT 4.x (dense/intermediate_act_fn; its ``output.dense`` stays).
 LAYOUTS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
@@ -113,7 +113,7 @@ class MLPBlock:
 
 
 def find_mlp_blocks(model: nn.Module) -> list[MLPBlock]:
-    """Every MLP block of ``model`` in module order (see :data:`LAYOUTS`).
+    """Every MLP block of ``model`` in module order (see `LAYOUTS`).
 
     A block is a module holding an ``nn.Linear`` up projection followed by an activation attribute (a module
     or function) under one of the known names. ``activation`` is its registered name, or None if unknown.
@@ -187,7 +187,7 @@ def replace_mlp(
     max_calibration_rows: int = 4096,
     **overrides: object,
 ) -> list[str]:
-    """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by :func:`create`.
+    """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by `create`.
 
     In each block the up projection ``Linear`` becomes ``create(kind, up, activation, budget=budget, ...)``,
     which computes ``activation(up(x))``, and the activation attribute becomes ``nn.Identity()``; everything
@@ -200,12 +200,12 @@ def replace_mlp(
         model: any ``nn.Module`` with timm ``Mlp``, HF ViT (4.x ``intermediate``/``output`` or 5.x
             ``mlp``) or nanoGPT ``MLP`` blocks.
         kind: ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``, ``"dense"`` or a registered name or class.
-        budget: the feature budget of every layer (:func:`create`; None for ``"dense"``).
+        budget: the feature budget of every layer (`create`; None for ``"dense"``).
         last_k: replace only the last ``k`` blocks (all when None).
         activation: the activation name to approximate (default: read from each block).
         inputs: a batch for ``model`` (tensor, tuple of positional or dict of keyword arguments), or None.
         init: ``"psi"`` or ``"lstsq"`` (needs ``inputs``).
-        count: ``"paper"`` or ``"width"`` (:func:`create`).
+        count: ``"paper"`` or ``"width"`` (`create`).
         max_calibration_rows: rows (tokens) kept per block from the captured inputs.
         **overrides: options of the layer class (``num_freqs=4``, ``weight_matrix="orf"``, ``seed=0``...);
             block ``i`` of the replaced ones gets ``seed + i``.

@@ -19,7 +19,7 @@ Per projection and node (features at ``x~``, ``w~``, frequency ``s``; ``xi ~ N(0
 
 Lower bound (the guide's): with ``lambda`` free, ``||x/lambda + lambda w||^2 >= 2 ||x|| ||w|| + 2 t``, so
 ``log E|Y_k|^2 = 2 sigma_k^2 >= 2 s_k |u| (1 / |cos theta| - 1)`` with ``u = t / q`` and ``theta`` the angle
-between ``[x; 1]`` and ``[w; b]`` (:func:`log_second_moment_bound`).
+between ``[x; 1]`` and ``[w; b]`` (`log_second_moment_bound`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def check_gaussian_rows(matrices) -> None:
 
 @torch.no_grad()
 def ralimp_log_variance(layer, x: torch.Tensor) -> torch.Tensor:
-    """``log Var y`` of a :class:`ralimp.RaLiMP` with its ``Psi(W)`` readout, ``(N, l)``.
+    """``log Var y`` of a `ralimp.RaLiMP` with its ``Psi(W)`` readout, ``(N, l)``.
 
     Exact: the polynomial block (Prop. 2, shared projections) plus every node of every atom (Prop. 1 with the
     cross moment), independent blocks; at the layer's current ``W, b``, poles, node coefficients, ``tau`` and
@@ -129,7 +129,7 @@ def ralimp_log_variance(layer, x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def eugen_variance(layer, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``Var y`` of a :class:`ralimp.EUGen` at its ``Psi(W)`` initialization from ``linear``, ``(N, l)``.
+    """``Var y`` of a `ralimp.EUGen` at its ``Psi(W)`` initialization from ``linear``, ``(N, l)``.
 
     The block sees ``x+ = [x; 1; ||x||]`` and ``w+ = [w; b; 0]`` (EUGen's augmentation).
     """

@@ -7,12 +7,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from rf_attention._kernels import CausalRFAttention, NonCausalRFAttention
 from rf_features import FeatureMap
 
-#: Denominators with ``|D| < DEFAULT_EPS`` are replaced by it (features are stabilized to at most 1).
-DEFAULT_EPS = 1e-6
 #: Query/key block of the causal algorithm.
 DEFAULT_CHUNK_SIZE = 128
+#: Feature elements ``(leading dims) x rows x m`` per chunk of the non-causal algorithm (0.5 MiB in float32).
+NONCAUSAL_CHUNK_ELEMENTS = 2**17
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -24,8 +25,8 @@ def linear_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     key_log_scale: torch.Tensor | None = None,
-    eps: float = DEFAULT_EPS,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    eps: float | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Kernelized attention ``D^-1 (phi_q phi_k^T) v`` in O(N) time and memory (Eq. 7, Figure 1).
 
@@ -45,91 +46,76 @@ def linear_attention(
             by ``FeatureMap.forward_with_key_scales``). Each query ``i`` divides them by one constant, the
             largest scale over the keys it sees (causal: over ``j <= i`` only), so nothing overflows and no
             position depends on a later one.
-        eps: denominators with ``|D| < eps`` are replaced by ``eps`` (features with signs, as TrigRF's or
-            negative quadrature weights give, can make ``D`` vanish; all-padding rows have ``D = 0``).
-        chunk_size: positions per chunk of the causal algorithm.
+        eps: relative guard of the normalizer ``D`` for features with signs (TrigRF's, negative quadrature
+            weights): ``|D| <= eps |phi_q| . sum_j |phi_k_j|`` becomes ``sign(D)`` times that bound. Positive
+            features are guarded only where ``D == 0`` (rows whose keys are all padding give 0). Never an
+            absolute floor: stabilized features can make a correct ``D`` arbitrarily small. Default: the
+            accumulation dtype's machine epsilon.
+        chunk_size: positions per chunk (default: 128 causal; non-causal about 0.5 MiB of features).
 
     Returns:
         ``(..., N_q, Dv)`` in ``v``'s dtype; float16/bfloat16 inputs are accumulated in float32.
     """
     _check_shapes(phi_q, phi_k, v, causal)
-    out_dtype = v.dtype
-    acc = torch.promote_types(torch.promote_types(phi_q.dtype, phi_k.dtype), v.dtype)
-    if acc in _LOW_PRECISION:
-        acc = torch.float32
-    phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)
+    acc = _accumulation_dtype(phi_q, phi_k, v)
     mask = _broadcast_key_mask(key_padding_mask, phi_k)
-    scale = None if key_log_scale is None else key_log_scale.to(acc)
-    if mask is not None:
-        phi_k = phi_k.masked_fill(mask.unsqueeze(-1), 0.0)
-        if scale is not None:
-            scale = scale.masked_fill(mask, -math.inf)
-    if causal:
-        num, den = _causal_sums(phi_q, phi_k, v, scale, chunk_size)
-    else:
-        if scale is not None:
-            top = scale.amax(dim=-1, keepdim=True)
-            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-            phi_k = phi_k * torch.exp(scale - top).unsqueeze(-1)
-        num = phi_q @ (phi_k.mT @ v)
-        den = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)
-    den = torch.where(den.abs() < eps, torch.full_like(den, eps), den)
-    return (num / den).to(out_dtype)
+    log_scale = phi_k.new_zeros(phi_k.shape[:-1]) if key_log_scale is None else key_log_scale
+    packed_k = torch.cat((phi_k.to(acc), log_scale.to(acc).unsqueeze(-1)), dim=-1)
+    return _run_kernel(
+        phi_q,
+        packed_k,
+        v,
+        mask,
+        _given_features,
+        causal=causal,
+        eps=eps,
+        chunk_size=chunk_size,
+        params=(),
+        width=phi_q.shape[-1],
+    )
 
 
-def _causal_sums(
-    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor | None, chunk_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Numerators ``(..., N, Dv)`` and denominators ``(..., N, 1)`` of causal linear attention.
+def _given_features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Precomputed features as ``(log, multiplier)``: queries ``phi_q``; keys ``[phi_k, log_scale]``."""
+    if is_query:
+        return x.new_zeros(*x.shape[:-1], 1), x
+    return x[..., -1:], x[..., :-1]
 
-    With scales, query ``i`` uses the reference ``M_i = max_{j <= i} scale_j`` (a running maximum): the
-    carried state is kept relative to the reference at the end of the previous chunk and rescaled by
-    ``exp(M_prev - M_i) <= 1`` when used; within a chunk, key ``j <= i`` weighs ``exp(scale_j - M_i) <= 1``.
-    """
-    n = phi_q.shape[-2]
-    lead = phi_q.shape[:-2]
-    if scale is None:
-        reference = None
-    else:
-        reference = torch.cummax(scale, dim=-1).values
-        # Positions that have seen only padding have no key to attend to; any value not above the later
-        # references keeps the zero state zero.
-        finite = torch.isfinite(reference)
-        floor = torch.where(finite, reference, torch.full_like(reference, math.inf)).amin(
-            dim=-1, keepdim=True
-        )
-        floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
-        reference = torch.where(finite, reference, floor)
-    state = phi_k.new_zeros(*lead, phi_k.shape[-1], v.shape[-1])
-    normalizer = phi_k.new_zeros(*lead, phi_k.shape[-1], 1)
-    previous = None if reference is None else reference[..., :1]
-    nums, dens = [], []
-    for start in range(0, n, chunk_size):
-        stop = min(start + chunk_size, n)
-        q_c, k_c, v_c = phi_q[..., start:stop, :], phi_k[..., start:stop, :], v[..., start:stop, :]
-        causal_mask = torch.ones(stop - start, stop - start, dtype=torch.bool, device=q_c.device).tril()
-        scores = q_c @ k_c.mT
-        if reference is None:
-            scores = scores.masked_fill(~causal_mask, 0.0)
-            num, den = q_c @ state + scores @ v_c, q_c @ normalizer + scores.sum(-1, keepdim=True)
-            state = state + k_c.mT @ v_c
-            normalizer = normalizer + k_c.sum(dim=-2).unsqueeze(-1)
-        else:
-            ref_c, scale_c = reference[..., start:stop], scale[..., start:stop]
-            exponent = (scale_c.unsqueeze(-2) - ref_c.unsqueeze(-1)).masked_fill(~causal_mask, -math.inf)
-            scores = scores * torch.exp(exponent)
-            carry = torch.exp(previous - ref_c).unsqueeze(-1)
-            num = (q_c @ state) * carry + scores @ v_c
-            den = (q_c @ normalizer) * carry + scores.sum(-1, keepdim=True)
-            end = ref_c[..., -1:]
-            decay = torch.exp(previous - end).unsqueeze(-1)
-            k_scaled = k_c * torch.exp(scale_c - end).unsqueeze(-1)
-            state = state * decay + k_scaled.mT @ v_c
-            normalizer = normalizer * decay + k_scaled.sum(dim=-2).unsqueeze(-1)
-            previous = end
-        nums.append(num)
-        dens.append(den)
-    return torch.cat(nums, dim=-2), torch.cat(dens, dim=-2)
+
+def _accumulation_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The widest dtype of ``tensors``, float32 in place of float16/bfloat16."""
+    acc = tensors[0].dtype
+    for t in tensors[1:]:
+        acc = torch.promote_types(acc, t.dtype)
+    return torch.float32 if acc in _LOW_PRECISION else acc
+
+
+def _run_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    features,
+    *,
+    causal: bool,
+    eps: float | None,
+    chunk_size: int | None,
+    params: tuple[torch.Tensor, ...],
+    width: int,
+) -> torch.Tensor:
+    """Run the causal or non-causal chunked kernel (features ``width`` wide) in the accumulation dtype."""
+    out_dtype = v.dtype
+    acc = _accumulation_dtype(q, k, v)
+    eps = torch.finfo(acc).eps if eps is None else eps
+    if chunk_size is None:
+        rows = NONCAUSAL_CHUNK_ELEMENTS // max(1, math.prod(q.shape[:-2]) * width)
+        chunk_size = DEFAULT_CHUNK_SIZE if causal else max(256, rows)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
+    kernel = CausalRFAttention if causal else NonCausalRFAttention
+    with torch.autocast(q.device.type, enabled=False):
+        out = kernel.apply(q.to(acc), k.to(acc), v.to(acc), key_mask, features, chunk_size, eps, *params)
+    return out.to(out_dtype)
 
 
 def softmax_attention(
@@ -177,18 +163,22 @@ def rf_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     query_padding_mask: torch.Tensor | None = None,
-    eps: float = DEFAULT_EPS,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    eps: float | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Random-feature attention approximating ``softmax_attention(q, k, v)`` in O(N).
 
-    ``q`` and ``k`` are scaled by ``Dh^-1/4`` each (so ``phi(q) . phi(k) ~ exp(q . k / sqrt(Dh))``), mapped by
-    ``feature_map`` with each query row and the keys stabilized (non-causal: one constant for all keys;
-    causal: per-key scales that :func:`linear_attention` combines over past keys only), and combined by
-    :func:`linear_attention`.
+    ``q`` and ``k`` are scaled by ``Dh^-1/4`` each (so ``phi(q) . phi(k) ~ exp(q . k / sqrt(Dh))``) and
+    mapped by ``feature_map`` (its statistics computed once, from the whole sequence or the running
+    averages) chunk by chunk inside a memory-lean autograd function: features are never kept for the
+    backward pass, which recomputes them (``rf_attention._kernels``). Stabilization (constants that cancel
+    exactly, detached): non-causal, per-feature key maxima moved to the query side and each query row
+    divided by its largest entry, so positive features never lose the normalizer's scale; causal, per-key
+    scales combined over past keys only. The result is the plain formula's
+    ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` ([`naive_rf_attention`][rf_attention.naive.naive_rf_attention]).
 
     Args:
-        q: ``(B, H, N_q, Dh)``.
+        q: ``(B, H, N_q, Dh)``, floating point (integer input is refused, not cast).
         k: ``(B, H, N_k, Dh)``.
         v: ``(B, H, N_k, Dv)``.
         feature_map: an ``rf_features.FeatureMap`` of dimension ``Dh``. In causal mode a map with
@@ -197,12 +187,13 @@ def rf_attention(
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         query_padding_mask: bool ``(B, N_q)``, True at padding (left out of the feature map's statistics;
             self-attention passes the same mask as ``key_padding_mask``).
-        eps: see :func:`linear_attention`.
-        chunk_size: see :func:`linear_attention`.
+        eps: see [`linear_attention`][rf_attention.linear_attention].
+        chunk_size: see [`linear_attention`][rf_attention.linear_attention].
 
     Returns:
         ``(B, H, N_q, Dv)``.
     """
+    _check_shapes(q, k, v, causal)
     if causal and feature_map.statistics_mode == "batch" and feature_map.running_statistics_defaults():
         raise ValueError(
             f"feature_map: {type(feature_map).__name__} computes statistics over the whole sequence, which "
@@ -210,28 +201,33 @@ def rf_attention(
             "attention"
         )
     scale = q.shape[-1] ** -0.25
-    masks = {"key_padding_mask": key_padding_mask, "query_padding_mask": query_padding_mask}
-    if causal:
-        phi_q, phi_k, key_log_scale = feature_map.forward_with_key_scales(q * scale, k * scale, **masks)
-    else:  # one maximum over all keys is causal-safe here
-        phi_q, phi_k = feature_map(q * scale, k * scale, stabilize=True, **masks)
-        key_log_scale = None
-    return linear_attention(
-        phi_q,
-        phi_k,
-        v,
-        causal=causal,
-        key_padding_mask=key_padding_mask,
-        key_log_scale=key_log_scale,
-        eps=eps,
-        chunk_size=chunk_size,
+    acc = _accumulation_dtype(q, k, v)
+    q, k = q.to(acc), k.to(acc)
+    stats = feature_map.current_statistics(
+        q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
+    )
+
+    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # scaled chunk by chunk: autograd keeps no scaled copy of q and k
+        return feature_map.weighted_log_features(x * scale, stats, is_query=is_query, stabilized=True)
+
+    params = tuple(p for p in feature_map.parameters() if p.requires_grad)
+    mask = _broadcast_key_mask(key_padding_mask, k)
+    width = feature_map.num_features
+    return _run_kernel(
+        q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, params=params, width=width
     )
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() < 2 or not x.is_floating_point():
-            raise ValueError(f"{name}: expected a floating-point tensor (..., N, D), got {x!r:.60}")
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name}: expected a floating-point tensor (..., N, D), got {type(x).__name__}")
+        if x.dim() < 2 or not x.is_floating_point():
+            raise ValueError(
+                f"{name}: expected a floating-point tensor (..., N, D), got {x.dtype} of shape "
+                f"{tuple(x.shape)} (cast it yourself: integer input is never cast silently)"
+            )
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             "q, k, v: expected shapes (..., N_q, D), (..., N_k, D), (..., N_k, Dv) with the same leading "

@@ -8,8 +8,8 @@ from torch import nn
 
 import rf_features
 import rf_matrices
-from rf_attention.modules import RandomFeatureAttention, SoftmaxAttention
-from rf_matrices import Registry
+from rf_attention.modules import MultiheadSelfAttention, RandomFeatureAttention, SoftmaxAttention
+from spectraformer_core import Registry
 
 #: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
 #: ``"<component>-<matrix>"`` names are not stored: they follow the two registries they combine.
@@ -25,13 +25,23 @@ def register(name: str, *, override: bool = False):
     return ATTENTIONS.register(name, override=override)
 
 
-def names(pattern: str | None = None) -> list[str]:
-    """Every attention name: the registered ones and each ``"<component>-<matrix>"`` pair, sorted."""
+def _all_names() -> Registry:
+    """The registered attentions and every ``"<component>-<matrix>"`` pair, listed by component."""
+
+    def family(name: str) -> str:
+        pair = split_pair(name)
+        return f"{pair[0]}-<matrix>" if pair else "named"
+
+    merged = Registry("attention", family=family)
     pairs = [f"{c}-{m}" for c in rf_features.names() for m in rf_matrices.names()]
-    merged = Registry("attention")
     for name in [*ATTENTIONS.names(), *pairs]:
         merged.register(name, override=True)(None)
-    return merged.names(pattern)
+    return merged
+
+
+def names(pattern: str | None = None) -> list[str]:
+    """Every attention name: the registered ones and each ``"<component>-<matrix>"`` pair, sorted."""
+    return _all_names().names(pattern)
 
 
 def split_pair(name: str) -> tuple[str, str] | None:
@@ -58,26 +68,37 @@ def create(
 
     Names: ``"softmax"``, ``"performer"`` (= ``"posrf-orf"``, FAVOR+), every ``"<component>-<matrix>"`` pair
     of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
-    of :func:`names`. Extra keyword arguments go to the attention (``kernel``, ``redraw_interval``,
-    ``attention_dropout``, ``matrix_options``, ...).
+    of [`names`][rf_attention.names]. Extra keyword arguments go to the attention (``kernel``,
+    ``redraw_interval``, ``attention_dropout``, ``matrix_options``, ...).
+
+    ``seed`` seeds all of the module's randomness except dropout (which draws from the global torch RNG):
+    its random features or hashes and the initial projections, which
+    [`reset_projections`][rf_attention.MultiheadSelfAttention.reset_projections] draws from ``seed``
+    here also for modules that replace their projections after construction. Two modules created with
+    the same name, arguments and seed are equal, whatever the global torch seed.
     """
     key = name.lower() if isinstance(name, str) else name
     if isinstance(key, str) and key not in ATTENTIONS:
         pair = split_pair(key)
         if pair is None:
-            raise ValueError(f"unknown attention {name!r}; known names: {', '.join(names())}")
+            raise ValueError(_all_names().unknown_name_message(name))
         factory = functools.partial(RandomFeatureAttention, component=pair[0], weight_matrix=pair[1])
     else:
         factory = ATTENTIONS.get(key)
-    return factory(dim, num_heads, num_features=num_features, causal=causal, dropout=dropout, seed=seed, **kw)
+    module = factory(
+        dim, num_heads, num_features=num_features, causal=causal, dropout=dropout, seed=seed, **kw
+    )
+    if seed is not None and isinstance(module, MultiheadSelfAttention):
+        module.reset_projections(seed)
+    return module
 
 
 @register("softmax")
 def _softmax(
     dim: int, num_heads: int, *, num_features: int = 128, seed: int | None = None, **kw
 ) -> nn.Module:
-    """Exact softmax attention; ``num_features`` and ``seed`` do not apply."""
-    return SoftmaxAttention(dim, num_heads, **kw)
+    """Exact softmax attention; ``num_features`` does not apply, ``seed`` seeds the projections."""
+    return SoftmaxAttention(dim, num_heads, seed=seed, **kw)
 
 
 @register("performer")

@@ -1,7 +1,7 @@
 """Component functions and random feature maps for the softmax kernel (Spectraformer Section 3.2).
 
 Any component function (``trigrf``, ``posrf``, ``posrf-hyp``, ``gerf``, ``oprf``, ``saderf``) combines with
-any ``rf_matrices`` weight matrix::
+any ``rf_matrices`` weight matrix:
 
     import rf_features
     fm = rf_features.create("oprf", weight_matrix="sgq", num_features=128, dim=32)
@@ -16,6 +16,7 @@ from rf_features.components import (
     PosRFHyp,
     TrigRF,
     gerf_log_features,
+    gerf_relative_variance,
     mean_pair_sqnorm,
     oprf_optimal_a,
     saderf_psi,
@@ -37,6 +38,7 @@ __all__ = [
     "create",
     "gaussian_kernel",
     "gerf_log_features",
+    "gerf_relative_variance",
     "masked_mean",
     "mean_pair_sqnorm",
     "names",

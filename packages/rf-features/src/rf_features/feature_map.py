@@ -1,8 +1,9 @@
-"""The :class:`FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
+"""The `FeatureMap` interface: ``phi(q) @ phi(k).mT`` estimates the softmax kernel (Eq. 11)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -27,13 +28,14 @@ class FeatureMap(nn.Module):
     the row's component weight ``a_i`` (``1/s``, or the matrix's quadrature weight, possibly negative)
     enters as ``sign(a_i) sqrt|a_i|`` on the query side and ``sqrt|a_i|`` on the key side.
 
-    Subclasses implement :meth:`log_features` for the softmax kernel and may override :meth:`statistics`
-    (data-dependent parameters such as OPRF's ``A``) and :meth:`transform` (SADERF's ``Psi``).
+    Subclasses implement [`log_features`][rf_features.FeatureMap.log_features] for the softmax kernel and may
+    override [`statistics`][rf_features.FeatureMap.statistics] (data-dependent parameters such as OPRF's
+    ``A``) and [`transform`][rf_features.FeatureMap.transform] (SADERF's ``Psi``).
 
     Args:
         dim: ``d``, the query/key dimension.
-        weight_matrix: a registered ``rf_matrices`` name or a :class:`~rf_matrices.WeightMatrix` of unit
-            bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
+        weight_matrix: a registered ``rf_matrices`` name or a [`WeightMatrix`][rf_matrices.WeightMatrix] of
+            unit bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
         num_features: ``s``, rows of the weight matrix (the output width is ``features_per_row * s``).
         seed: seed of the weight matrix.
         kernel: ``"softmax"`` or ``"gaussian"``.
@@ -47,6 +49,10 @@ class FeatureMap(nn.Module):
 
     #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
     features_per_row: int = 1
+    #: True when every feature is positive (so are the kernel estimates, given non-negative row weights).
+    positive: bool = False
+    #: True when the estimate of a row is the same for omega and -omega (TrigRF's cos, PosRF-Hyp's cosh).
+    even_in_omega: bool = False
 
     def __init__(
         self,
@@ -79,8 +85,18 @@ class FeatureMap(nn.Module):
                 )
             self.weight_matrix = weight_matrix
         else:
-            self.weight_matrix = rf_matrices.create(
-                weight_matrix, num_features, dim, seed=seed, **(matrix_options or {})
+            options = dict(matrix_options or {})
+            is_sgq = issubclass(rf_matrices.WEIGHT_MATRICES.get(weight_matrix), rf_matrices.SGQ)
+            if is_sgq and options.get("rule", "stiefel") == "stiefel":
+                # the equal-weight rule needs both nodes of a pair unless the estimate is even in omega
+                options.setdefault("antipodal", not self.even_in_omega)
+            self.weight_matrix = rf_matrices.create(weight_matrix, num_features, dim, seed=seed, **options)
+        if self.positive and self.weight_matrix.signed_weights:
+            warnings.warn(
+                f"weight_matrix: {self.weight_matrix!r} has quadrature weights that can be negative, so "
+                f"the estimates of the positive component {type(self).__name__} (and attention "
+                "normalizers) can be zero or negative; sgq's default rule='stiefel' keeps them positive",
+                stacklevel=3,
             )
         self.dim = self.weight_matrix.dim
         defaults = self.running_statistics_defaults()
@@ -118,7 +134,7 @@ class FeatureMap(nn.Module):
         return {}
 
     def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
-        """Initial values (and shapes) of the running averages of :meth:`statistics`; none by default.
+        """Initial values (and shapes) of the running averages of `statistics`; none by default.
 
         Each statistic is averaged over its leading (batch, head) dimensions into this shape.
         """
@@ -138,7 +154,7 @@ class FeatureMap(nn.Module):
         Args:
             projection: ``x @ W.T``, ``(..., n, s)``.
             sqnorm: ``||x||^2``, ``(..., n, 1)``.
-            stats: the output of :meth:`statistics`.
+            stats: the output of [`statistics`][rf_features.FeatureMap.statistics].
             is_query: True for ``f^(1)`` (queries), False for ``f^(2)`` (keys).
 
         Returns:
@@ -230,33 +246,60 @@ class FeatureMap(nn.Module):
         query_padding_mask: torch.Tensor | None,
         stabilized: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Weighted log-features and multipliers of queries and keys, and the broadcast key mask.
-
-        With ``stabilized`` (the caller subtracts per-row maxima) a uniform component weight is left out.
-        """
+        """Weighted log-features and multipliers of queries and keys, and the broadcast key mask."""
         self._check_inputs(q, k)
         key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
         query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
         work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
         q, k = q.to(work), k.to(work)
         stats = self._current_statistics(q, k, query_mask, key_mask)
-        tq, tk = self.transform(q, k, stats)
-        log_q, mult_q = self.log_features(
-            self.weight_matrix(tq), tq.pow(2).sum(-1, keepdim=True), stats, is_query=True
+        log_q, mult_q = self.weighted_log_features(q, stats, is_query=True, stabilized=stabilized)
+        log_k, mult_k = self.weighted_log_features(k, stats, is_query=False, stabilized=stabilized)
+        return log_q, mult_q, log_k, mult_k, key_mask
+
+    def current_statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        query_padding_mask: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The data-dependent parameters :meth:`forward` would use for ``(q, k)``, without gradient.
+
+        ``"batch"`` mode: :meth:`statistics` of this call; ``"running"`` mode: the running averages (updated
+        after use in training, as :meth:`forward` does). With :meth:`weighted_log_features` this computes
+        the features of any part of ``q`` or ``k`` (chunked attention) with the statistics of the whole.
+        """
+        self._check_inputs(q, k)
+        key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
+        query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
+        work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
+        return self._current_statistics(q.to(work), k.to(work), query_mask, key_mask)
+
+    def weighted_log_features(
+        self, x: torch.Tensor, stats: dict[str, torch.Tensor], *, is_query: bool, stabilized: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-features and multiplier of queries or keys ``x (..., n, d)``, component weights in (Eq. 11).
+
+        The features are ``multiplier * exp(log_features)``, ``(..., n, m)`` (the log part may be
+        ``(..., n, 1)``); ``multiplier`` is None for positive features. With ``stabilized`` (the caller
+        subtracts per-row maxima) a uniform component weight is left out.
+        """
+        tq, tk = self.transform(x, x, stats)
+        t = tq if is_query else tk
+        log_x, mult_x = self.log_features(
+            self.weight_matrix(t), t.pow(2).sum(-1, keepdim=True), stats, is_query
         )
-        log_k, mult_k = self.log_features(
-            self.weight_matrix(tk), tk.pow(2).sum(-1, keepdim=True), stats, is_query=False
-        )
-        log_weight, sign = self._component_weights(work, q.device)
+        log_weight, sign = self._component_weights(x.dtype, x.device)
         if not (stabilized and isinstance(log_weight, float)):  # a constant cancels in stabilization
-            log_q, log_k = log_q + log_weight, log_k + log_weight
-        if sign is not None:
-            mult_q = sign if mult_q is None else mult_q * sign
+            log_x = log_x + log_weight
+        if sign is not None and is_query:
+            mult_x = sign if mult_x is None else mult_x * sign
         if self.kernel == "gaussian":
             # exp(-||q - k||^2 / 2) = exp(q . k) exp(-||q||^2 / 2) exp(-||k||^2 / 2)
-            log_q = log_q - q.pow(2).sum(-1, keepdim=True) / 2
-            log_k = log_k - k.pow(2).sum(-1, keepdim=True) / 2
-        return log_q, mult_q, log_k, mult_k, key_mask
+            log_x = log_x - x.pow(2).sum(-1, keepdim=True) / 2
+        return log_x, mult_x
 
     def _current_statistics(
         self,

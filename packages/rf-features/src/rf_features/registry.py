@@ -1,15 +1,16 @@
-"""The registry of component functions: :func:`create`, :func:`names`, :func:`register`."""
+"""The registry of component functions: `create`, `names`, `register`."""
 
 from __future__ import annotations
 
 from rf_features.feature_map import FeatureMap
-from rf_matrices import Registry, WeightMatrix
+from rf_matrices import WeightMatrix
+from spectraformer_core import Registry
 
 COMPONENTS: Registry[type[FeatureMap]] = Registry("component function")
 
 
 def register(name: str, *, override: bool = False):
-    """Class decorator adding a :class:`~rf_features.FeatureMap` subclass under ``name``."""
+    """Class decorator adding a [`FeatureMap`][rf_features.FeatureMap] subclass under ``name``."""
     return COMPONENTS.register(name, override=override)
 
 

@@ -2,20 +2,19 @@
 
 Section 3.1 of Spectraformer: Monte Carlo (``base``, ``orf``), structured (``sorf``, ``fastfood``),
 unit-cube (``qmc``, ``mm``), quadrature (``sgq``) and learned (``fastfoodl``) weight matrices, all behind
-one registry::
+one registry:
 
     import rf_matrices
     w = rf_matrices.create("orf", num_features=128, dim=32, seed=0)
     y = w(x)  # x @ W.T, (..., 128)
 """
 
-from rf_matrices._registry import Registry
 from rf_matrices.hadamard import fwht, hadamard_matrix, next_power_of_two
 from rf_matrices.kernels import gaussian_kernel, relative_kernel_error, trig_kernel_estimate
 from rf_matrices.monte_carlo import ORF, Base
 from rf_matrices.quadrature import SGQ, gauss_hermite, smolyak_gauss_hermite
 from rf_matrices.registry import WEIGHT_MATRICES, create, names, register
-from rf_matrices.report import demo_device, markdown_table, print_report
+from rf_matrices.report import print_report
 from rf_matrices.structured import SORF, BlockTransform, FastFood, FastFoodL
 from rf_matrices.unit_cube import MM, QMC
 from rf_matrices.weight_matrix import DenseWeightMatrix, WeightMatrix
@@ -32,15 +31,12 @@ __all__ = [
     "DenseWeightMatrix",
     "FastFood",
     "FastFoodL",
-    "Registry",
     "WeightMatrix",
     "create",
-    "demo_device",
     "fwht",
     "gauss_hermite",
     "gaussian_kernel",
     "hadamard_matrix",
-    "markdown_table",
     "names",
     "next_power_of_two",
     "print_report",

@@ -19,7 +19,7 @@ def trig_kernel_estimate(weight_matrix: WeightMatrix, x: torch.Tensor, y: torch.
     estimate that makes a matrix a weight matrix (Definition 3.1).
 
     Args:
-        weight_matrix: any :class:`~rf_matrices.WeightMatrix` with bandwidth sigma.
+        weight_matrix: any [`WeightMatrix`][rf_matrices.WeightMatrix] with bandwidth sigma.
         x: ``(..., n, d)``.
         y: ``(..., m, d)``.
 

@@ -1,17 +1,20 @@
-"""The registry of weight matrices: :func:`create`, :func:`names`, :func:`register`."""
+"""The registry of weight matrices: `create`, `names`, `register`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from rf_matrices._registry import Registry
 from rf_matrices.weight_matrix import WeightMatrix
+from spectraformer_core import Registry
 
 WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
 
 
-def register(name: str, *, override: bool = False):
-    """Class decorator adding a :class:`WeightMatrix` subclass under ``name``.
+def register(name: str, *, override: bool = False) -> Callable[[type[WeightMatrix]], type[WeightMatrix]]:
+    """Class decorator adding a [`WeightMatrix`][rf_matrices.WeightMatrix] subclass under ``name``.
 
     Example:
         >>> @register("rademacher")
@@ -35,7 +38,7 @@ def create(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-    **kw,
+    **kw: Any,
 ) -> WeightMatrix:
     """Build the weight matrix registered as ``name`` (or the class itself), ``(num_features, dim)``.
 

@@ -6,6 +6,7 @@ SORF (Eq. 15), FastFood (Eq. 13) and the learnable FastFood_L (Section 3.1.8).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -26,11 +27,11 @@ class BlockTransform(WeightMatrix):
     ``d`` is zero-padded to ``d' = 2^k``, and ``ceil(s / d')`` independent ``d' x d'`` blocks are stacked,
     the last one truncated to reach ``s`` rows.
 
-    ``forward`` applies the fast transform (:meth:`transform`, O(s log d) per row) or multiplies by the
-    dense ``W`` built once per call from it (O(s d) per row, one matrix product), whichever is faster:
-    ``fast_transform=None`` (default) takes the dense product for ``d' <= DENSE_MAX_DIM``, where it won
-    every measurement on CPU (see the Performance page); ``True``/``False`` force one path. Both give the
-    same result (tested in float64) and the same gradients.
+    ``forward`` applies the fast transform ([`transform`][rf_matrices.BlockTransform.transform], O(s log d)
+    per row) or multiplies by the dense ``W`` built once per call from it (O(s d) per row, one matrix
+    product), whichever is faster: ``fast_transform=None`` (default) takes the dense product for
+    ``d' <= DENSE_MAX_DIM``, where it won every measurement on CPU (see the Performance page);
+    ``True``/``False`` force one path. Both give the same result (tested in float64) and the same gradients.
 
     Args:
         fast_transform: None (automatic), True (always the transform) or False (always the dense product).
@@ -39,7 +40,7 @@ class BlockTransform(WeightMatrix):
     #: Largest padded dimension for which the automatic choice takes the dense product.
     DENSE_MAX_DIM = 512
 
-    def __init__(self, num_features: int, dim: int, *, fast_transform: bool | None = None, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, *, fast_transform: bool | None = None, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self.padded_dim = next_power_of_two(self.dim)
         self.num_blocks = math.ceil(self.num_features / self.padded_dim)
@@ -80,10 +81,12 @@ class SORF(BlockTransform):
     block is orthogonal times ``sqrt(d')`` and rows have the Gaussian's typical norm ``sqrt(d) / sigma``
     (exactly ``sqrt(d') / sigma`` before the zero-padded columns are dropped). Applied with three fast
     Walsh-Hadamard transforms (O(s log d) per input row, W never built) or the dense product (see
-    :class:`BlockTransform`).
+    [`BlockTransform`][rf_matrices.BlockTransform]).
     """
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    signs: torch.Tensor  # (3, blocks, d') Rademacher diagonals D1, D2, D3
+
+    def __init__(self, num_features: int, dim: int, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self._resample()
 
@@ -109,13 +112,17 @@ class FastFood(BlockTransform):
     ``H G Pi H B`` has norm ``sqrt(d') ||G||_F``, so the rows of ``W`` have exactly the chi(d') norms of
     Gaussian rows. (The paper prints ``||G||_F^(-1/2)``; only the exponent -1 gives Gaussian row norms.)
     Applied with two fast Walsh-Hadamard transforms (O(s log d) per input row, W never built) or the dense
-    product (see :class:`BlockTransform`).
+    product (see [`BlockTransform`][rf_matrices.BlockTransform]).
     """
 
     #: names of the diagonals trained by gradient descent (none for the fixed FastFood).
     learnable_diagonals: tuple[str, ...] = ()
+    binary: torch.Tensor  # (blocks, d') B
+    gaussian: torch.Tensor  # (blocks, d') G
+    scale: torch.Tensor  # (blocks, d') S
+    permutation: torch.Tensor  # (blocks, d') Pi
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self._resample()
 
@@ -136,7 +143,8 @@ class FastFood(BlockTransform):
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` with two fast Walsh-Hadamard transforms per block.
 
-        ``H G Pi H B / sqrt(d')`` equals ``sqrt(d') Hn G Pi Hn B`` with the normalized ``Hn`` of :func:`fwht`.
+        ``H G Pi H B / sqrt(d')`` equals ``sqrt(d') Hn G Pi Hn B`` with the normalized ``Hn`` of
+        [`fwht`][rf_matrices.fwht].
         """
         y = fwht(self._blocks_in(x) * self.binary.to(x.dtype))
         y = torch.gather(y, -1, self.permutation.expand(y.shape))
@@ -151,7 +159,7 @@ class FastFoodL(FastFood):
     The FastFood of Eq. 13 with the scaling ``S`` as an ``nn.Parameter`` (FSARD), initialized as in FastFood;
     with ``learn_gb=True`` the Gaussian ``G`` and the sign diagonal ``B`` are trained too (FSGBARD; ``B``
     starts at +-1 and becomes a real diagonal). The permutation stays fixed. Being learned, the matrix is not
-    redrawn: :meth:`redraw` is a no-op.
+    redrawn: `redraw` is a no-op.
 
     Args:
         learn_gb: also learn ``G`` and ``B``.
@@ -159,7 +167,7 @@ class FastFoodL(FastFood):
 
     redrawable = False
 
-    def __init__(self, num_features: int, dim: int, *, learn_gb: bool = False, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, *, learn_gb: bool = False, **kw: Any) -> None:
         self.learnable_diagonals = ("scale", "gaussian", "binary") if learn_gb else ("scale",)
         super().__init__(num_features, dim, **kw)
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
+
+from spectraformer_core import make_generator
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -84,19 +88,65 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.de
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device).to(device)
 
 
-class GeneratorStateMixin:
-    """Saves ``self.generator``'s state in the module's ``state_dict`` (as extra state).
+def without_autocast(attend: Callable) -> Callable:
+    """Run an ``attend(q, k, v, key_padding_mask)`` method with autocast off on ``q``'s device.
 
-    A restored module draws what the saved one would have drawn next, so a resumed run repeats an
-    uninterrupted one.
+    The baselines compute softmax sums, pseudo-inverses and kernel products in float32 for half-precision
+    inputs (`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
+    precision and mixed-dtype results would meet (as the paper's code does, which disables autocast
+    around every attention).
+    """
+
+    @functools.wraps(attend)
+    def wrapped(self, q, k, v, key_padding_mask):
+        with torch.autocast(q.device.type, enabled=False):
+            return attend(self, q, k, v, key_padding_mask)
+
+    return wrapped
+
+
+class StepDraws:
+    """Random draws made once per training step and repeated, unchanged, in eval mode.
+
+    ``self.generator`` (seeded by the module's ``seed``) gives one *draw seed* per training forward call,
+    and that call's draws (landmarks, random blocks, rotations, key samples) come from a generator started
+    from it: training stays stochastic, step after step, as in the methods' papers. In eval mode no new
+    seed is taken: the draws of the last training step (or of the seed taken at construction) are made
+    again, so the output is a deterministic function of the input, as for random-feature attention, whose
+    features change only when redrawn in training. The generator's state and the draw seed are saved in
+    the ``state_dict`` (extra state), so a restored module evaluates as the saved one and draws, in
+    training, what it would have drawn next.
     """
 
     generator: torch.Generator
+    draw_seed: int
+    training: bool
+
+    def init_draws(self, seed: int | None) -> None:
+        """Seed the generator and take the first draw seed."""
+        self.generator = make_generator(seed, None)
+        self.draw_seed = self.next_draw_seed()
+
+    def next_draw_seed(self) -> int:
+        """A fresh draw seed from the module's generator."""
+        return int(torch.randint(0, 2**62, (), generator=self.generator))
+
+    def step_generator(self) -> torch.Generator:
+        """The generator of this call's draws: from a new draw seed in training, the current one in eval."""
+        if self.training:
+            self.draw_seed = self.next_draw_seed()
+        return torch.Generator().manual_seed(self.draw_seed)
 
     def get_extra_state(self) -> dict:
-        """The generator's state."""
-        return {"generator_state": self.generator.get_state()}
+        """The generator's state and the current draw seed."""
+        return {"generator_state": self.generator.get_state(), "draw_seed": self.draw_seed}
 
     def set_extra_state(self, state: dict) -> None:
-        """Restore the generator's state saved by :meth:`get_extra_state`."""
+        """Restore what `get_extra_state` saved."""
+        if not {"generator_state", "draw_seed"} <= state.keys():
+            raise ValueError(
+                "state_dict: expected extra state with 'generator_state' and 'draw_seed', "
+                f"got keys {sorted(state)}"
+            )
         self.generator.set_state(state["generator_state"])
+        self.draw_seed = int(state["draw_seed"])

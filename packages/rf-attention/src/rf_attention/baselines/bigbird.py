@@ -8,20 +8,20 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention.baselines._common import (
-    GeneratorStateMixin,
+    StepDraws,
     check_int,
     compute_dtype,
     key_validity,
     masked_softmax,
     uniform,
+    without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
 
 
 @register("bigbird")
-class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
+class BigBirdAttention(StepDraws, MultiheadSelfAttention):
     """BigBird block-sparse attention (window, global and random blocks), O(N (w + g + r) b).
 
     Zaheer et al. 2020, "Big Bird: Transformers for longer sequences", NeurIPS; the ITC variant, computed
@@ -34,7 +34,8 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
     - the global blocks: the first ``ceil(g / 2)`` and last ``floor(g / 2)`` blocks; the queries of a global
       block attend to every key;
     - ``random_blocks`` blocks drawn per head and query block, uniformly among those not already
-      attended (fewer when not enough remain), afresh on every call from the module's generator.
+      attended (fewer when not enough remain), afresh at every training step and kept in eval
+      ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     A key block reached twice (window and global) counts once, so with a window covering the sequence
     this is exact softmax attention. Padded keys are masked everywhere; a query without real keys gets 0.
@@ -51,8 +52,8 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         window_blocks: odd number of blocks in the sliding window.
         global_blocks: number of global blocks (0 for none).
         random_blocks: random blocks per query block.
-        seed: seeds the random blocks.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        seed: seeds the random blocks and the projections.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
@@ -70,7 +71,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         check_int("num_features", num_features, 1)
         self.block_size = check_int(
             "block_size", max(1, num_features // 2) if block_size is None else block_size, 1
@@ -80,7 +81,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         self.window_blocks = window_blocks
         self.global_blocks = check_int("global_blocks", global_blocks, 0)
         self.random_blocks = check_int("random_blocks", random_blocks, 0)
-        self.generator = make_generator(seed, None)
+        self.init_draws(seed)
 
     def global_block_indices(self, num_blocks: int, device: torch.device) -> torch.Tensor:
         """The global blocks: the first ``ceil(g / 2)`` and the last ``floor(g / 2)``, sorted, no repeats."""
@@ -88,7 +89,9 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         last = range(max(num_blocks - self.global_blocks // 2, 0), num_blocks)
         return torch.tensor(sorted({*first, *last}), dtype=torch.long, device=device)
 
-    def key_blocks(self, num_blocks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def key_blocks(
+        self, num_blocks: int, device: torch.device, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Key block indices ``(H, nb, c)`` each query block attends to, and which of them count.
 
         ``c = window + global + random`` slots; a slot does not count when its window block lies outside
@@ -106,7 +109,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         taken = (rows[None, :] - rows[:, None]).abs() <= half
         taken[:, glob] = True
         count = min(self.random_blocks, nb)
-        draws = uniform((h, nb, nb), self.generator, device).masked_fill(taken, torch.inf)
+        draws = uniform((h, nb, nb), generator, device).masked_fill(taken, torch.inf)
         picked = draws.topk(count, dim=-1, largest=False)
         index = torch.cat(
             [window.clamp(0, nb - 1).expand(h, -1, -1), glob_slots.expand(h, -1, -1), picked.indices], dim=-1
@@ -116,6 +119,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         )
         return index, ok
 
+    @without_autocast
     def attend(self, q, k, v, key_padding_mask):
         """Block-sparse attention on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
@@ -127,7 +131,7 @@ class BigBirdAttention(GeneratorStateMixin, MultiheadSelfAttention):
         q, k, v = (F.pad(x.to(dtype), (0, 0, 0, pad)) for x in (q, k, v))
         valid = F.pad(valid, (0, pad), value=False)
         scale = d**-0.5
-        index, ok = self.key_blocks(nb, q.device)  # (H, nb, c)
+        index, ok = self.key_blocks(nb, q.device, self.step_generator())  # (H, nb, c)
         heads = torch.arange(h, device=q.device)[:, None, None]
         k_sel = k.view(b, h, nb, size, d)[:, heads, index].flatten(3, 4)  # (B, H, nb, c*size, d)
         v_sel = v.view(b, h, nb, size, d)[:, heads, index].flatten(3, 4)

@@ -7,10 +7,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from rf_attention.baselines._common import check_int, compute_dtype, key_validity
+from rf_attention.baselines._common import (
+    check_int,
+    compute_dtype,
+    key_validity,
+    without_autocast,
+)
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 @register("linformer")
@@ -20,7 +25,7 @@ class LinformerAttention(MultiheadSelfAttention):
     Wang et al. 2020, "Linformer: Self-attention with linear complexity".
 
     Learned projections ``E, F (k, max_seq_len)`` per head shorten the keys and values along the sequence
-    (Eq. 7)::
+    (Eq. 7):
 
         softmax(q (E k)^T / sqrt(Dh)) (F v)
 
@@ -36,8 +41,8 @@ class LinformerAttention(MultiheadSelfAttention):
         num_features: the budget: projected length ``k``.
         max_seq_len: the longest sequence; longer ones raise a ``ValueError``.
         share_kv: one projection ``E = F``.
-        seed: seeds the projections' initial values.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        seed: seeds the initial values of ``E``, ``F`` and the projections.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
@@ -53,7 +58,7 @@ class LinformerAttention(MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         self.projected_length = check_int("num_features", num_features, 1)
         self.max_seq_len = check_int("max_seq_len", max_seq_len, 1)
         generator = make_generator(seed, None)
@@ -65,6 +70,7 @@ class LinformerAttention(MultiheadSelfAttention):
             self.F = nn.Parameter(torch.empty(num_heads, num_features, max_seq_len))
             nn.init.normal_(self.F, std=0.02, generator=generator)
 
+    @without_autocast
     def attend(self, q, k, v, key_padding_mask):
         """Eq. 7 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         n = q.shape[-2]

@@ -14,10 +14,11 @@ from rf_attention.baselines._common import (
     iterative_pinv,
     key_validity,
     masked_softmax,
+    without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
+from spectraformer_core import make_generator
 
 
 def segment_means(x: torch.Tensor, valid: torch.Tensor, num_segments: int) -> torch.Tensor:
@@ -53,11 +54,11 @@ class NystromformerAttention(MultiheadSelfAttention):
     Xiong et al. 2021, "Nystromformer: A Nystrom-based algorithm for approximating self-attention", AAAI.
 
     With ``q, k`` scaled by ``Dh^-1/4`` each and landmarks ``q~, k~ (m, Dh)`` (segment means of the queries
-    and keys, Section 3.3), softmax attention is approximated by (Eq. 14)::
+    and keys, Section 3.3), softmax attention is approximated by (Eq. 14):
 
         softmax(q k~^T) (softmax(q~ k~^T))^+ softmax(q~ k^T) v   [+ depthwise conv of v]
 
-    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (:func:`iterative_pinv`) and a
+    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (`iterative_pinv`) and a
     depthwise convolution of the values over the sequence added as a skip connection (Section 4, as in
     the authors' LRA code). Padded keys take no part in the landmarks nor in ``softmax(q~ k^T)``.
 
@@ -76,8 +77,8 @@ class NystromformerAttention(MultiheadSelfAttention):
         pinv_iterations: iterations of the pseudo-inverse.
         conv_kernel_size: odd length of the depthwise convolution over the sequence (per head), or None
             for no convolution.
-        seed: seeds the convolution's initial weights.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        seed: seeds the initial values of the convolution and the projections.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
@@ -94,7 +95,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         self.num_landmarks = check_int(
             "num_landmarks", num_features if num_landmarks is None else num_landmarks, 1
         )
@@ -102,13 +103,15 @@ class NystromformerAttention(MultiheadSelfAttention):
         if conv_kernel_size is not None and (check_int("conv_kernel_size", conv_kernel_size, 1) % 2 == 0):
             raise ValueError(f"conv_kernel_size: expected an odd integer or None, got {conv_kernel_size}")
         self.conv_kernel_size = conv_kernel_size
+        generator = make_generator(seed, None)
         if conv_kernel_size is None:
             self.conv = None
         else:
             self.conv = nn.Parameter(torch.empty(num_heads, 1, conv_kernel_size, 1))
             # nn.Conv2d's default initialization, drawn from the seeded generator.
-            nn.init.kaiming_uniform_(self.conv, a=5**0.5, generator=make_generator(seed, None))
+            nn.init.kaiming_uniform_(self.conv, a=5**0.5, generator=generator)
 
+    @without_autocast
     def attend(self, q, k, v, key_padding_mask):
         """Eq. 14 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)

@@ -7,16 +7,16 @@ from typing import Any
 import torch
 
 from rf_attention.baselines._common import (
-    GeneratorStateMixin,
+    StepDraws,
     check_int,
     compute_dtype,
     iterative_pinv,
     key_validity,
     uniform,
+    without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from rf_matrices.weight_matrix import make_generator
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -30,7 +30,8 @@ def gaussian_kernel_attention(
     """Exact Gaussian-kernel ("kernelized") attention of Chen et al. 2021, Eq. 4, in O(N^2).
 
     ``kappa(q / Dh^1/4, k / Dh^1/4) v`` with ``kappa(a, b) = exp(-||a - b||^2 / 2)``, without row
-    normalization; padded keys contribute nothing. The reference :class:`SkyformerAttention` approximates.
+    normalization; padded keys contribute nothing. The reference
+    [`SkyformerAttention`][rf_attention.SkyformerAttention] approximates.
 
     Args:
         q: ``(B, H, N_q, Dh)``.
@@ -48,15 +49,15 @@ def gaussian_kernel_attention(
 
 
 @register("skyformer")
-class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
+class SkyformerAttention(StepDraws, MultiheadSelfAttention):
     """Skyformer attention: Gaussian-kernel attention approximated by the Nystrom method, O(N m).
 
     Chen et al. 2021, "Skyformer: Remodel self-attention with Gaussian kernel and Nystrom method", NeurIPS.
 
     Softmax is replaced by the Gaussian kernel, ``C = kappa(q / Dh^1/4, k / Dh^1/4) v`` (Eq. 4,
-    :func:`gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
+    `gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
     semi-definite) is approximated by the Nystrom method with ``m`` landmark points drawn uniformly from
-    them (Section 4, Eq. 6)::
+    them (Section 4, Eq. 6):
 
         C ~ kappa(q, L) (kappa(L, L) + ridge I)^+ kappa(L, k) v
 
@@ -67,7 +68,7 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
     of Nystromformer (6 iterations, scaled per matrix here). Departures: the landmarks are drawn without
     replacement (the code draws with replacement) and from the real tokens wherever the padding is (the
     code assumes padding at the end); with ``m >= 2N`` every point is a landmark. Landmarks are drawn
-    afresh on every call, from the module's generator.
+    afresh at every training step and kept in eval ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     No causal form (landmarks come from the whole sequence).
 
@@ -76,8 +77,8 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         num_landmarks: overrides ``num_features``.
         pinv_iterations: iterations of the pseudo-inverse.
         ridge: added to the diagonal of the landmark kernel matrix before inverting.
-        seed: seeds the landmark draws.
-        **kw: :class:`~rf_attention.MultiheadSelfAttention` arguments.
+        seed: seeds the landmark draws and the projections.
+        **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_causal = False
@@ -94,7 +95,7 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         self.num_landmarks = check_int(
             "num_landmarks", num_features if num_landmarks is None else num_landmarks, 1
         )
@@ -102,10 +103,10 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         if not ridge >= 0:
             raise ValueError(f"ridge: expected a number >= 0, got {ridge!r}")
         self.ridge = float(ridge)
-        self.generator = make_generator(seed, None)
+        self.init_draws(seed)
 
-    def landmark_indices(self, valid: torch.Tensor) -> torch.Tensor:
-        """Landmark indices ``(B, m)`` into the ``2N`` points ``[q; k]``.
+    def landmark_indices(self, valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Landmark indices ``(B, m)`` into the ``2N`` points ``[q; k]``, drawn from ``generator``.
 
         ``m // 2`` queries and the rest keys, drawn uniformly without replacement among the real tokens
         (padding only when too few are real); all ``2N`` points when ``m >= 2N``.
@@ -117,10 +118,11 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         picks = []
         for offset, count in ((0, num_q), (n, self.num_landmarks - num_q)):
             # Real tokens draw keys in [0, 1), padding in [2, 3): the smallest come from real tokens first.
-            keys = uniform((b, n), self.generator, valid.device) + 2.0 * (~valid)
+            keys = uniform((b, n), generator, valid.device) + 2.0 * (~valid)
             picks.append(keys.topk(count, dim=-1, largest=False).indices + offset)
         return torch.cat(picks, dim=-1)
 
+    @without_autocast
     def attend(self, q, k, v, key_padding_mask):
         """Nystrom approximation of Eq. 4 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
@@ -129,7 +131,9 @@ class SkyformerAttention(GeneratorStateMixin, MultiheadSelfAttention):
         scale = q.shape[-1] ** -0.25
         q, k, v = q.to(dtype) * (scale * keep), k.to(dtype) * (scale * keep), v.to(dtype) * keep
         points = torch.cat([q, k], dim=-2)  # (B, H, 2N, Dh)
-        index = self.landmark_indices(valid)[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])
+        index = self.landmark_indices(valid, self.step_generator())[:, None, :, None].expand(
+            -1, q.shape[1], -1, q.shape[-1]
+        )
         landmarks = points.gather(-2, index)  # (B, H, m, Dh)
         inner = gaussian_kernel(landmarks, landmarks)
         inner = inner + self.ridge * torch.eye(inner.shape[-1], dtype=dtype, device=inner.device)

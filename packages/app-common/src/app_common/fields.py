@@ -1,0 +1,209 @@
+"""The apps' one vocabulary: flag meanings, the field groups configs compose, and a run's identity.
+
+Every app spells the same thing with the same flag ([`FLAGS`][app_common.FLAGS]). A configuration is a frozen,
+keyword-only dataclass that inherits the groups it needs, and redeclares a field with
+[`option`][app_common.option] where its default differs:
+
+    @dataclass(frozen=True, kw_only=True)
+    class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+        MAY_CHANGE_ON_RESUME = ("workers",)              # besides the groups' own
+        lr: float = ac.option("lr", 1e-2)                # the vocabulary's help, this app's default
+        workers: int = field(default=0, metadata={"help": "DataLoader workers"})
+
+The one resume policy ([`Checkpointer`][app_common.Checkpointer]): a run's identity is its settings
+minus those that may change on resume ([`run_identity`][app_common.run_identity]: the
+``MAY_CHANGE_ON_RESUME`` of the config's
+classes and of its nested groups); resuming under a different identity is refused with the changed keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from app_common.config import flat_settings
+from app_common.device import DTYPES
+
+#: Flag (field name) -> what it means in every app. ``--help`` shows these texts.
+FLAGS: dict[str, str] = {
+    "device": "auto (CUDA when there is one), cpu, cuda or cuda:<index>",
+    "dtype": "precision of the matrix products (autocast); parameters stay float32",
+    "threads": "CPU threads of torch (0: torch's default)",
+    "seed": "seed of the initialization, the random features and the data order",
+    "config": "TOML file whose keys are the flags' names with underscores (flags given win)",
+    "out": "output folder of the run (results, checkpoints, report)",
+    "resume": "continue from the run's checkpoint if there is one (refused if its identity settings "
+    "differ); --no-resume starts over",
+    "steps": "optimizer steps (the schedule ends there)",
+    "lr": "peak learning rate",
+    "grad_clip": "clip the gradient norm to this value (0: no clipping)",
+    "eval_every": "steps between evaluations",
+    "log_every": "steps between training-loss log lines",
+    "layer": "MLP replacement kind (ralimp.create): ralimp, eugen, snnk, lowrank or dense",
+    "features": "random features of each replacement layer (ralimp.create's budget, exactly)",
+    "weight_matrix": "rf_matrices name of the replacement layers' random projections",
+    "last_k": "replace the MLPs of the last k blocks",
+    "attention": "attention: any name of rf_attention.names()",
+    "attention_features": "random features of the attention (rows of its weight matrix)",
+}
+
+
+def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = None, **metadata: Any) -> Any:
+    """A dataclass ``field`` for vocabulary flag ``name`` with this app's ``default``.
+
+    Args:
+        name: a key of [`FLAGS`][app_common.FLAGS] (its text is the help).
+        default: the default (a tuple for a grid of values).
+        help: replaces the vocabulary's text (say what this app adds, keep the meaning).
+        **metadata: ``choices``, ``metavar``.
+
+    Raises:
+        KeyError: ``name`` is not in the vocabulary.
+    """
+    if name not in FLAGS:
+        raise KeyError(f"name: {name!r} is not in the flag vocabulary; expected one of {', '.join(FLAGS)}")
+    return field(default=default, metadata={"help": help or FLAGS[name], **metadata})
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {value!r}")
+
+
+def _check_number(name: str, value: Any, *, minimum: float, strict: bool) -> None:
+    low_ok = value > minimum if strict else value >= minimum
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low_ok:
+        relation = ">" if strict else ">="
+        raise ValueError(f"--{name.replace('_', '-')}: expected a number {relation} {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fields:
+    """The root of the field groups: ``__post_init__`` chains through every group's checks."""
+
+    #: Settings of this class that may change when a run resumes (not part of its identity).
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        """Nothing at the root; each group checks its own fields and calls ``super().__post_init__()``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeFields(Fields):
+    """``--device``, ``--dtype``, ``--threads``: where and how precisely the run computes."""
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("device", "threads")
+
+    device: str = option("device", "auto", metavar="auto|cpu|cuda[:i]")
+    dtype: str = option("dtype", "float32", choices=tuple(DTYPES))
+    threads: int = option("threads", 0)
+
+    def __post_init__(self) -> None:
+        """Check the three flags (the device itself is resolved when the run starts)."""
+        super().__post_init__()
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        ):
+            raise ValueError(f"--device: expected auto, cpu, cuda or cuda:<index>, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _check_int("threads", self.threads, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerFields(Fields):
+    """``--steps``, ``--lr``, ``--grad-clip`` (the gradient's norm; 0: off). Apps set the defaults."""
+
+    steps: int = option("steps", 1000)
+    lr: float = option("lr", 1e-3)
+    grad_clip: float = option("grad_clip", 1.0)
+
+    def __post_init__(self) -> None:
+        """Check the three flags (``lr`` may be None where the app fills it in, e.g. from a table)."""
+        super().__post_init__()
+        _check_int("steps", self.steps, 1)
+        if self.lr is not None:
+            _check_number("lr", self.lr, minimum=0.0, strict=True)
+        _check_number("grad_clip", self.grad_clip, minimum=0.0, strict=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalFields(Fields):
+    """``--eval-every``, ``--log-every``: how often the run evaluates and logs its training loss."""
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("log_every",)
+
+    eval_every: int = option("eval_every", 100)
+    log_every: int = option("log_every", 10)
+
+    def __post_init__(self) -> None:
+        """Both >= 1 (``eval_every`` may be None where the app fills it in)."""
+        super().__post_init__()
+        if self.eval_every is not None:
+            _check_int("eval_every", self.eval_every, 1)
+        _check_int("log_every", self.log_every, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerFields(Fields):
+    """``--layer``, ``--features``, ``--weight-matrix``: the MLP replacement and its budget."""
+
+    layer: str = option("layer", "ralimp")
+    features: int = option("features", 32)
+    weight_matrix: str = option("weight_matrix", "base")
+
+    def __post_init__(self) -> None:
+        """``features`` >= 1 (its values, or each value of a grid)."""
+        super().__post_init__()
+        for value in self.features if isinstance(self.features, tuple) else (self.features,):
+            _check_int("features", value, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionFields(Fields):
+    """``--attention``, ``--attention-features``: the attention and its random-feature count."""
+
+    attention: str = option("attention", "softmax")
+    attention_features: int = option("attention_features", 128)
+
+    def __post_init__(self) -> None:
+        """``attention_features`` >= 1 (its values, or each value of a grid)."""
+        super().__post_init__()
+        counts = self.attention_features
+        for value in counts if isinstance(counts, tuple) else (counts,):
+            _check_int("attention_features", value, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputFields(Fields):
+    """``--out``, ``--resume``: where the run writes, and whether it continues its checkpoint."""
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("out", "resume")
+
+    out: Path = option("out", Path("results"))
+    resume: bool = option("resume", True)
+
+
+def may_change_on_resume(config_or_class: Any) -> set[str]:
+    """The settings of a configuration (class or instance) that may change on resume.
+
+    The union of ``MAY_CHANGE_ON_RESUME`` over its classes (every base) and over its nested groups.
+    """
+    cls = config_or_class if isinstance(config_or_class, type) else type(config_or_class)
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        names.update(vars(klass).get("MAY_CHANGE_ON_RESUME", ()))
+    if dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            value = None if isinstance(config_or_class, type) else getattr(config_or_class, f.name)
+            if value is not None and dataclasses.is_dataclass(value):
+                names.update(may_change_on_resume(value))
+    return names
+
+
+def run_identity(config: Any) -> dict[str, Any]:
+    """A run's identity: every leaf setting of ``config`` except those that may change on resume."""
+    mutable = may_change_on_resume(config)
+    return {k: v for k, v in flat_settings(config).items() if k not in mutable}

@@ -1,0 +1,218 @@
+"""The shared plumbing: batch order, the one resume policy, field groups, timers, tables, child processes."""
+
+import argparse
+import csv
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+import app_common as ac
+from app_common.testing import Killed, kill_at
+
+
+def test_step_batches_depend_only_on_seed_and_step_and_split_over_processes():
+    whole = ac.StepBatches(20, 4, seed=3)
+    first = [b for _, b in zip(range(12), whole, strict=False)]
+    later = ac.StepBatches(20, 4, seed=3, start_step=7)
+    assert [b for _, b in zip(range(5), later, strict=False)] == first[7:12]
+    epoch = sorted(i for b in first[:5] for i in b)
+    assert epoch == list(range(20))  # one epoch is a permutation
+    assert first[:5] != first[5:10]  # a fresh one per epoch
+    halves = [ac.StepBatches(20, 4, seed=3, rank=r, world_size=2) for r in range(2)]
+    joined = next(iter(halves[0])) + next(iter(halves[1]))
+    assert joined == first[0]
+    assert ac.stream_seed(3, 5) == 1_000_003 * 3 + 5
+    with pytest.raises(ValueError, match="batch_size: 30 is larger than the training split"):
+        ac.StepBatches(20, 30, seed=0)
+    with pytest.raises(ValueError, match="not divisible by the 2 processes"):
+        ac.StepBatches(20, 5, seed=0, world_size=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model(ac.Fields):
+    dim: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("workers",)
+
+    lr: float = ac.option("lr", 1e-2)
+    model: Model = field(default_factory=Model)
+    workers: int = 0
+
+
+def test_a_run_identity_is_its_settings_minus_those_that_may_change_on_resume():
+    identity = ac.run_identity(Run(device="cpu", threads=2, workers=3, log_every=7, out=Path("x")))
+    assert set(identity) == {"steps", "lr", "grad_clip", "dtype", "eval_every", "dim"}
+    assert ac.may_change_on_resume(Run) >= {"device", "threads", "out", "resume", "log_every", "workers"}
+
+
+def test_checkpointer_resumes_the_same_identity_and_refuses_another_listing_the_changed_keys(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    identity = ac.run_identity(Run())
+    ac.Checkpointer(path, identity).save(5, {"weights": torch.arange(3)})
+    state = ac.Checkpointer(path, ac.run_identity(Run(device="cpu", log_every=1))).load()
+    assert state["step"] == 5
+    assert torch.equal(state["weights"], torch.arange(3))
+    changed = ac.run_identity(Run(lr=0.5, model=Model(dim=4)))
+    with pytest.raises(ValueError, match=r"other settings \(dim: 8 -> 4; lr: 0\.01 -> 0\.5\).*--no-resume"):
+        ac.Checkpointer(path, changed).load()
+    assert ac.Checkpointer(path, changed, resume=False).load() is None  # --no-resume: start over
+    assert ac.Checkpointer(tmp_path / "none.pt", identity).load() is None
+
+
+def test_kill_at_raises_after_the_checkpoint_is_on_disk(tmp_path):
+    path = tmp_path / "c.pt"
+    checkpointer = ac.Checkpointer(path, {"a": 1}, on_save=kill_at(4))
+    checkpointer.save(2, {})
+    with pytest.raises(Killed):
+        checkpointer.save(4, {})
+    assert ac.load_checkpoint(path)["step"] == 4
+    checkpointer.remove()
+    assert not path.exists()
+
+
+def test_state_dicts_round_trip_and_missing_parts_are_named():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved = ac.state_dicts(model=model, optimizer=optimizer)
+    other = torch.nn.Linear(3, 2)
+    ac.load_state_dicts(saved, model=other)
+    assert torch.equal(other.weight, model.weight)
+    with pytest.raises(ValueError, match="checkpoint: holds no scheduler"):
+        ac.load_state_dicts(saved, scheduler=optimizer)
+
+
+def test_rewind_log_drops_lines_written_after_the_checkpoint(tmp_path):
+    log = tmp_path / "log.jsonl"
+    for step in (1, 2, 3, 4):
+        ac.append_jsonl(log, {"step": step})
+    ac.rewind_log(log, 2)
+    assert ac.read_jsonl(log) == [{"step": 1}, {"step": 2}]
+    ac.rewind_log(tmp_path / "missing.jsonl", 2)  # nothing to rewind
+
+
+def test_nested_groups_take_flat_flags_and_flat_or_tabled_toml():
+    parser = argparse.ArgumentParser()
+    ac.add_dataclass_arguments(parser, Run)
+    config = ac.config_from(Run, parser.parse_args(["--dim", "16"]), toml={"model": {"dim": 4}, "steps": 3})
+    assert config.model.dim == 16  # flags win
+    assert config.steps == 3
+    assert ac.config_from(Run, toml={"dim": 5}).model.dim == 5
+    assert ac.config_from(Run).model == Model()
+    assert ac.config_dict(config)["model"] == {"dim": 16}
+    with pytest.raises(ValueError, match=r"TOML key model\.width: not a setting"):
+        ac.config_from(Run, toml={"model": {"width": 4}})
+    help_text = parser.format_help()
+    assert "{float32,bfloat16}" in help_text  # choices listed
+    assert "clip the gradient norm" in help_text
+
+
+def test_split_toml_gives_each_class_its_keys_and_refuses_unknown_ones():
+    @dataclass(frozen=True)
+    class Grid:
+        seed: tuple[int, ...] = (0,)
+
+    grid, run = ac.split_toml({"seed": [1, 2], "lr": 0.1, "table6": {}}, Grid, Run, extra=("table6",))
+    assert grid == {"seed": [1, 2]}
+    assert run == {"lr": 0.1}
+    with pytest.raises(ValueError, match=r"sweep\.toml: unknown keys lrr; expected some of"):
+        ac.split_toml({"lrr": 1}, Grid, Run, source="sweep.toml")
+
+
+def test_vocabulary_flags_name_themselves_in_errors():
+    with pytest.raises(ValueError, match="--threads: expected an integer >= 0, got -3"):
+        Run(threads=-3)
+    with pytest.raises(ValueError, match="--grad-clip: expected a number >= 0"):
+        Run(grad_clip=-1.0)
+    with pytest.raises(ValueError, match="--device: expected auto, cpu, cuda"):
+        Run(device="tpu")
+    with pytest.raises(ValueError, match="--features: expected an integer >= 1, got 0"):
+        ac.LayerFields(features=0)
+    with pytest.raises(KeyError, match="not in the flag vocabulary"):
+        ac.option("learning_rate")
+
+
+def test_interleaved_medians_time_each_function_once_per_round(monkeypatch):
+    clock = iter(range(1000))
+    monkeypatch.setattr(ac.measure.time, "perf_counter", lambda: float(next(clock)))
+    calls = []
+    medians = ac.interleaved_medians(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1
+    )
+    assert calls == ["a", "b"] * 4
+    assert medians == {"a": 1.0, "b": 1.0}  # each call spans one tick of the fake clock
+    assert ac.median_seconds(lambda: None, repeats=1, warmup=0) == 1.0
+    with pytest.raises(ValueError, match="repeats: expected an integer >= 1"):
+        ac.median_seconds(lambda: None, repeats=0)
+
+
+def test_count_parameters_counts_trainable_parameters_and_never_buffers():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    model[1].weight.requires_grad_(False)
+    assert ac.count_parameters(model) == 3 * 2 + 2 + 2
+    assert ac.count_parameters(model, trainable=False) == 3 * 2 + 2 + 2 + 2
+
+
+def test_write_table_writes_markdown_and_csv(tmp_path):
+    text = ac.write_table(tmp_path / "t" / "table", ["a", "b"], [["x", 1.5], ["y", 2]])
+    assert text.splitlines()[0] == "| a | b   |"
+    assert (tmp_path / "t" / "table.md").read_text() == text + "\n"
+    with (tmp_path / "t" / "table.csv").open() as f:
+        assert list(csv.reader(f)) == [["a", "b"], ["x", "1.5"], ["y", "2"]]
+
+
+def test_device_name_of_the_cpu_is_its_model():
+    assert ac.device_name(torch.device("cpu")).strip()
+
+
+def test_run_child_returns_the_exit_code():
+    assert ac.run_child(sys.exit, 3) == 3
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split(") ")[-1].startswith("Z"))
+
+
+def test_sigterm_to_the_parent_reaches_the_child_and_waits_for_it(tmp_path):
+    (tmp_path / "child_target.py").write_text(
+        textwrap.dedent(
+            """
+            import os, sys, time
+            def sleep_forever(path):
+                open(path, "w").write(str(os.getpid()))
+                time.sleep(120)
+            """
+        )
+    )
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import app_common as ac, child_target, sys\n"
+        f"ac.run_child(child_target.sleep_forever, {str(pid_file)!r})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()):
+        assert time.monotonic() < deadline, "the child never started"
+        assert parent.poll() is None, "the parent exited early"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not _alive(child)
