@@ -23,9 +23,9 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 
 - ``psi``: the paper's ``Psi(W)`` (exact expectation as above; SNNK sampled, ``>=``),
 - ``lstsq``: the readout fitted by ridge least squares on ``--calibration-rows`` other inputs
-  (``init="lstsq"``),
+  (``init="lstsq"``), with ``balance=1`` (the paper) and ``balance="auto"`` (RaLiMP and SNNK; EUGen has none),
 - ``floor``: the fixed-projection information floor, the least-squares readout fitted on the evaluation
-  inputs themselves (no readout of these random features does better on them),
+  inputs themselves (no readout of these random features does better on them; ``balance="auto"``),
 - ``Eckart-Young``: the rank-``F`` floor of the target matrix, ``F`` the width of the layer's ``Phi``
   (no separable layer ``Psi Phi(x)`` of width ``F`` does better).
 
@@ -176,24 +176,20 @@ def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[li
     for budget in args.budgets:
         for kind in ("ralimp", "eugen", "snnk"):
             psi, _ = psi_start_mse(kind, fc1, x_eval, target, args.seeds, budget)
-            layer = ralimp.create(kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0)
-            lstsq = relative(layer(x_eval) - target, target)
+            row = [str(d), str(budget), kind]
+            for balance in (1.0, "auto") if kind != "eugen" else (None,):
+                options = {} if balance is None else {"balance": balance}
+                layer = ralimp.create(
+                    kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0, **options
+                )
+                row.append(f"{relative(layer(x_eval) - target, target):.3g}")
+            if kind == "eugen":
+                row.append(row[-1])
             phi = layer.feature_map(x_eval)
             floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT - target, target)
             width = layer.feature_dim
             eckart_young = float(energy[width:].sum() / energy.sum())
-            rows.append(
-                [
-                    str(d),
-                    str(budget),
-                    kind,
-                    str(width),
-                    psi,
-                    f"{lstsq:.3g}",
-                    f"{floor:.3g}",
-                    f"{eckart_young:.3g}",
-                ]
-            )
+            rows.append([*row[:3], str(width), psi, *row[3:], f"{floor:.3g}", f"{eckart_young:.3g}"])
     return rows
 
 
@@ -254,7 +250,17 @@ def main(argv: list[str] | None = None) -> None:
         ]
         rows = [row for d in args.widths for row in speed_rows(d, args, device)]
     elif args.table == "init":
-        header = ["d", "budget", "method", "F", "Psi(W)", "lstsq", "info floor", "Eckart-Young floor"]
+        header = [
+            "d",
+            "budget",
+            "method",
+            "F",
+            "Psi(W)",
+            "lstsq, balance 1",
+            "lstsq, balance auto",
+            "info floor (auto)",
+            "Eckart-Young floor",
+        ]
         rows = [row for d in args.widths for row in init_rows(d, args, device)]
     else:
         header = [
