@@ -23,18 +23,24 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 
 - ``psi``: the paper's ``Psi(W)`` (exact expectation as above; SNNK sampled, ``>=``),
 - ``lstsq``: the readout fitted by ridge least squares on ``--calibration-rows`` other inputs
-  (``init="lstsq"``),
+  (``init="lstsq"``), with ``balance=1`` (the paper) and ``balance="auto"`` (RaLiMP and SNNK; EUGen has none),
 - ``floor``: the fixed-projection information floor, the least-squares readout fitted on the evaluation
-  inputs themselves (no readout of these random features does better on them),
+  inputs themselves (no readout of these random features does better on them; ``balance="auto"``),
 - ``Eckart-Young``: the rank-``F`` floor of the target matrix, ``F`` the width of the layer's ``Phi``
   (no separable layer ``Psi Phi(x)`` of width ``F`` does better).
 
-Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init]`` (``--help``).
+``--table variance``. At ``--widths``, budget 32, 1024 standard-normal inputs: the exact relative MSE of the
+``Psi(W)`` start with ``balance=1`` (the paper) and ``"auto"``, next to the sampled MSE (median of ``--seeds``
+draws, a lower bound), the median ``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the
+largest node (``ralimp.variance.log_second_moment_bound``).
+
+Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init|variance]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 
@@ -53,7 +59,7 @@ KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=("speed", "init"), default="speed")
+    parser.add_argument("--table", choices=("speed", "init", "variance"), default="speed")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 768, 1280])
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 128, 512], help="--table init")
     parser.add_argument("--tokens", type=int, default=512, help="rows of the timed input batch")
@@ -79,6 +85,12 @@ def relative(error: torch.Tensor, target: torch.Tensor) -> float:
     return float(error.double().pow(2).sum() / target.double().pow(2).sum())
 
 
+def scientific(log_value: float) -> str:
+    """``exp(log_value)`` as ``1.23e+45``, also beyond float64's range."""
+    exponent = math.floor(log_value / math.log(10))
+    return f"{math.exp(log_value - exponent * math.log(10)):.3g}e{exponent:+d}"
+
+
 @torch.no_grad()
 def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tensor, seeds: int, budget: int):
     """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.variance`` has it."""
@@ -91,7 +103,7 @@ def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tens
             mean, log_var = layer.expected_output(t), variance.ralimp_log_variance(layer, x)
         else:
             mean, log_var = layer.fit(t), variance.eugen_variance(layer, fc1, x).log()
-        return f"{variance.expected_relative_mse(mean, log_var, target):.3g}", layer
+        return scientific(variance.expected_relative_mse(mean, log_var, target, log=True)), layer
     sampled = [
         relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x) - target, target)
         for s in range(seeds)
@@ -164,24 +176,57 @@ def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[li
     for budget in args.budgets:
         for kind in ("ralimp", "eugen", "snnk"):
             psi, _ = psi_start_mse(kind, fc1, x_eval, target, args.seeds, budget)
-            layer = ralimp.create(kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0)
-            lstsq = relative(layer(x_eval) - target, target)
+            row = [str(d), str(budget), kind]
+            for balance in (1.0, "auto") if kind != "eugen" else (None,):
+                options = {} if balance is None else {"balance": balance}
+                layer = ralimp.create(
+                    kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0, **options
+                )
+                row.append(f"{relative(layer(x_eval) - target, target):.3g}")
+            if kind == "eugen":
+                row.append(row[-1])
             phi = layer.feature_map(x_eval)
             floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT - target, target)
             width = layer.feature_dim
             eckart_young = float(energy[width:].sum() / energy.sum())
-            rows.append(
-                [
-                    str(d),
-                    str(budget),
-                    kind,
-                    str(width),
-                    psi,
-                    f"{lstsq:.3g}",
-                    f"{floor:.3g}",
-                    f"{eckart_young:.3g}",
-                ]
-            )
+            rows.append([*row[:3], str(width), psi, *row[3:], f"{floor:.3g}", f"{eckart_young:.3g}"])
+    return rows
+
+
+@torch.no_grad()
+def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
+    """Exact against sampled MSE of the ``Psi(W)`` start at width ``d``, budget 32, and the bound."""
+    torch.manual_seed(0)
+    fc1 = nn.Linear(d, 4 * d).to(device)
+    x = torch.randn(1024, d, device=device)
+    t = fc1(x).double()
+    target = F.gelu(t)
+    u = torch.cat([x.double(), torch.ones_like(t[:, :1])], -1)
+    v = torch.cat([fc1.weight.double(), fc1.bias.double().unsqueeze(-1)], -1)
+    cos = (u @ v.mT) / (u.norm(dim=-1, keepdim=True) * v.norm(dim=-1))
+    rows = []
+    for balance in (1.0, "auto"):
+
+        def build(seed: int, balance=balance):
+            return ralimp.create("ralimp", fc1, "gelu", budget=32, balance=balance, sample=x, seed=seed)
+
+        layer = build(0)
+        exact = variance.expected_relative_mse(
+            layer.expected_output(t), variance.ralimp_log_variance(layer, x), target, log=True
+        )
+        sampled = statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds))
+        q = min(atom[3] for atom in layer.fit.atoms)
+        bound = variance.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
+        rows.append(
+            [
+                str(d),
+                str(balance),
+                scientific(exact),
+                f"{sampled:.3g}",
+                f"{float(cos.abs().median()):.3g}",
+                f"{float(bound.median()):.3g}",
+            ]
+        )
     return rows
 
 
@@ -204,9 +249,29 @@ def main(argv: list[str] | None = None) -> None:
             "rel. MSE at init (exact; >= sampled)",
         ]
         rows = [row for d in args.widths for row in speed_rows(d, args, device)]
-    else:
-        header = ["d", "budget", "method", "F", "Psi(W)", "lstsq", "info floor", "Eckart-Young floor"]
+    elif args.table == "init":
+        header = [
+            "d",
+            "budget",
+            "method",
+            "F",
+            "Psi(W)",
+            "lstsq, balance 1",
+            "lstsq, balance auto",
+            "info floor (auto)",
+            "Eckart-Young floor",
+        ]
         rows = [row for d in args.widths for row in init_rows(d, args, device)]
+    else:
+        header = [
+            "d",
+            "balance",
+            "exact rel. MSE",
+            "sampled (lower bound)",
+            "median cos",
+            "median bound s_max",
+        ]
+        rows = [row for d in args.widths for row in variance_rows(d, args, device)]
     machine = ac.device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "

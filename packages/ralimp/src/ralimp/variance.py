@@ -142,15 +142,19 @@ def eugen_variance(layer, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Ten
     return product_block_variance(torch.tensor(layer.fit.poly), u, v, layer.num_random_features)
 
 
-def expected_relative_mse(mean: torch.Tensor, log_variance: torch.Tensor, target: torch.Tensor) -> float:
+def expected_relative_mse(
+    mean: torch.Tensor, log_variance: torch.Tensor, target: torch.Tensor, *, log: bool = False
+) -> float:
     """``E ||y - f||^2 / ||f||^2`` over the projections: ``(||E y - f||^2 + sum Var y) / ||f||^2``, float.
 
-    ``mean`` is ``E y``, ``log_variance`` the log of ``Var y`` (both shaped as ``target``); may be ``inf``.
+    ``mean`` is ``E y``, ``log_variance`` the log of ``Var y`` (both shaped as ``target``). ``log=True``
+    returns the natural log instead (the value itself overflows float64 beyond ``1e308``).
     """
     bias = (mean.double() - target.double()).pow(2).sum()
     energy = target.double().pow(2).sum()
     total = torch.logsumexp(torch.stack([bias.log(), torch.logsumexp(log_variance.double().flatten(), 0)]), 0)
-    return float(torch.exp(total - energy.log()))
+    value = total - energy.log()
+    return float(value) if log else float(torch.exp(value))
 
 
 def log_second_moment_bound(
