@@ -133,7 +133,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
                 ``init="lstsq"``, the readout.
             init: ``"psi"``, the paper's ``Psi(W)`` (unbiased for the fit, log-normal variance); or
                 ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
-                ``Phi(sample)`` (needs ``sample``; :meth:`fit_readout`).
+                ``Phi(sample)`` (needs ``sample``; [`fit_readout`][ralimp.FeatureLinearization.fit_readout]).
             ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
             **kw: constructor options of the class.
         """

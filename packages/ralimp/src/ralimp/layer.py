@@ -70,7 +70,7 @@ class RaLiMP(FeatureLinearization):
             takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which minimizes
             ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1); it keeps
             float32 features finite when ``||x|| >> ||w||`` but cannot lower the bound of
-            :mod:`ralimp.variance`.
+            `ralimp.variance`.
         resolution_tol: a pole whose atom the ``num_freqs``-node rule misses by more than this (relative to
             the atom's peak) somewhere on ``interval`` is too narrow: the fit is redone with ``q`` floored
             (with a [`ralimp.PoleWidthWarning`][ralimp.PoleWidthWarning]).
@@ -283,8 +283,8 @@ class RaLiMP(FeatureLinearization):
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
         ``poly_degree``, ``num_atoms`` and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
-        :class:`RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
-        ``freq_features`` may be fixed there too.
+        [`RationalFunction`][ralimp.RationalFunction] activation fixes ``K`` and ``J``); one of
+        ``poly_features`` and ``freq_features`` may be fixed there too.
         """
         if isinstance(activation, RationalFunction):
             overrides = {
@@ -371,7 +371,8 @@ class RaLiMP(FeatureLinearization):
     def weight_features(self) -> torch.Tensor:
         """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in.
 
-        The free readout instead, once :meth:`set_readout` (``init="lstsq"``) has set one.
+        The free readout instead, once [`set_readout`][ralimp.RaLiMP.set_readout] (``init="lstsq"``) has set
+        one.
         """
         if self.readout is not None:
             return self.readout
