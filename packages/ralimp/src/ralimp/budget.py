@@ -1,4 +1,4 @@
-"""How each layer kind spends a feature budget: the counting rules behind [`ralimp.create`][ralimp.create].
+"""How each layer kind spends a feature budget: the counting rules behind `ralimp.create`.
 
 Two ways of counting a budget ``B`` (``count=``):
 
@@ -33,7 +33,7 @@ def check_count(count: object) -> str:
 
 
 def check_budget(budget: object) -> int:
-    """``budget`` if it is an integer >= 1, else a [`BudgetError`][ralimp.BudgetError]."""
+    """``budget`` if it is an integer >= 1, else a `BudgetError`."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise BudgetError(f"budget: expected an integer >= 1, got {budget!r}")
     return budget
