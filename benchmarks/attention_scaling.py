@@ -161,7 +161,7 @@ def reset_peak(device: torch.device) -> int:
 
 
 def peak(device: torch.device) -> int:
-    """Peak bytes since :func:`reset_peak` (CUDA: ``max_memory_allocated``; CPU: resident high-water)."""
+    """Peak bytes since `reset_peak` (CUDA: ``max_memory_allocated``; CPU: resident high-water)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device)
