@@ -27,14 +27,18 @@ def _log(config):
     return ac.read_jsonl(config.out / "log.jsonl")
 
 
-@pytest.mark.parametrize("layer", ["dense", "ralimp", "eugen", "snnk"])
+SNNK_REGRESSION = pytest.mark.xfail(
+    reason="SNNK's Psi(W) start does not train with ralimp 8040b8f (it did before; reported to ralimp)"
+)
+
+
+@pytest.mark.parametrize("layer", ["dense", "ralimp", "eugen", pytest.param("snnk", marks=SNNK_REGRESSION)])
 def test_a_tiny_run_lowers_the_loss(tmp_path, data, helpers, layer):
     config = helpers.tiny_config(tmp_path, data, layer=layer, last_k=1, steps=40, eval_every=40)
     record = train(config)
     first = _log(config)[0]
     assert first["step"] == 1
-    # SNNK's Fourier features of LayerNorm'd inputs (||x|| ~ 5.7) start with a huge variance: slow to learn.
-    assert record["val_loss"] < first["train_loss"] - (0.2 if layer == "snnk" else 1.0)
+    assert record["val_loss"] < first["train_loss"] - 1.0
     assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
     assert record["replaced"] == ([] if layer == "dense" else ["transformer.h.1.mlp"])
 
@@ -227,9 +231,9 @@ def test_bfloat16_autocast_trains(tmp_path, data, helpers):
 
 
 def test_a_model_too_large_for_the_device_is_refused_before_it_is_built(tmp_path, data, helpers):
-    # GPT-2 Large at the paper's batch: the estimate alone is ~100 GB, far above this machine's memory.
-    config = helpers.tiny_config(tmp_path, data, block_size=1024, n_layer=36, n_head=20, n_embd=1280)
-    config = dataclasses.replace(config, batch_size=24)
+    # GPT-2 Large's blocks on 100,000 sequences of 128 tokens per micro-step: ~40 TB by the estimate.
+    config = helpers.tiny_config(tmp_path, data, block_size=128, n_layer=36, n_head=20, n_embd=1280)
+    config = dataclasses.replace(config, batch_size=100_000)
     with pytest.raises(MemoryError, match=r"needs about \d+\.\d GB .* lower --batch-size"):
         train(config)
     assert not (config.out / "checkpoint.pt").exists()

@@ -425,5 +425,10 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GP
     if checkpoint is None:
         raise FileNotFoundError(f"checkpoint: no file at {path}")
     model = GPT(GPTConfig(**checkpoint["model_config"]))
+    for name, module in model.named_modules():
+        # A RaLiMP started with init="lstsq" holds a fitted readout; the fresh layer gets one to load into.
+        readout = checkpoint["model"].get(f"{name}.readout")
+        if readout is not None and getattr(module, "readout", None) is None:
+            module.set_readout(torch.zeros_like(readout))
     model.load_state_dict(checkpoint["model"])
     return model.to(device), checkpoint["tokenizer"]

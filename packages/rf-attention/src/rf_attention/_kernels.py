@@ -239,7 +239,7 @@ class CausalRFAttention(torch.autograd.Function):
     ``exp(R_prev - R_i) <= 1``. The state entering each chunk is kept for the backward pass, which runs
     the chunks in reverse carrying the state's gradient.
 
-    ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)`` as :class:`NonCausalRFAttention`
+    ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)`` as ``NonCausalRFAttention``
     with ``N_q == N_k``.
     """
 

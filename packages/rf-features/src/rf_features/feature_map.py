@@ -265,11 +265,12 @@ class FeatureMap(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         query_padding_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The data-dependent parameters :meth:`forward` would use for ``(q, k)``, without gradient.
+        """The data-dependent parameters `forward` would use for ``(q, k)``, without gradient.
 
-        ``"batch"`` mode: :meth:`statistics` of this call; ``"running"`` mode: the running averages (updated
-        after use in training, as :meth:`forward` does). With :meth:`weighted_log_features` this computes
-        the features of any part of ``q`` or ``k`` (chunked attention) with the statistics of the whole.
+        ``"batch"`` mode: [`statistics`][rf_features.FeatureMap.statistics] of this call; ``"running"`` mode:
+        the running averages (updated after use in training, as [`forward`][rf_features.FeatureMap.forward]
+        does). With [`weighted_log_features`][rf_features.FeatureMap.weighted_log_features] this computes the
+        features of any part of ``q`` or ``k`` (chunked attention) with the statistics of the whole.
         """
         self._check_inputs(q, k)
         key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)

@@ -94,7 +94,7 @@ def _merge(points: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, t
     return points[first[keep]], merged[keep]
 
 
-#: The cubature rules :class:`SGQ` builds; the first is the default.
+#: The cubature rules `SGQ` builds; the first is the default.
 RULES = ("stiefel", "spherical-radial", "smolyak")
 
 
@@ -117,32 +117,33 @@ class SGQ(DenseWeightMatrix):
     exactly (the folded ``stiefel`` rule: every even one); a count a rule cannot have is refused with the
     nearest counts it can. Three rules:
 
-    - ``rule="stiefel"`` (the default): equal weights ``1/s`` (so :attr:`component_weights` is None and
-      every kernel estimate of a positive component function stays positive). With ``antipodal=True`` the
-      nodes are ``sqrt(s/2) [0; U; -U]`` (the origin only for odd ``s``), ``U`` a Haar-random ``(s // 2, d)``
-      matrix with orthonormal columns: odd moments vanish by symmetry and ``W.T @ W / s = I`` exactly, so
-      the rule is exact for degree 3; for ``s = 2d`` it is the 2d-point rule ``+-sqrt(d) e_i``, randomly
-      rotated (Stroud 1971). ``s >= 2d``. With ``antipodal=False`` (the default) the nodes are
-      ``sqrt(s) U``, ``U`` of shape ``(s, d)``: the same rule folded, one node per antipodal pair, which
-      gives the same estimate for integrands even in omega (TrigRF's ``cos(omega.(x - y))``, PosRF-Hyp's
-      ``cosh``) at half the rows, and is exact for every even polynomial of degree <= 3. ``s >= d``.
-      ``rf_features`` picks ``antipodal`` from the component function. The nodes are not exactly Gaussian
-      (rows of an orthonormal frame, scaled), so estimates carry a bias that shrinks as ``s`` grows.
+    - ``rule="stiefel"`` (the default): equal weights ``1/s`` (so
+      [`component_weights`][rf_matrices.SGQ.component_weights] is None and every kernel estimate of a positive
+      component function stays positive). With ``antipodal=True`` the nodes are ``sqrt(s/2) [0; U; -U]`` (the
+      origin only for odd ``s``), ``U`` a Haar-random ``(s // 2, d)`` matrix with orthonormal columns: odd
+      moments vanish by symmetry and ``W.T @ W / s = I`` exactly, so the rule is exact for degree 3; for
+      ``s = 2d`` it is the 2d-point rule ``+-sqrt(d) e_i``, randomly rotated (Stroud 1971). ``s >= 2d``. With
+      ``antipodal=False`` (the default) the nodes are ``sqrt(s) U``, ``U`` of shape ``(s, d)``: the same rule
+      folded, one node per antipodal pair, which gives the same estimate for integrands even in omega
+      (TrigRF's ``cos(omega.(x - y))``, PosRF-Hyp's ``cosh``) at half the rows, and is exact for every even
+      polynomial of degree <= 3. ``s >= d``. ``rf_features`` picks ``antipodal`` from the component function.
+      The nodes are not exactly Gaussian (rows of an orthonormal frame, scaled), so estimates carry a bias
+      that shrinks as ``s`` grows.
     - ``rule="spherical-radial"``: ``c`` copies of the stochastic spherical-radial rule (Genz and Monahan
       1998) sharing the origin: each copy ``+-rho R e_i`` with a Haar rotation ``R``, ``rho ~ chi(d + 2)``,
       weights ``1 / (2 c rho^2)``, and the origin ``1 - sum``, which is negative whenever the copies'
       ``rho^2 < d`` on average. Unbiased for every integrand. ``s = 1 + 2dc``.
-    - ``rule="smolyak"``: ``c`` copies of the Smolyak sparse grid of :func:`smolyak_gauss_hermite`
-      sharing its origin, each rotated by a Haar rotation (``rotate=True``). At degree 3 the grid is
-      ``0, +-sqrt(3) e_i`` with weights ``1 - d/3`` (negative for ``d > 3``) and ``1/6``:
-      ``create("sgq", 2 * d + 1, d, rule="smolyak", rotate=False)`` is exactly the paper's ``W_SGQ``.
-      ``s = 1 + c * (nodes of the grid - 1)``.
+    - ``rule="smolyak"``: ``c`` copies of the Smolyak sparse grid of
+      [`smolyak_gauss_hermite`][rf_matrices.smolyak_gauss_hermite] sharing its origin, each rotated by a Haar
+      rotation (``rotate=True``). At degree 3 the grid is ``0, +-sqrt(3) e_i`` with weights ``1 - d/3``
+      (negative for ``d > 3``) and ``1/6``: ``create("sgq", 2 * d + 1, d, rule="smolyak", rotate=False)`` is
+      exactly the paper's ``W_SGQ``. ``s = 1 + c * (nodes of the grid - 1)``.
 
-    :attr:`signed_weights` is True for the last two at ``d > 3`` (for ``spherical-radial``, always):
+    `signed_weights` is True for the last two at ``d > 3`` (for ``spherical-radial``, always):
     their quadrature weights can be negative, and so can the kernel estimates built from them.
 
     Args:
-        rule: one of :data:`RULES`.
+        rule: one of `RULES`.
         antipodal: ``rule="stiefel"`` only: keep both nodes of each antipodal pair.
         degree: ``rule="smolyak"`` only: the odd total degree the grid integrates exactly.
         rotate: ``rule="smolyak"`` only: rotate each copy by an independent Haar rotation.
