@@ -1,14 +1,17 @@
 """Attention scaling: forward+backward time and peak memory against the sequence length.
 
 For each attention and each N, one fresh process builds ``q, k, v`` of shape ``(B, H, N, Dh)`` (float32,
-``requires_grad``), runs forward+backward once to measure the peak resident memory it adds (Linux: the
-high-water mark ``VmHWM``, reset through ``/proc/self/clear_refs`` just before, minus the resident size
-``VmRSS`` then), then times ``--repeats`` more runs (median). Every number is reported next to
-``softmax`` (``scaled_dot_product_attention``) measured in the same run, with the achieved GFLOP/s (from an
-analytic FLOP count) next to the machine's measured float32 matmul rate.
+``requires_grad``), runs one forward+backward at N = 256 first (code pages and allocator pools touched on
+first use are not the attention's memory), then one at N to measure the peak memory it adds (CPU: the
+resident high-water mark ``VmHWM``, reset through ``/proc/self/clear_refs`` just before, minus the resident
+size ``VmRSS`` then; CUDA: ``torch.cuda.max_memory_allocated`` minus the allocated bytes before), then
+times ``--repeats`` more runs (median). Every number is reported next to ``softmax``
+(``scaled_dot_product_attention``) and ``performer-pytorch`` measured in the same run, with the achieved
+GFLOP/s (from an analytic FLOP count) next to the machine's measured float32 matmul rate.
 
     uv run --frozen nox -s bench                          # everything, as in the docs
     python benchmarks/attention_scaling.py --lengths 1024 2048 --attentions softmax performer
+    python benchmarks/attention_scaling.py --device cuda --lengths 4096 65536   # on a GPU
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def baseline_options(name: str, n: int) -> dict:
 
 
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384]
+#: Length of the forward+backward run before the measured one (not counted).
+WARMUP_LENGTH = 256
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--features", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600, help="seconds per point")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA peak: max_memory_allocated)")
     parser.add_argument("--out", type=Path, default=Path("results/bench/attention_scaling.json"))
     parser.add_argument("--plot", type=Path, default=None, help="write a log-log PNG here")
     parser.add_argument("--point", nargs=2, metavar=("ATTENTION", "N"), help=argparse.SUPPRESS)
@@ -79,7 +86,7 @@ def build(name: str, n: int, args: argparse.Namespace):
         from performer_pytorch import FastAttention
 
         module = FastAttention(dim_heads=args.head_dim, nb_features=args.features, causal=False)
-        return module
+        return module.to(args.device)
     import rf_attention
 
     module = rf_attention.create(
@@ -89,7 +96,7 @@ def build(name: str, n: int, args: argparse.Namespace):
         num_features=args.features,
         seed=0,
         **baseline_options(name, n),
-    )
+    ).to(args.device)
     return lambda q, k, v: module.attend(q, k, v, None)
 
 
@@ -109,18 +116,24 @@ def flops(name: str, n: int, args: argparse.Namespace) -> float:
 def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     """Run in a fresh process: peak memory of one forward+backward, then the median time of more."""
     torch.manual_seed(0)
+    device = torch.device(args.device)
+    warm = build(name, WARMUP_LENGTH, args)  # first use loads code pages and fills allocator pools
+    small = [torch.randn(args.batch, args.heads, WARMUP_LENGTH, args.head_dim, device=device) for _ in "qkv"]
+    warm(*(t.requires_grad_() for t in small)).sum().backward()
     attend = build(name, n, args)
     shape = (args.batch, args.heads, n, args.head_dim)
-    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
-    before = reset_peak_rss_kib()
+    q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
+    before = reset_peak(device)
     attend(q, k, v).sum().backward()
-    peak_mib = (peak_rss_kib() - before) / 1024
+    peak_mib = (peak(device) - before) / 2**20
     times = []
     for _ in range(args.repeats):
         for t in (q, k, v):
             t.grad = None
+        synchronize(device)
         start = time.perf_counter()
         attend(q, k, v).sum().backward()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     return {
@@ -130,6 +143,29 @@ def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
         "peak_mib": peak_mib,
         "gflops": flops(name, n, args) / seconds / 1e9,
     }
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued CUDA work (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> int:
+    """Reset the peak memory counter; return the current bytes (CUDA: allocated; CPU: resident)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    return 1024 * reset_peak_rss_kib()
+
+
+def peak(device: torch.device) -> int:
+    """Peak bytes since `reset_peak` (CUDA: ``max_memory_allocated``; CPU: resident high-water)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    return 1024 * peak_rss_kib()
 
 
 def _status_kib(field: str) -> int:
@@ -154,20 +190,25 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
+def matmul_rate(size: int = 2048, repeats: int = 5, device: torch.device | None = None) -> float:
     """Measured float32 matmul GFLOP/s of this machine (``size x size`` by ``size x size``)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    device = device or torch.device("cpu")
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * size**3 / statistics.median(times) / 1e9
 
 
-def machine() -> str:
-    """CPU model, cores, threads and library versions."""
+def machine(device: str = "cpu") -> str:
+    """CPU (or GPU) model, cores, threads and library versions."""
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}"
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -184,8 +225,9 @@ def machine() -> str:
 def run_point(name: str, n: int, args: argparse.Namespace) -> dict:
     """One point in a fresh interpreter, so peak RSS belongs to this point alone."""
     command = [sys.executable, __file__, "--point", name, str(n)]
-    for flag in ("batch", "heads", "head_dim", "features", "repeats"):
-        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    for flag in ("batch", "heads", "head_dim", "features", "repeats", "device", "threads"):
+        if getattr(args, flag) is not None:
+            command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -200,11 +242,13 @@ def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
     from spectraformer_core import markdown_table
 
     reference = {r["n"]: r for r in results if r["attention"] == "softmax" and "error" not in r}
+    performer = {r["n"]: r for r in results if r["attention"] == "performer-pytorch" and "error" not in r}
     header = [
         "attention",
         "N",
         "fwd+bwd ms",
         "speed-up vs softmax",
+        "speed-up vs performer-pytorch",
         "peak MiB",
         "memory / softmax",
         "GFLOP/s",
@@ -212,10 +256,12 @@ def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
     rows = []
     for r in results:
         if "error" in r:
-            rows.append([r["attention"], str(r["n"]), r["error"], "", "", "", ""])
+            rows.append([r["attention"], str(r["n"]), r["error"], "", "", "", "", ""])
             continue
         ref = reference.get(r["n"])
         speed = f"{ref['seconds'] / r['seconds']:.1f}x" if ref else "n/a"
+        fast = performer.get(r["n"])
+        vs_performer = f"{fast['seconds'] / r['seconds']:.2f}x" if fast else "n/a"
         memory = f"{r['peak_mib'] / max(ref['peak_mib'], 0.1):.1f}x" if ref else "n/a"
         gflops = "" if r["gflops"] != r["gflops"] else f"{r['gflops']:.1f}"
         row = [
@@ -223,13 +269,15 @@ def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
             str(r["n"]),
             f"{1000 * r['seconds']:.1f}",
             speed,
+            vs_performer,
             f"{r['peak_mib']:.0f}",
             memory,
         ]
         rows.append([*row, gflops])
     shape = f"B={args.batch}, H={args.heads}, Dh={args.head_dim}, {args.features} features"
-    return f"{shape}; machine: {machine()}; float32 matmul rate {rate:.0f} GFLOP/s\n\n" + markdown_table(
-        header, rows
+    return (
+        f"{shape}; machine: {machine(args.device)}; float32 matmul rate {rate:.0f} GFLOP/s\n\n"
+        + markdown_table(header, rows)
     )
 
 
@@ -265,10 +313,12 @@ def plot(results: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Measure every point (or one, with ``--point``) and print the table."""
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.point:
         print(json.dumps(measure_point(args.point[0], int(args.point[1]), args)))
         return
-    rate = matmul_rate()
+    rate = matmul_rate(device=torch.device(args.device))
     results = []
     for n in args.lengths:
         for name in args.attentions:
@@ -276,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        json.dumps({"machine": machine(), "matmul_gflops": rate, "results": results}, indent=1)
+        json.dumps({"machine": machine(args.device), "matmul_gflops": rate, "results": results}, indent=1)
     )
     if args.plot:
         plot(results, args.plot)

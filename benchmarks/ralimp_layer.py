@@ -1,23 +1,46 @@
 """Speed, size and accuracy of RaLiMP, EUGen, SNNK and LowRank layers against the dense Linear + activation.
 
-For each width ``d`` (MLP hidden width ``4 d``), a dense ``fc1`` (``d -> 4d``) + GELU (+ ``fc2``,
-``4d -> d``) with PyTorch's default initialization is replaced by each method at the paper's budget of 32
-random features (RaLiMP: K=2 with 8 polynomial features, one atom, 3 Gauss-Laguerre nodes with 4
-projections each; EUGen and SNNK: 32 features; LowRank: rank 32). Every number is measured in the same run:
+Two tables, every number measured in the same run.
+
+``--table speed`` (default). For each width ``d`` (MLP hidden width ``4 d``), a dense ``fc1`` (``d -> 4d``) +
+GELU (+ ``fc2``, ``4d -> d``) with PyTorch's default initialization is replaced by each method through
+``ralimp.create(kind, fc1, "gelu", budget=32)`` (the paper's budget; RaLiMP: K=2 with 8 polynomial
+features, one atom, 3 Gauss-Laguerre nodes with 4 projections each; EUGen and SNNK: 32 projections;
+LowRank: rank 32), with the paper's ``Psi(W)`` start:
 
 - forward time of the layer in training mode (``Psi`` recomputed) and eval mode (``Psi`` cached), as a
   ratio to the dense ``fc1`` + GELU;
 - forward time of the layer compressed with ``fc2`` (``compress``), ratio to dense ``fc1`` + GELU + ``fc2``;
 - trainable parameters of the layer (ratio to ``fc1``) and of the compressed pair (to ``fc1`` + ``fc2``);
-- relative output MSE ``||y - gelu(fc1 x)||^2 / ||gelu(fc1 x)||^2`` at initialization, on standard-normal
-  inputs (what a LayerNorm feeds an MLP), median over 3 seeds.
+- relative output MSE ``E ||y - gelu(fc1 x)||^2 / ||gelu(fc1 x)||^2`` at initialization on standard-normal
+  inputs (what a LayerNorm feeds an MLP): the exact expectation over the projections for RaLiMP and EUGen
+  (``ralimp.variance``; a sampled MSE of this log-normal estimator misses it by many orders of magnitude),
+  exact for LowRank (deterministic), and for SNNK a sampled MSE over ``--seeds`` draws, marked ``>=``: a
+  sample lower bound, not the variance.
 
-Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py`` (``--help`` for options).
+``--table init``. The calibrated start at ``--widths`` (hidden ``4 d``) and ``--budgets``: for each method,
+the relative MSE at initialization on ``--eval-rows`` held-out standard-normal inputs of
+
+- ``psi``: the paper's ``Psi(W)`` (exact expectation as above; SNNK sampled, ``>=``),
+- ``lstsq``: the readout fitted by ridge least squares on ``--calibration-rows`` other inputs
+  (``init="lstsq"``), with ``balance=1`` (the paper) and ``balance="auto"`` (RaLiMP and SNNK; EUGen has none),
+- ``floor``: the fixed-projection information floor, the least-squares readout fitted on the evaluation
+  inputs themselves (no readout of these random features does better on them; ``balance="auto"``),
+- ``Eckart-Young``: the rank-``F`` floor of the target matrix, ``F`` the width of the layer's ``Phi``
+  (no separable layer ``Psi Phi(x)`` of width ``F`` does better).
+
+``--table variance``. At ``--widths``, budget 32, 1024 standard-normal inputs: the exact relative MSE of the
+``Psi(W)`` start with ``balance=1`` (the paper) and ``"auto"``, next to the sampled MSE (median of ``--seeds``
+draws, a lower bound), the median ``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the
+largest node (``ralimp.variance.log_second_moment_bound``).
+
+Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init|variance]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 
@@ -27,22 +50,24 @@ from torch import nn
 
 import app_common as ac
 import ralimp
+from ralimp import variance
+from ralimp.base import ridge_readout
 
-METHODS = {
-    "ralimp": (ralimp.RaLiMP, {"poly_features": 8, "num_freqs": 3, "freq_features": 4}),
-    "eugen": (ralimp.EUGen, {"num_features": 32}),
-    "snnk": (ralimp.SNNK, {"num_features": 32}),
-    "lowrank": (ralimp.LowRank, {"rank": 32}),
-}
+KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", choices=("speed", "init", "variance"), default="speed")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 768, 1280])
-    parser.add_argument("--tokens", type=int, default=512, help="rows of the input batch")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[32, 128, 512], help="--table init")
+    parser.add_argument("--tokens", type=int, default=512, help="rows of the timed input batch")
+    parser.add_argument("--calibration-rows", type=int, default=4096, help="--table init")
+    parser.add_argument("--eval-rows", type=int, default=4096, help="held-out rows (MSEs)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds for the MSE")
+    parser.add_argument("--seeds", type=int, default=3, help="draws of the sampled SNNK MSE")
+    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="auto")
     return parser.parse_args(argv)
 
@@ -55,13 +80,45 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 count = ac.count_parameters
 
 
-def rows_for_width(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
-    """One table row per method at width ``d``."""
+def relative(error: torch.Tensor, target: torch.Tensor) -> float:
+    """``||error||^2 / ||target||^2``."""
+    return float(error.double().pow(2).sum() / target.double().pow(2).sum())
+
+
+def scientific(log_value: float) -> str:
+    """``exp(log_value)`` as ``1.23e+45``, also beyond float64's range."""
+    exponent = math.floor(log_value / math.log(10))
+    return f"{math.exp(log_value - exponent * math.log(10)):.3g}e{exponent:+d}"
+
+
+@torch.no_grad()
+def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tensor, seeds: int, budget: int):
+    """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.variance`` has it."""
+    layer = ralimp.create(kind, fc1, "gelu", budget=budget, seed=0)
+    if kind == "lowrank":
+        return f"{relative(layer(x) - target, target):.3g}", layer
+    if kind in ("ralimp", "eugen"):
+        t = fc1(x).double()
+        if kind == "ralimp":
+            mean, log_var = layer.expected_output(t), variance.ralimp_log_variance(layer, x)
+        else:
+            mean, log_var = layer.fit(t), variance.eugen_variance(layer, fc1, x).log()
+        return scientific(variance.expected_relative_mse(mean, log_var, target, log=True)), layer
+    sampled = [
+        relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x) - target, target)
+        for s in range(seeds)
+    ]
+    return f">= {statistics.median(sampled):.3g}", layer
+
+
+def speed_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
+    """One speed-table row per method at width ``d``."""
     torch.manual_seed(0)
     fc1, fc2 = nn.Linear(d, 4 * d).to(device), nn.Linear(4 * d, d).to(device)
     x = torch.randn(args.tokens, d, device=device)
+    x_eval = torch.randn(min(args.eval_rows, 1024), d, device=device)
     with torch.no_grad():
-        target = F.gelu(fc1(x))
+        target = F.gelu(fc1(x_eval))
 
     def dense_times() -> tuple[float, float, float]:
         # re-timed next to every method: the ratios compare calls made seconds apart
@@ -74,13 +131,8 @@ def rows_for_width(d: int, args: argparse.Namespace, device: torch.device) -> li
             )
 
     rows = []
-    for name, (cls, kw) in METHODS.items():
-        errors = []
-        for seed in range(args.seeds):
-            layer = cls.from_linear(fc1, "gelu", seed=seed, sample=x, **kw).eval()
-            with torch.no_grad():
-                y = layer(x)
-            errors.append(float((y - target).pow(2).mean() / target.pow(2).mean()))
+    for kind in KINDS:
+        mse, layer = psi_start_mse(kind, fc1, x_eval, target, args.seeds, 32)
         dense_fc1, dense_eval, dense_pair = dense_times()
         layer.train()
         train = timed(lambda layer=layer: layer(x), args.repeats, device)
@@ -94,18 +146,85 @@ def rows_for_width(d: int, args: argparse.Namespace, device: torch.device) -> li
             else:  # LowRank: the pair is down, up, fc2 (no folding possible through the activation)
                 compressed = timed(lambda layer=layer: fc2(layer(x)), args.repeats, device)
                 pair_params = count(layer) + count(fc2)
-        budget = layer.num_random_features
         rows.append(
             [
                 str(d),
-                name,
-                str(budget),
+                kind,
+                str(layer.num_random_features),
                 f"{train / dense_fc1:.2f}",
                 f"{evaluation / dense_eval:.2f}",
                 f"{compressed / dense_pair:.2f}",
                 f"{count(layer) / count(fc1):.3f}",
                 f"{pair_params / (count(fc1) + count(fc2)):.3f}",
-                f"{statistics.median(errors):.3g}",
+                mse,
+            ]
+        )
+    return rows
+
+
+@torch.no_grad()
+def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
+    """One init-table row per method and budget at width ``d``."""
+    torch.manual_seed(0)
+    fc1 = nn.Linear(d, 4 * d).to(device=device, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    x_cal = torch.randn(args.calibration_rows, d, generator=gen, dtype=torch.float64).to(device)
+    x_eval = torch.randn(args.eval_rows, d, generator=gen, dtype=torch.float64).to(device)
+    target = F.gelu(fc1(x_eval))
+    energy = torch.linalg.eigvalsh(target.mT @ target).flip(0).clamp_min(0)
+    rows = []
+    for budget in args.budgets:
+        for kind in ("ralimp", "eugen", "snnk"):
+            psi, _ = psi_start_mse(kind, fc1, x_eval, target, args.seeds, budget)
+            row = [str(d), str(budget), kind]
+            for balance in (1.0, "auto") if kind != "eugen" else (None,):
+                options = {} if balance is None else {"balance": balance}
+                layer = ralimp.create(
+                    kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0, **options
+                )
+                row.append(f"{relative(layer(x_eval) - target, target):.3g}")
+            if kind == "eugen":
+                row.append(row[-1])
+            phi = layer.feature_map(x_eval)
+            floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT - target, target)
+            width = layer.feature_dim
+            eckart_young = float(energy[width:].sum() / energy.sum())
+            rows.append([*row[:3], str(width), psi, *row[3:], f"{floor:.3g}", f"{eckart_young:.3g}"])
+    return rows
+
+
+@torch.no_grad()
+def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
+    """Exact against sampled MSE of the ``Psi(W)`` start at width ``d``, budget 32, and the bound."""
+    torch.manual_seed(0)
+    fc1 = nn.Linear(d, 4 * d).to(device)
+    x = torch.randn(1024, d, device=device)
+    t = fc1(x).double()
+    target = F.gelu(t)
+    u = torch.cat([x.double(), torch.ones_like(t[:, :1])], -1)
+    v = torch.cat([fc1.weight.double(), fc1.bias.double().unsqueeze(-1)], -1)
+    cos = (u @ v.mT) / (u.norm(dim=-1, keepdim=True) * v.norm(dim=-1))
+    rows = []
+    for balance in (1.0, "auto"):
+
+        def build(seed: int, balance=balance):
+            return ralimp.create("ralimp", fc1, "gelu", budget=32, balance=balance, sample=x, seed=seed)
+
+        layer = build(0)
+        exact = variance.expected_relative_mse(
+            layer.expected_output(t), variance.ralimp_log_variance(layer, x), target, log=True
+        )
+        sampled = statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds))
+        q = min(atom[3] for atom in layer.fit.atoms)
+        bound = variance.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
+        rows.append(
+            [
+                str(d),
+                str(balance),
+                scientific(exact),
+                f"{sampled:.3g}",
+                f"{float(cos.abs().median()):.3g}",
+                f"{float(bound.median()):.3g}",
             ]
         )
     return rows
@@ -114,23 +233,49 @@ def rows_for_width(d: int, args: argparse.Namespace, device: torch.device) -> li
 def main(argv: list[str] | None = None) -> None:
     """Print the Markdown table with the machine and the command."""
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     device = ac.resolve_device(args.device)
-    header = [
-        "d",
-        "method",
-        "budget",
-        "train fwd / dense",
-        "eval fwd / dense",
-        "compressed / dense pair",
-        "params / fc1",
-        "compressed params / fc1+fc2",
-        "rel. MSE at init",
-    ]
-    rows = [row for d in args.widths for row in rows_for_width(d, args, device)]
+    if args.table == "speed":
+        header = [
+            "d",
+            "method",
+            "budget",
+            "train fwd / dense",
+            "eval fwd / dense",
+            "compressed / dense pair",
+            "params / fc1",
+            "compressed params / fc1+fc2",
+            "rel. MSE at init (exact; >= sampled)",
+        ]
+        rows = [row for d in args.widths for row in speed_rows(d, args, device)]
+    elif args.table == "init":
+        header = [
+            "d",
+            "budget",
+            "method",
+            "F",
+            "Psi(W)",
+            "lstsq, balance 1",
+            "lstsq, balance auto",
+            "info floor (auto)",
+            "Eckart-Young floor",
+        ]
+        rows = [row for d in args.widths for row in init_rows(d, args, device)]
+    else:
+        header = [
+            "d",
+            "balance",
+            "exact rel. MSE",
+            "sampled (lower bound)",
+            "median cos",
+            "median bound s_max",
+        ]
+        rows = [row for d in args.widths for row in variance_rows(d, args, device)]
     machine = ac.device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
-        f"tokens {args.tokens}; float32"
+        f"tokens {args.tokens}; eval rows {args.eval_rows}; calibration rows {args.calibration_rows}"
     )
     print(f"Command: `{' '.join(['python', *sys.argv])}`\n")
     print("| " + " | ".join(header) + " |")

@@ -1,11 +1,12 @@
 """Tiny corpora and a tiny training configuration for the gpt-uptrain tests."""
 
+import dataclasses
 import sys
 
 import pytest
 import torch
 
-from gpt_uptrain import TrainConfig, prepare
+from gpt_uptrain import GPTConfig, TrainConfig, prepare
 
 # Tiny models: one thread is fastest, and on a shared CPU more threads spin against each other.
 torch.set_num_threads(1)
@@ -13,27 +14,29 @@ torch.set_num_threads(1)
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40 + "pack my box with five dozen liquor jugs. " * 40
 
 
+#: A 2-block model of width 32 (the data decides the vocabulary).
+TINY_MODEL = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, features=24, seed=0)
+MODEL_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
+
+
 def tiny_config(tmp_path, data, **overrides):
+    """A few steps of a tiny run; ``overrides`` may name GPTConfig fields (``layer="ralimp"``) too."""
+    model = {k: overrides.pop(k) for k in list(overrides) if k in MODEL_FIELDS}
     settings = {
         "data": data,
         "out": tmp_path / "run",
         "results": tmp_path / "results.jsonl",
-        "n_layer": 2,
-        "n_head": 2,
-        "n_embd": 32,
-        "block_size": 16,
+        "model": dataclasses.replace(TINY_MODEL, **model),
         "batch_size": 4,
         "gradient_accumulation_steps": 2,
-        "max_iters": 6,
-        "warmup_iters": 1,
-        "learning_rate": 3e-3,
+        "steps": 6,
+        "warmup_steps": 1,
+        "lr": 3e-3,
         "min_lr": 3e-4,
-        "eval_interval": 3,
-        "eval_iters": 2,
-        "log_interval": 1,
-        "mlp_features": 16,
+        "eval_every": 3,
+        "eval_batches": 2,
+        "log_every": 1,
         "device": "cpu",
-        "seed": 0,
     }
     settings.update(overrides)
     return TrainConfig(**settings)

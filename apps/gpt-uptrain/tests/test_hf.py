@@ -138,7 +138,7 @@ def test_uptraining_replaces_mlps_after_the_pretrained_weights_are_in(tmp_path):
     folder = write_checkpoint(tmp_path / "hf", sd, weights="model.safetensors")
     assert set(read_state_dict(folder)) == set(sd)
     model = GPT.from_pretrained(
-        folder, mlp="ralimp", last_k=1, mlp_features=16, block_size=8, attention="performer"
+        folder, layer="ralimp", last_k=1, features=24, block_size=8, attention="performer"
     )
     layer = model.transformer.h[1].mlp.c_fc
     torch.testing.assert_close(layer.weight, sd["transformer.h.1.mlp.c_fc.weight"].T)
@@ -150,7 +150,7 @@ def test_uptraining_replaces_mlps_after_the_pretrained_weights_are_in(tmp_path):
     )
     assert model.config.block_size == 8
     assert model.transformer.wpe.weight.shape == (8, 16)
-    with pytest.raises(ValueError, match=r"MLPs h\.1\.mlp are replaced"):
+    with pytest.raises(ValueError, match=r"MLPs transformer\.h\.1\.mlp are replaced"):
         model.hf_state_dict()
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ralimp
-from gpt_uptrain import GPT, MLP_OPTIONS, GPTConfig
+from gpt_uptrain import GPT, GPTConfig
 
 TINY = {
     "block_size": 16,
@@ -12,19 +12,19 @@ TINY = {
     "n_layer": 3,
     "n_head": 2,
     "n_embd": 32,
-    "mlp_features": 16,
+    "features": 24,
     "seed": 0,
 }
 
 CASES = [
-    pytest.param({"mlp": "dense"}, id="dense"),
-    pytest.param({"mlp": "ralimp", "last_k": 2}, id="ralimp"),
-    pytest.param({"mlp": "eugen", "last_k": 2}, id="eugen"),
-    pytest.param({"mlp": "snnk", "last_k": 2}, id="snnk"),
-    pytest.param({"mlp": "lowrank", "last_k": 3}, id="lowrank"),
-    pytest.param({"mlp": "ralimp", "last_k": 1, "attention": "performer"}, id="ralimp+performer"),
-    pytest.param({"mlp": "dense", "attention": "oprf-orf"}, id="dense+oprf-orf"),
-    pytest.param({"mlp": "snnk", "last_k": 1, "attention": "saderf-fastfoodl"}, id="snnk+saderf-fastfoodl"),
+    pytest.param({"layer": "dense"}, id="dense"),
+    pytest.param({"layer": "ralimp", "last_k": 2}, id="ralimp"),
+    pytest.param({"layer": "eugen", "last_k": 2}, id="eugen"),
+    pytest.param({"layer": "snnk", "last_k": 2}, id="snnk"),
+    pytest.param({"layer": "lowrank", "last_k": 3}, id="lowrank"),
+    pytest.param({"layer": "ralimp", "last_k": 1, "attention": "performer"}, id="ralimp+performer"),
+    pytest.param({"layer": "dense", "attention": "oprf-orf"}, id="dense+oprf-orf"),
+    pytest.param({"layer": "snnk", "last_k": 1, "attention": "saderf-fastfoodl"}, id="snnk+saderf-fastfoodl"),
 ]
 
 
@@ -55,8 +55,8 @@ def test_logits_at_position_t_do_not_depend_on_later_tokens(options, mode):
 
 
 def test_replacement_swaps_exactly_the_mlps_of_the_last_k_blocks():
-    model = GPT(GPTConfig(**{**TINY, "n_layer": 4}, mlp="ralimp", last_k=2))
-    assert model.replaced == ["h.2.mlp", "h.3.mlp"]
+    model = GPT(GPTConfig(**{**TINY, "n_layer": 4}, layer="ralimp", last_k=2))
+    assert model.replaced == ["transformer.h.2.mlp", "transformer.h.3.mlp"]
     kinds = [type(block.mlp.c_fc) for block in model.transformer.h]
     assert kinds == [torch.nn.Linear, torch.nn.Linear, ralimp.RaLiMP, ralimp.RaLiMP]
     assert all(isinstance(block.mlp.gelu, torch.nn.Identity) for block in model.transformer.h[2:])
@@ -64,34 +64,70 @@ def test_replacement_swaps_exactly_the_mlps_of_the_last_k_blocks():
 
 
 def test_default_last_k_is_half_of_the_blocks_rounded_up():
-    assert GPTConfig(**{**TINY, "n_layer": 5}, mlp="eugen").replaced_blocks == 3
+    assert GPTConfig(**{**TINY, "n_layer": 5}, layer="eugen").replaced_blocks == 3
     assert GPTConfig(**TINY).replaced_blocks == 0
 
 
-def test_ralimp_at_budget_128_is_the_papers_gpt2_layer():
-    model = GPT(GPTConfig(**{**TINY, "mlp_features": 128}, mlp="ralimp", last_k=1))
+def test_ralimp_at_budget_128_is_the_papers_gpt2_layer_with_exactly_128_features():
+    model = GPT(GPTConfig(**{**TINY, "features": 128}, layer="ralimp", last_k=1))
     layer = model.transformer.h[-1].mlp.c_fc
     assert isinstance(layer, ralimp.RaLiMP)
+    assert layer.activation_name == "gelu_tanh"  # GPT-2's activation, not the exact GELU
     assert layer.poly_degree == 2
-    assert [m.num_features for m in layer.poly_matrices] == [120, 120]
     assert layer.num_atoms == 1
     assert layer.num_freqs == 2
-    assert [m.num_features for m in layer.freq_matrices] == [4, 4]  # 2 frequencies x m = 4: 8 projections
+    assert [m.num_features for m in layer.freq_matrices] == [4, 4]  # 2 frequencies x m = 4 projections
+    # App. D.1's count (2 J n_freq m = 16 for the rational block) leaves 112 polynomial features.
+    assert [m.num_features for m in layer.poly_matrices] == [112, 112]
+    assert layer.num_random_features == 128
     assert float(layer.tau) == 3.0
     trainable = {name for name, p in layer.named_parameters() if p.requires_grad}
     assert {"atom_a", "atom_b", "atom_p", "atom_q_raw"} <= trainable
 
 
-def test_eugen_and_snnk_get_the_same_budget():
-    model = GPT(GPTConfig(**{**TINY, "mlp_features": 128}, mlp="eugen", last_k=1))
+@pytest.mark.parametrize("layer", ["ralimp", "eugen", "snnk", "lowrank"])
+def test_every_kind_spends_the_budget_exactly(layer):
+    model = GPT(GPTConfig(**{**TINY, "features": 128}, layer=layer, last_k=1))
     assert model.transformer.h[-1].mlp.c_fc.num_random_features == 128
-    model = GPT(GPTConfig(**{**TINY, "mlp_features": 128}, mlp="snnk", last_k=1))
-    assert model.transformer.h[-1].mlp.c_fc.num_random_features == 128
-    assert MLP_OPTIONS.get("ralimp")(128)["poly_features"] + 2 * 4 == 128
+
+
+def test_the_calibrated_start_is_closer_to_the_dense_model_than_psi():
+    # GPT-2's initialization; calibrated on 64 sequences, measured on 8 others (logits about their mean).
+    dense = GPT(GPTConfig(**{**TINY, "features": 64})).eval()
+    gen = torch.Generator().manual_seed(0)
+    calibration = torch.randint(0, TINY["vocab_size"], (64, TINY["block_size"]), generator=gen)
+    held_out = torch.randint(0, TINY["vocab_size"], (8, TINY["block_size"]), generator=gen)
+    with torch.no_grad():
+        reference = dense(held_out)[0]
+    for layer in ("ralimp", "eugen", "snnk"):
+        errors = {}
+        for init in ("psi", "lstsq"):
+            model = copy.deepcopy(dense)
+            model.linearize_mlps(calibration, init=init, layer=layer, last_k=2)
+            with torch.no_grad():
+                error = model.eval()(held_out)[0] - reference
+            errors[init] = float(error.norm() / (reference - reference.mean()).norm())
+        assert errors["lstsq"] < 0.5 * errors["psi"], (layer, errors)
+
+
+def test_a_dense_model_is_replaced_once():
+    model = GPT(GPTConfig(**TINY, layer="ralimp", last_k=1))
+    with pytest.raises(ValueError, match="already replaced"):
+        model.linearize_mlps(layer="eugen")
+    with pytest.raises(ValueError, match="block_size are not among"):
+        GPT(GPTConfig(**TINY)).linearize_mlps(block_size=8)
+    with pytest.raises(ValueError, match="inputs: init='lstsq'"):
+        GPT(GPTConfig(**TINY)).linearize_mlps(init="lstsq", layer="ralimp")
+
+
+def test_parameter_count_from_the_shape_matches_the_dense_model():
+    for bias in (True, False):
+        config = GPTConfig(**TINY, bias=bias)
+        assert config.num_parameters() == GPT(config).num_parameters(non_embedding=False)
 
 
 def test_generation_appends_tokens_with_an_rf_attention():
-    model = GPT(GPTConfig(**TINY, attention="oprf-orf", mlp="ralimp", last_k=1)).eval()
+    model = GPT(GPTConfig(**TINY, attention="oprf-orf", layer="ralimp", last_k=1)).eval()
     start = torch.zeros(2, 3, dtype=torch.long)
     out = model.generate(start, 20, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
     assert out.shape == (2, 23)  # longer than block_size: the context is cropped
@@ -100,7 +136,7 @@ def test_generation_appends_tokens_with_an_rf_attention():
 
 
 def test_weight_decay_goes_to_matrices_not_to_biases_norms_or_coefficients():
-    model = GPT(GPTConfig(**TINY, mlp="ralimp", last_k=1))
+    model = GPT(GPTConfig(**TINY, layer="ralimp", last_k=1))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
     names = {name for name, p in model.named_parameters() if id(p) in decayed}
@@ -112,10 +148,10 @@ def test_weight_decay_goes_to_matrices_not_to_biases_norms_or_coefficients():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mlp": "mystery"}, "mlp: expected 'dense' or one of"),
-        ({"mlp": "ralimp", "last_k": 9}, r"last_k: expected an integer in \[1, 3\]"),
+        ({"layer": "mystery"}, "layer: expected one of"),
+        ({"layer": "ralimp", "last_k": 9}, r"last_k: expected an integer in \[1, 3\]"),
         ({"n_head": 5}, "n_head: expected a divisor of n_embd=32"),
-        ({"mlp": "ralimp", "last_k": 1, "mlp_features": 8}, "mlp_features: RaLiMP needs more than 8"),
+        ({"layer": "ralimp", "last_k": 1, "features": 8}, "budget: 8 leaves"),
     ],
 )
 def test_bad_settings_name_the_argument(options, message):

@@ -138,12 +138,34 @@ def test_performer_swap_keeps_pretrained_projections_and_approximates_softmax(ti
     assert ((approx - exact).norm() / exact.norm()).item() < 0.1
 
 
+def test_the_calibrated_start_is_closer_to_the_pretrained_block_than_psi(tiny_config):
+    # Width 16, GPT-like weights: the Psi(W) start at budget 32 is far off; the readout fitted on the
+    # calibration images (ridge least squares) is much closer on other images.
+    torch.manual_seed(0)
+    model = ViT(tiny_config).eval()
+    calibration, held_out = torch.randn(64, 3, 8, 8), torch.randn(16, 3, 8, 8)
+    h = tokens_into_block(model, held_out, 3)
+    with torch.no_grad():
+        reference = model.blocks[3].mlp(model.blocks[3].norm2(h))
+    for kind in ("ralimp", "eugen", "snnk"):
+        errors = {}
+        for init in ("psi", "lstsq"):
+            replaced = copy.deepcopy(model)
+            replace_mlps(replaced, kind, last_k=1, features=32, seed=0, inputs=calibration, init=init)
+            block = replaced.eval().blocks[3]
+            with torch.no_grad():
+                errors[init] = ((block.mlp(block.norm2(h)) - reference).norm() / reference.norm()).item()
+        assert errors["lstsq"] < 0.5 * errors["psi"], (kind, errors)
+
+
 def test_surgery_errors_name_the_argument(tiny_config):
     model = ViT(tiny_config)
     with pytest.raises(ValueError, match="layer: unknown 'mlp'"):
         replace_mlps(model, "mlp", last_k=1, features=8)
     with pytest.raises(ValueError, match=r"last_k: expected an integer in \[1, 4\]"):
         replace_mlps(model, "ralimp", last_k=5, features=8)
+    with pytest.raises(ValueError, match="inputs: init='lstsq'"):
+        replace_mlps(model, "ralimp", last_k=1, features=8, init="lstsq")
     with pytest.raises(ValueError, match=r"last_k: expected an integer in \[1, 4\]"):
         swap_attention(model, "softmax", last_k=0)
     with pytest.raises(ValueError, match="unknown attention"):

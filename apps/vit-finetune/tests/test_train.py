@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import app_common as ac
+from app_common.testing import Killed, kill_at
 from vit_finetune import TrainConfig
 from vit_finetune.cli import main
 from vit_finetune.config import ReportConfig
@@ -21,15 +22,15 @@ def config(tmp_path, **kw):
         "last_k": 2,
         "features": 16,
         "batch_size": 32,
-        "learning_rate": 3e-3,
-        "max_steps": 24,
+        "lr": 3e-3,
+        "steps": 24,
         "eval_every": 8,
         "log_every": 4,
         "throughput_batch": 8,
         "throughput_repeats": 1,
         "device": "cpu",
         "tune": True,
-        "runs": tmp_path / "runs",
+        "out": tmp_path / "runs",
         "results": tmp_path / "results.jsonl",
     }
     return TrainConfig(**{**base, **kw})
@@ -38,7 +39,8 @@ def config(tmp_path, **kw):
 def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
     from vit_finetune.train import train
 
-    record = train(config(tmp_path, max_steps=40, learning_rate=1e-2, eval_every=20))
+    # The calibrated start, which --init auto takes for pretrained weights (this tiny model has none).
+    record = train(config(tmp_path, steps=40, lr=1e-2, eval_every=20, init="lstsq"))
     # The head starts at zero, so the loss before training is exactly ln(10) on any data.
     assert record["eval_loss"] < math.log(10) - 0.15
     log = ac.read_jsonl(record["log"])
@@ -46,6 +48,7 @@ def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
     assert losses[-1] < losses[0]
     assert record["replaced"] == ["blocks.2.mlp", "blocks.3.mlp"]
     assert record["steps"] == 40
+    assert record["init"] == "lstsq"
     assert record["eval_split"] == "val"
     assert record["parameters_compressed"] < record["parameters_dense"]
     assert record["throughput"] > 0
@@ -58,15 +61,8 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
 
     whole = train(config(tmp_path / "a", attention="performer", attention_features=16))
 
-    class Killed(Exception):
-        pass
-
-    def kill(step):
-        if step == 16:
-            raise Killed
-
     with pytest.raises(Killed):
-        train(config(tmp_path / "b", attention="performer", attention_features=16), on_checkpoint=kill)
+        train(config(tmp_path / "b", attention="performer", attention_features=16), on_checkpoint=kill_at(16))
     resumed = train(config(tmp_path / "b", attention="performer", attention_features=16))
     assert resumed["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-5)
     assert resumed["attention_copied"] == 8  # qkv and proj weights and biases of 2 blocks
@@ -100,7 +96,7 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
         "8",
         "--batch-size",
         "32",
-        "--max-steps",
+        "--steps",
         "4",
         "--throughput-batch",
         "4",
@@ -108,7 +104,7 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
         "1",
         "--device",
         "cpu",
-        "--runs",
+        "--out",
         str(tmp_path / "runs"),
         "--results",
         str(tmp_path / "r.jsonl"),
@@ -124,7 +120,7 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
     for name in ("table.md", "table.csv", "curves.png", "accuracy_vs_k.png"):
         assert (tmp_path / "report" / name).is_file()
     capsys.readouterr()
-    assert main(["layers"]) == 0
+    assert main(["list", "layers"]) == 0
     assert capsys.readouterr().out.split() == ["dense", "eugen", "lowrank", "ralimp", "snnk"]
 
 
@@ -139,11 +135,11 @@ def test_cli_errors_name_the_setting(tmp_path, capsys):
                 "vit-tiny-test",
                 "--image-size",
                 "8",
-                "--max-steps",
+                "--steps",
                 "1",
                 "--device",
                 "cpu",
-                "--runs",
+                "--out",
                 str(tmp_path),
                 "--results",
                 str(tmp_path / "r.jsonl"),
@@ -151,7 +147,29 @@ def test_cli_errors_name_the_setting(tmp_path, capsys):
         )
     assert exit_info.value.code == 2
     assert "layer: unknown 'mlp'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="layer_options: not valid JSON"):
-        TrainConfig(layer_options="{nope")
-    with pytest.raises(ValueError, match="warmup: expected a fraction"):
+    with pytest.raises(ValueError, match="--warmup: expected a fraction"):
         TrainConfig(warmup=1.5)
+
+
+def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tmp_path):
+    from vit_finetune.train import train
+
+    record = train(config(tmp_path, layer="eugen", weight_matrix="orf", steps=2, eval_every=2, init="lstsq"))
+    assert record["init"] == "lstsq"
+    checkpoint = torch.load(tmp_path / "runs" / record["run"] / "checkpoint.pt", weights_only=True)
+    assert checkpoint["identity"]["weight_matrix"] == "orf"
+    assert checkpoint["identity"]["init"] == "lstsq"
+    # auto: the calibrated start for pretrained weights, Psi(W) for this randomly initialized model.
+    assert train(config(tmp_path / "auto", layer="eugen", steps=2, eval_every=2))["init"] == "psi"
+    with pytest.raises(ValueError, match="--init: expected one of auto, lstsq, psi"):
+        TrainConfig(init="exact")
+
+
+def test_help_is_plain_text_and_names_the_shared_flags(capsys):
+    for command in ("train", "sweep", "quick"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        for markup in ("``", ":data:", ":func:"):
+            assert markup not in text
+        assert "auto (CUDA when there is one), cpu, cuda or cuda:<index>" in " ".join(text.split())

@@ -150,6 +150,26 @@ def test_a_truncated_file_is_refused_even_without_checksums(listops_cache):
         load("listops", "train", listops_cache.parent, verify=False)
 
 
+def test_token_ids_outside_the_vocabulary_are_refused_without_checksums(listops_cache):
+    # Same size, so only the checksum (skipped here) would notice; the ids are then checked as read.
+    path = listops_cache / "train.tokens_0.bin"
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[5] = 40000
+    tokens.tofile(path)
+    train = load("listops", "train", listops_cache.parent, verify=False)
+    offsets = np.fromfile(listops_cache / "train.offsets_0.bin", dtype=np.int64)
+    damaged = int(np.searchsorted(offsets, 5, side="right")) - 1
+    for i in range(len(train)):
+        if i != damaged:
+            assert int(train[i][0].max()) < train.vocab_size
+    with pytest.raises(
+        CacheError,
+        match=rf"train.tokens_0.bin: example {damaged} holds token ids \d+..40000, outside the vocabulary "
+        rf"\[0, {train.vocab_size}\)",
+    ):
+        train[damaged]
+
+
 def test_a_missing_data_file_is_refused(listops_cache):
     (listops_cache / "test.labels.bin").unlink()
     with pytest.raises(CacheError, match=r"test.labels.bin: listed in the manifest but missing"):

@@ -23,6 +23,17 @@ def test_generate_help_lists_the_generator_fields(capsys):
         assert flag in out
 
 
+@pytest.mark.parametrize("command", ["prepare", "generate"])
+def test_subcommand_help_shows_the_attributes_one_per_line_without_markup(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "\nAttributes:\n    task: " in out
+    assert "\n    out: " in out
+    for markup in ("``", "][", "[`", ":class:", ":data:"):
+        assert markup not in out
+
+
 def test_prepare_writes_a_cache_that_load_reads(tmp_path, listops_release, capsys):
     assert (
         main(["prepare", "--task", "listops", "--source", str(tmp_path), "--out", str(tmp_path / "c")]) == 0

@@ -55,8 +55,16 @@ def test_listops_reader_refuses_labels_out_of_range(tmp_path, label):
 def test_listops_reader_refuses_unknown_symbols_with_line(tmp_path):
     path = tmp_path / "basic_test.tsv"
     path.write_text("Source\tTarget\n( [FIRST 2 ] )\t2\n")
-    with pytest.raises(DataFormatError, match=r":2: Source: .*unknown ListOps symbol '\[FIRST'"):
+    with pytest.raises(DataFormatError, match=r"basic_test.tsv:2: Source: unknown ListOps symbol '\[FIRST'"):
         list(read_listops_tsv(path))
+
+
+def test_listops_reader_names_a_non_ascii_byte_and_its_position(tmp_path):
+    path = tmp_path / "basic_test.tsv"
+    path.write_bytes(b"Source\tTarget\n( [MAX 2 ] )\t2\n( [MAX \xff ] )\t2\n")
+    with pytest.raises(DataFormatError) as error:
+        list(read_listops_tsv(path))
+    assert str(error.value) == f"{path}:3: Source: byte 0xff at position 8 is not ascii text"
 
 
 def test_blank_lines_inside_a_file_are_refused_but_trailing_ones_allowed(tmp_path):
@@ -284,3 +292,11 @@ def test_pickle_reader_refuses_non_numeric_labels(tmp_path, lra_files):
         DataFormatError, match=r"text.test.pickle: item 0: label 'pos': expected an integer in \[0, 2\)"
     ):
         list(read_pickle(folder / "text.test.pickle", num_classes=2, pixels=False))
+
+
+def test_pathfinder_metadata_names_a_file_name_that_is_not_utf8(pathfinder_release):
+    metadata = sorted((pathfinder_release / "metadata").glob("*.npy"))[0]
+    metadata.write_bytes(b"imgs/0 sample_\xff.png 0 1\n")
+    with pytest.raises(DataFormatError) as error:
+        pathfinder_metadata(pathfinder_release)
+    assert str(error.value) == f"{metadata}:1: file: byte 0xff at position 8 is not utf-8 text"

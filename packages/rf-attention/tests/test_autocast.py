@@ -13,7 +13,8 @@ BASELINES = ["nystromformer", "skyformer", "linformer", "bigbird", "reformer", "
 
 @pytest.mark.parametrize("name", rf_attention.names())
 def test_every_attention_gives_finite_outputs_of_the_input_shape_under_bfloat16_autocast(name):
-    module = rf_attention.create(name, DIM, HEADS, num_features=8, seed=0)
+    # 16 features for head dimension 8: the smallest count every matrix honours (SGQ's positive rule: 2 d).
+    module = rf_attention.create(name, DIM, HEADS, num_features=16, seed=0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, N, DIM, generator=g)
     mask = torch.zeros(2, N, dtype=torch.bool)
@@ -26,7 +27,9 @@ def test_every_attention_gives_finite_outputs_of_the_input_shape_under_bfloat16_
 
 @pytest.mark.parametrize("name", BASELINES)
 def test_baselines_compute_in_float32_under_autocast(name):
-    """Only the projections run in bfloat16: the attention itself matches float32 to bfloat16 rounding."""
+    """Only the projections run in bfloat16: the attention itself matches float32 up to the rounding of
+    its output to bfloat16 (relative 2^-8; computed in bfloat16 under autocast, some entries were off by
+    more than 100 %)."""
     module = rf_attention.create(name, DIM, HEADS, num_features=8, seed=0).eval()
     x = torch.randn(2, 40, DIM, generator=torch.Generator().manual_seed(1))
     b, n = x.shape[:2]
@@ -35,4 +38,4 @@ def test_baselines_compute_in_float32_under_autocast(name):
         out = module.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), None)
     assert out.dtype == torch.bfloat16
     exact = module.attend(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), None)
-    torch.testing.assert_close(out.float(), exact, rtol=1e-2, atol=1e-2 * exact.abs().max().item())
+    torch.testing.assert_close(out.float(), exact, rtol=2**-7, atol=1e-5 * exact.abs().max().item())

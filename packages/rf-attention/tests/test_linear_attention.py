@@ -1,30 +1,17 @@
 """linear_attention and softmax_attention against their naive quadratic references."""
 
-import math
-
 import pytest
 import torch
 
-from rf_attention import linear_attention, softmax_attention
+from rf_attention import linear_attention, naive, softmax_attention
 
 
 def naive_linear_attention(phi_q, phi_k, v, causal=False, mask=None):
-    """D^-1 (phi_q phi_k^T) v with the N x N matrix built explicitly, float64."""
-    scores = phi_q @ phi_k.mT
-    if mask is not None:
-        scores = scores.masked_fill(mask[:, None, None, :], 0.0)
-    if causal:
-        scores = scores.tril()
-    return (scores @ v) / scores.sum(-1, keepdim=True)
+    return naive.naive_linear_attention(phi_q, phi_k, v, causal=causal, key_padding_mask=mask)
 
 
 def naive_softmax_attention(q, k, v, causal=False, mask=None):
-    scores = q @ k.mT / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(mask[:, None, None, :], -math.inf)
-    if causal:
-        scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), -math.inf)
-    return scores.softmax(-1) @ v
+    return naive.naive_softmax_attention(q, k, v, causal=causal, key_padding_mask=mask)
 
 
 def features(*shape, seed=0):

@@ -92,7 +92,8 @@ ALL_ATTENTIONS = [
 @pytest.mark.parametrize("name", ALL_ATTENTIONS)
 def test_padded_tokens_change_nothing_in_the_other_outputs(name, causal):
     torch.manual_seed(0)
-    attn = rf_attention.create(name, 32, 2, num_features=16, seed=0, causal=causal).double().eval()
+    # 32 features: sgq's antipodal rule (positive components) needs 2 * head_dim rows
+    attn = rf_attention.create(name, 32, 2, num_features=32, seed=0, causal=causal).double().eval()
     x = torch.randn(2, 12, 32, dtype=torch.float64)
     mask = torch.zeros(2, 12, dtype=torch.bool)
     mask[0, 8:] = True

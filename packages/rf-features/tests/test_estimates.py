@@ -117,6 +117,7 @@ def test_oprf_a_minimizes_the_second_moment_of_eq_21():
     assert float(oprf_optimal_a(torch.tensor(0.0), d)) == 0.0
 
 
+@pytest.mark.filterwarnings("ignore:weight_matrix.*negative:UserWarning")
 def test_quadrature_weights_enter_with_their_sign():
     d = 5
     q, k = small_inputs(dim=d)
@@ -126,7 +127,7 @@ def test_quadrature_weights_enter_with_their_sign():
             weight_matrix="sgq",
             num_features=2 * d + 1,
             dim=d,
-            matrix_options={"dtype": torch.float64, "radius": "fixed", "rotate": False},
+            matrix_options={"dtype": torch.float64, "rule": "smolyak", "rotate": False},
         )
         a = fm.weight_matrix.component_weights
         assert a[0].item() == pytest.approx(1 - d / 3)  # negative
@@ -175,3 +176,70 @@ def test_stabilized_features_are_finite_for_norms_up_to_10(name, dtype):
     assert torch.isfinite(phi_q).all()
     assert torch.isfinite(phi_k).all()
     assert torch.isfinite(phi_q.float() @ phi_k.float().mT).all()
+
+
+def all_pairs_objective(log_psi, q, k):
+    """``sum_{i,j} ||Psi q_i + Psi^-1 k_j||^2`` over every pair of the given queries and keys."""
+    psi = log_psi.exp()
+    return ((q * psi)[:, None, :] + (k / psi)[None, :, :]).pow(2).sum()
+
+
+def test_saderf_psi_is_the_all_pairs_optimum_with_masks_and_unequal_lengths():
+    g = torch.Generator().manual_seed(0)
+    d = 6
+    q = torch.randn(2, 5, d, generator=g, dtype=torch.float64) * torch.linspace(0.2, 2.0, d)
+    k = torch.randn(2, 9, d, generator=g, dtype=torch.float64) * torch.linspace(3.0, 0.5, d)
+    query_mask = torch.tensor([[False, False, False, True, True], [False] * 5])
+    key_mask = torch.tensor([[False] * 9, [False] * 2 + [True] * 7])
+    psi = rf_features.saderf_psi(q, k, query_mask, key_mask)
+    for b in range(2):
+        kept_q, kept_k = q[b][~query_mask[b]], k[b][~key_mask[b]]
+        log_psi = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.LBFGS(
+            [log_psi], max_iter=200, tolerance_grad=1e-12, line_search_fn="strong_wolfe"
+        )
+
+        def closure(kept_q=kept_q, kept_k=kept_k, log_psi=log_psi, optimizer=optimizer):
+            optimizer.zero_grad()
+            loss = all_pairs_objective(log_psi, kept_q, kept_k)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+        torch.testing.assert_close(psi[b], log_psi.detach().exp(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("s", "a"), [(1, -0.05 + 0.04j), (1, -0.1), (-1, 0.02 - 0.03j), (-1, 0.0)])
+def test_gerf_relative_variance_matches_sampling_for_real_and_complex_a(s, a):
+    d, n = 4, 400_000
+    g = torch.Generator().manual_seed(0)
+    x = torch.tensor([0.3, -0.2, 0.1, 0.25], dtype=torch.float64)
+    y = torch.tensor([0.1, 0.3, -0.2, 0.05], dtype=torch.float64)
+    omega = torch.randn(n, d, generator=g, dtype=torch.float64)
+    big_a = torch.tensor(a, dtype=torch.complex128)
+    big_b = torch.sqrt(s * (1 - 4 * big_a))
+    big_d = (1 - 4 * big_a) ** (d / 4)
+    c = -(s + 1) / 2
+    r = omega.pow(2).sum(-1)
+    f1 = big_d * torch.exp(big_a * r + big_b * (omega @ x) + c * x.pow(2).sum())
+    f2 = big_d * torch.exp(big_a * r + s * big_b * (omega @ y) + c * y.pow(2).sum())
+    z = (f1 * f2).real
+    exact = math.exp(-(x - y).pow(2).sum().item() / 2)  # Eq. 21 estimates the Gaussian kernel
+    assert z.mean().item() == pytest.approx(exact, rel=0.02)
+    sampled = (z.pow(2).mean() / exact**2 - 1).item()
+    u = (x + s * y).pow(2).sum().item()
+    assert rf_features.gerf_relative_variance(a, s, d, u) == pytest.approx(sampled, rel=0.05)
+
+
+@pytest.mark.parametrize("s", [1, -1])
+@pytest.mark.parametrize(("d", "u"), [(4, 0.5), (4, 8.0), (32, 2.0), (32, 30.0)])
+def test_no_complex_a_has_lower_gerf_variance_than_the_best_real_a(s, d, u):
+    # The reason GERF and OPRF take a real A: over a grid of complex A the variance is lowest on Im A = 0.
+    real_parts = torch.linspace(-3.0, 0.124, 400).tolist()
+    best_real = min(rf_features.gerf_relative_variance(a, s, d, u) for a in real_parts)
+    for a in real_parts[::8]:
+        for imag in (-1.0, -0.3, -0.1, -0.03, -0.01, 0.01, 0.03, 0.1, 0.3, 1.0):
+            assert rf_features.gerf_relative_variance(complex(a, imag), s, d, u) >= best_real * (1 - 1e-9)
+    if s == 1:
+        a_star = float(oprf_optimal_a(torch.tensor(u, dtype=torch.float64), d))
+        assert rf_features.gerf_relative_variance(a_star, s, d, u) <= best_real * (1 + 1e-9)

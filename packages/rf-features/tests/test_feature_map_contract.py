@@ -90,6 +90,8 @@ def test_bad_inputs_name_the_argument():
         rf_features.create("posrf", dim=8, kernel="laplace")
     with pytest.raises(ValueError, match="a: expected A < 1/4"):
         rf_features.create("gerf", dim=8, a=0.3)
+    with pytest.raises(ValueError, match=r"a: expected a real A .* got \(-0\.1\+0\.1j\)"):
+        rf_features.create("gerf", dim=8, a=-0.1 + 0.1j)
     with pytest.raises(ValueError, match="weight_matrix: expected sigma=1"):
         rf_features.create("posrf", dim=8, weight_matrix=rf_matrices.create("orf", 16, 8, sigma=2.0))
     with pytest.raises(ValueError, match="weight_matrix: expected dim 8"):
@@ -100,7 +102,8 @@ def test_output_width_counts_components_per_row():
     assert rf_features.create("posrf", num_features=32, dim=8).num_features == 32
     assert rf_features.create("trigrf", num_features=32, dim=8).num_features == 64
     assert rf_features.create("posrf-hyp", num_features=32, dim=8).num_features == 64
-    assert rf_features.create("oprf", weight_matrix="sgq", num_features=32, dim=8).num_features == 33
+    assert rf_features.create("oprf", weight_matrix="sgq", num_features=33, dim=8).num_features == 33
+    assert rf_features.create("trigrf", weight_matrix="sgq", num_features=9, dim=8).num_features == 18
 
 
 def test_redraw_changes_the_features_and_a_seed_reproduces_them():

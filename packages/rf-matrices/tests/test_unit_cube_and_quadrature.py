@@ -110,16 +110,27 @@ def test_sparse_grid_integrates_every_polynomial_of_its_degree_exactly(dim, degr
         )
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{}, {"radius": "fixed"}, {"radius": "fixed", "rotate": False}],
-    ids=["random-radius", "fixed-radius", "axis-aligned"],
-)
-def test_sgq_weight_matrix_integrates_every_polynomial_of_degree_3_exactly(options):
+def rule_weights(w):
+    """The weights of a weight matrix's rule: its component weights, or 1/s each."""
+    a = w.component_weights
+    return torch.full((w.num_features,), 1 / w.num_features, dtype=torch.float64) if a is None else a
+
+
+SYMMETRIC_RULES = {
+    "stiefel-antipodal": ({"antipodal": True}, 23),
+    "stiefel-antipodal-2d": ({"antipodal": True}, 10),
+    "spherical-radial": ({"rule": "spherical-radial"}, 31),
+    "smolyak-rotated": ({"rule": "smolyak"}, 31),
+    "smolyak-paper": ({"rule": "smolyak", "rotate": False}, 11),
+}
+
+
+@pytest.mark.parametrize(("options", "s"), list(SYMMETRIC_RULES.values()), ids=list(SYMMETRIC_RULES))
+def test_sgq_rule_integrates_every_polynomial_of_degree_3_exactly(options, s):
     d = 5
-    s = 2 * d + 1 if options.get("rotate") is False else 64
     w = rf_matrices.create("sgq", s, d, seed=0, dtype=torch.float64, **options)
-    points, weights = w.matrix(), w.component_weights
+    points, weights = w.matrix(), rule_weights(w)
+    assert points.shape == (s, d)
     assert weights.sum().item() == pytest.approx(1.0)
     for powers in monomials(d, 3):
         assert quadrature(points, weights, powers) == pytest.approx(gaussian_moment(powers), abs=1e-10), (
@@ -127,23 +138,108 @@ def test_sgq_weight_matrix_integrates_every_polynomial_of_degree_3_exactly(optio
         )
 
 
-def test_sgq_reports_the_feature_count_it_uses():
-    w = rf_matrices.create("sgq", 128, 16, seed=0)
-    assert (w.requested_features, w.copies, w.num_features) == (128, 4, 129)
-    assert w.matrix().shape == (129, 16)
-    assert w.component_weights.shape == (129,)
-    assert rf_matrices.create("sgq", 5, 16, seed=0).num_features == 33
+@pytest.mark.parametrize("s", [5, 12, 33])
+def test_folded_stiefel_rule_integrates_every_even_polynomial_of_degree_3_exactly(s):
+    # One node per antipodal pair: for integrands even in omega it is the antipodal rule of 2s nodes.
+    d = 5
+    w = rf_matrices.create("sgq", s, d, seed=1, dtype=torch.float64)
+    points, weights = w.matrix(), rule_weights(w)
+    symmetrized_points, symmetrized_weights = torch.cat((points, -points)), torch.cat((weights, weights)) / 2
+    for powers in monomials(d, 3):
+        if sum(powers) % 2 == 0:
+            assert quadrature(points, weights, powers) == pytest.approx(gaussian_moment(powers), abs=1e-10)
+        assert quadrature(symmetrized_points, symmetrized_weights, powers) == pytest.approx(
+            gaussian_moment(powers), abs=1e-10
+        )
 
 
-def test_sgq_origin_weight_is_negative_in_high_dimension():
-    w = rf_matrices.create("sgq", 33, 16, seed=0, radius="fixed")
+def test_stiefel_rule_with_2d_nodes_is_the_rotated_2d_point_rule():
+    d = 6
+    w = rf_matrices.create("sgq", 2 * d, d, seed=0, antipodal=True, dtype=torch.float64).matrix()
+    torch.testing.assert_close(w[:d], -w[d:])
+    torch.testing.assert_close(w[:d] @ w[:d].T, d * torch.eye(d, dtype=torch.float64))  # +-sqrt(d) R e_i
+
+
+@pytest.mark.parametrize("antipodal", [False, True])
+def test_stiefel_rule_has_equal_positive_weights_and_exact_second_moment(antipodal):
+    for s, d in ((16, 8), (37, 16), (128, 32)):
+        w = rf_matrices.create("sgq", s, d, seed=0, antipodal=antipodal, dtype=torch.float64)
+        assert w.component_weights is None
+        assert not w.signed_weights
+        torch.testing.assert_close(w.matrix().T @ w.matrix() / s, torch.eye(d, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"antipodal": True}, {"rule": "spherical-radial"}, {"rule": "smolyak"}], ids=str
+)
+def test_sgq_has_exactly_the_requested_number_of_rows(options):
+    d = 16
+    for s in (33, 65, 129):
+        w = rf_matrices.create("sgq", s, d, seed=0, **options)
+        assert w.num_features == s
+        assert w.matrix().shape == (s, d)
+        assert w.component_weights is None or w.component_weights.shape == (s,)
+
+
+def test_sgq_refuses_a_count_its_rule_cannot_have_and_names_the_nearest_valid_counts():
+    with pytest.raises(
+        ValueError, match=r"num_features: .*antipodal=True and dim=16 .* got 16; .* count: 32"
+    ):
+        rf_matrices.create("sgq", 16, 16, antipodal=True)
+    with pytest.raises(
+        ValueError, match=r"num_features: .*antipodal=False and dim=16 .* got 8; .* count: 16"
+    ):
+        rf_matrices.create("sgq", 8, 16)
+    with pytest.raises(
+        ValueError, match=r"rule='smolyak', degree=3 and dim=16 .* got 128; .* counts: 97, 129"
+    ):
+        rf_matrices.create("sgq", 128, 16, rule="smolyak")
+    with pytest.raises(ValueError, match=r"rule='spherical-radial' .* got 5; nearest valid count: 33$"):
+        rf_matrices.create("sgq", 5, 16, rule="spherical-radial")
+
+
+def test_sgq_signed_rules_say_so_and_the_papers_origin_weight_is_negative():
+    w = rf_matrices.create("sgq", 33, 16, rule="smolyak", rotate=False)
+    assert w.signed_weights
     assert w.component_weights[0].item() == pytest.approx(1 - 16 / 3)
+    assert rf_matrices.create("sgq", 33, 16, rule="spherical-radial").signed_weights
+    assert not rf_matrices.create("sgq", 7, 3, rule="smolyak").signed_weights  # 1 - d/3 = 0 at d = 3
 
 
-def test_sgq_refuses_identical_copies():
-    with pytest.raises(ValueError, match="num_features: 64 needs 6 copies"):
-        rf_matrices.create("sgq", 64, 5, rotate=False, radius="fixed")
-    with pytest.raises(ValueError, match="radius: expected 'random' or 'fixed'"):
-        rf_matrices.create("sgq", 64, 5, radius="big")
-    with pytest.raises(ValueError, match="degree: radius='random' needs degree=3"):
+def test_sgq_refuses_options_its_rule_does_not_have():
+    with pytest.raises(ValueError, match="rotate: num_features=21 needs 2 copies"):
+        rf_matrices.create("sgq", 21, 5, rule="smolyak", rotate=False)
+    with pytest.raises(ValueError, match="rule: expected one of"):
+        rf_matrices.create("sgq", 64, 5, rule="big")
+    with pytest.raises(ValueError, match="degree: rule='stiefel' is a degree-3 rule"):
         rf_matrices.create("sgq", 64, 5, degree=5)
+    with pytest.raises(ValueError, match="antipodal: only rule='stiefel'"):
+        rf_matrices.create("sgq", 31, 5, rule="smolyak", antipodal=True)
+    with pytest.raises(ValueError, match="rotate: rule='stiefel' is random"):
+        rf_matrices.create("sgq", 31, 5, rotate=False)
+
+
+def trig_mean_squared_error(name, s, d, distance, seeds, **kw):
+    """Mean over seeds of mean((K_hat - K)^2) of the TrigRF RBF estimate, ||x - y|| ~ distance."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, d, generator=g, dtype=torch.float64) * distance / (2 * d) ** 0.5
+    exact = rf_matrices.gaussian_kernel(x, x)
+    errors = [
+        (
+            rf_matrices.trig_kernel_estimate(
+                rf_matrices.create(name, s, d, seed=seed, dtype=torch.float64, **kw), x, x
+            )
+            - exact
+        )
+        .pow(2)
+        .mean()
+        for seed in range(seeds)
+    ]
+    return float(torch.stack(errors).mean())
+
+
+@pytest.mark.parametrize(("d", "s"), [(16, 16), (16, 64), (16, 256), (4, 64), (64, 128)])
+def test_sgq_default_is_at_least_as_accurate_as_iid_gaussian_rows_at_equal_count(d, s):
+    sgq = trig_mean_squared_error("sgq", s, d, 2.0, seeds=20)
+    base = trig_mean_squared_error("base", s, d, 2.0, seeds=20)
+    assert sgq <= base, (sgq, base)

@@ -3,11 +3,11 @@
 Subcommands:
 
 - ``prepare [FILES...] --out DIR --tokenizer char|byte|gpt2``: nanoGPT's train.bin/val.bin from text files;
-- ``train --data DIR [--init-from HF_FOLDER] --mlp ralimp --last-k K``: one run (``torchrun`` for DDP);
+- ``train --data DIR [--init-from HF_FOLDER] --layer ralimp --last-k K``: one run (``torchrun`` for DDP);
 - ``quick``: a small character-level model on Python's stdlib sources, dense and each replacement, on CPU;
 - ``sample CHECKPOINT``: generate text from a run's checkpoint.pt or an HF GPT-2 folder (``--attention``);
 - ``report RESULTS``: the validation perplexity table (Markdown, CSV) and the loss curves (PNG);
-- ``kinds``: list the MLP replacements and the attention names.
+- ``list layers|attentions``: the MLP replacement kinds or the attention names (causal ones only work).
 
 Every setting is a flag and a key of the TOML file given with ``--config``; flags win.
 """
@@ -19,43 +19,44 @@ import sys
 from pathlib import Path
 
 import app_common as ac
+import ralimp
+import rf_attention
 from gpt_uptrain.config import PrepareConfig, QuickConfig, ReportConfig, SampleConfig, TrainConfig
 
 
-def _with_toml(parser: argparse.ArgumentParser, cls: type, **kw) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="TOML file whose keys are the flags' names")
-    ac.add_dataclass_arguments(parser, cls, **kw)
-
-
 def _config(cls: type, args: argparse.Namespace):
-    return ac.config_from(cls, args, toml=ac.read_toml(args.config) if args.config is not None else None)
+    return ac.config_from(cls, args, toml=ac.read_config(args))
+
+
+#: ``gpt-uptrain list WHAT``: the names it prints.
+LISTS = {
+    "layers": ralimp.names,
+    "attentions": rf_attention.names,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``gpt-uptrain`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="gpt-uptrain",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("gpt-uptrain", __doc__)
     for name, cls, run, help_, kw in (
         ("prepare", PrepareConfig, _prepare, "tokenize text files into train.bin/val.bin", {}),
-        ("train", TrainConfig, _train, "one training run", {}),
+        ("train", TrainConfig, _train, "one training run", {"exclude": ("vocab_size",)}),
         ("quick", QuickConfig, _quick, "small offline comparison on CPU", {}),
         ("sample", SampleConfig, _sample, "generate text", {"positional": ("checkpoint",)}),
         ("report", ReportConfig, _report, "table and loss curves", {"positional": ("results",)}),
     ):
-        sub = commands.add_parser(name, help=help_, description=cls.__doc__)
+        sub = commands.add_parser(name, help=help_, description=ac.plain_text(cls.__doc__))
         if name == "prepare":
             sub.add_argument("files", nargs="*", type=Path, help="UTF-8 text files (none: the stdlib corpus)")
             kw = {"exclude": ("files",)}
-        _with_toml(sub, cls, **kw)
+        ac.add_config_argument(sub)
+        ac.add_dataclass_arguments(sub, cls, **kw)
         sub.set_defaults(run=run)
-    kinds = commands.add_parser(
-        "kinds", help="list MLP replacements and attentions", description="List names."
+    names = commands.add_parser(
+        "list", help="list the MLP replacement kinds or the attention names", description="Print the names."
     )
-    kinds.set_defaults(run=_kinds)
+    names.add_argument("what", choices=tuple(LISTS), help="which names")
+    names.set_defaults(run=lambda args: print("\n".join(LISTS[args.what]())))
     return parser
 
 
@@ -102,14 +103,6 @@ def _report(args: argparse.Namespace) -> None:
 
     config = _config(ReportConfig, args)
     print(report(config.results, config.out))
-
-
-def _kinds(args: argparse.Namespace) -> None:
-    import rf_attention
-    from gpt_uptrain.model import MLP_OPTIONS
-
-    print("MLP: dense, " + ", ".join(MLP_OPTIONS.names()))
-    print("attention (those with a causal form; the others are refused): " + ", ".join(rf_attention.names()))
 
 
 def main(argv: list[str] | None = None) -> int:

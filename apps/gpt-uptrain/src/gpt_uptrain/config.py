@@ -1,42 +1,71 @@
 """Configurations of ``gpt-uptrain``: every field is a flag of its subcommand and a TOML key.
 
 ``batch_size`` is the flag ``--batch-size`` and the key ``batch_size`` of the file given with ``--config``;
-flags win.
+flags win. The flags the apps share (``--device``, ``--dtype``, ``--steps``, ``--lr``, ``--eval-every``,
+``--out``, ``--resume``, ...) come from ``app_common``'s field groups. The architecture is a
+`GPTConfig` held in ``TrainConfig.model``; its fields are flags of ``train`` too
+(``--n-layer``, ``--layer``, ``--features``, ``--seed``), TOML keys at the top level or in a ``[model]``
+table.
 
-The defaults of [`TrainConfig`][gpt_uptrain.TrainConfig] are the paper's GPT-2 protocol (ralimp.txt, App.
-"GPT-2"): GPT-2 Large (36 blocks, width 1280, 20 heads, context 1024), AdamW (0.9, 0.95) with weight decay
-0.1, learning rate 6e-4 with 500 warm-up iterations and a cosine decay to 6e-5, 24 sequences x 30 accumulated
-micro-steps per iteration, bfloat16 autocast on CUDA, seed 1337, validation perplexity after 30k iterations
-averaged over 200 batches.
+The defaults of `TrainConfig` are the paper's GPT-2 protocol (ralimp.txt, App. "GPT-2"): GPT-2 Large
+(36 blocks, width 1280, 20 heads, context 1024), AdamW (0.9, 0.95) with weight decay 0.1, learning rate
+6e-4 with 500 warm-up steps and a cosine decay to 6e-5, 24 sequences x 30 accumulated micro-steps per
+step, seed 1337, validation perplexity after 30k steps averaged over 200 batches; the paper's bfloat16 is
+``--dtype bfloat16``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from app_common import DEVICES
+import app_common as ac
+from gpt_uptrain.model import INITS, GPTConfig
+from spectraformer_core import check_int
 
-PRECISIONS = ("auto", "float32", "bfloat16")
+#: GPT-2 Large, the paper's model (its vocabulary comes from the data).
+GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed=1337)
+
+#: Where a run writes by default.
+RUN = Path("runs/gpt-uptrain/run")
 
 
 def _positive(config, *names: str) -> None:
     for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        check_int(ac.flag(name), getattr(config, name), minimum=1)
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """One run: ``gpt-uptrain train`` (from scratch, or uptraining a local HF GPT-2 with ``--init-from``)."""
+#: ``--init``: ``auto`` is ``lstsq`` for pretrained MLPs (``--init-from`` a folder), ``psi`` from scratch.
+STARTS = ("auto", *INITS)
+
+
+def _init_field() -> dataclasses.Field:
+    return field(
+        default="auto",
+        metadata={
+            "help": "start of the replaced MLPs: lstsq (readout fitted to the dense MLP on a training "
+            "batch), psi (the paper's Psi(W)), auto (lstsq when the MLPs are pretrained, psi from scratch)",
+            "choices": STARTS,
+        },
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+    """One run: ``gpt-uptrain train`` (from scratch, or uptraining a local HF GPT-2 with ``--init-from``).
+
+    Its identity (what ``--resume`` compares) is every setting except ``device``, ``threads``,
+    ``log_every``, ``out``, ``resume``, ``results``, ``name``, ``compile`` and ``memory_check``.
+    """
+
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("results", "name", "compile", "memory_check")
 
     data: Path = field(
         default=Path("data/openwebtext"), metadata={"help": "folder with train.bin, val.bin, meta.json"}
     )
-    out: Path = field(
-        default=Path("runs/gpt-uptrain/run"), metadata={"help": "run folder: checkpoint.pt, log.jsonl"}
-    )
+    out: Path = ac.option("out", RUN, help="run folder: checkpoint.pt, log.jsonl")
     results: Path = field(
         default=Path("results/gpt-uptrain.jsonl"),
         metadata={"help": "JSON-lines file the final record goes to"},
@@ -47,93 +76,74 @@ class TrainConfig:
     init_from: str = field(
         default="scratch", metadata={"help": "'scratch', or a local Hugging Face GPT-2 folder to uptrain"}
     )
-    resume: bool = field(default=False, metadata={"help": "continue from OUT/checkpoint.pt if there is one"})
-    # Model (the shape fields apply to --init-from scratch; a pretrained folder brings its own).
-    n_layer: int = field(default=36, metadata={"help": "blocks"})
-    n_head: int = field(default=20, metadata={"help": "attention heads"})
-    n_embd: int = field(default=1280, metadata={"help": "width"})
-    block_size: int = field(default=1024, metadata={"help": "context length (crops a pretrained one)"})
-    dropout: float = field(default=0.0, metadata={"help": "dropout rate"})
-    bias: bool = field(default=True, metadata={"help": "biases in linear layers and LayerNorms"})
-    attention: str = field(
-        default="softmax", metadata={"help": "any causal rf_attention name, e.g. oprf-orf"}
-    )
-    attention_features: int = field(default=128, metadata={"help": "random features of an RF attention"})
-    mlp: str = field(default="dense", metadata={"help": "dense, ralimp, eugen, snnk or lowrank"})
-    last_k: int | None = field(
-        default=None, metadata={"help": "replace the MLPs of the last k blocks (None: half)"}
-    )
-    mlp_features: int = field(default=128, metadata={"help": "feature budget of the replacement"})
-    mlp_weight_matrix: str = field(default="base", metadata={"help": "rf_matrices name of its projections"})
+    model: GPTConfig = field(default=GPT2_LARGE)
+    init: str = _init_field()
     # Optimization.
     batch_size: int = field(default=24, metadata={"help": "sequences per micro-step (per process)"})
     gradient_accumulation_steps: int = field(
-        default=30, metadata={"help": "micro-steps per iteration, over all processes together"}
+        default=30, metadata={"help": "micro-steps per optimizer step, over all processes together"}
     )
-    max_iters: int = field(default=30_000, metadata={"help": "iterations: the fixed budget"})
-    learning_rate: float = field(default=6e-4, metadata={"help": "peak AdamW learning rate"})
+    steps: int = ac.option("steps", 30_000, help="optimizer steps: the fixed budget")
+    lr: float = ac.option("lr", 6e-4, help="peak AdamW learning rate")
     min_lr: float = field(default=6e-5, metadata={"help": "learning rate at the end of the cosine"})
-    warmup_iters: int = field(default=500, metadata={"help": "linear warm-up iterations"})
-    lr_decay_iters: int | None = field(default=None, metadata={"help": "end of the cosine (None: max_iters)"})
+    warmup_steps: int = field(default=500, metadata={"help": "linear warm-up steps"})
+    lr_decay_steps: int | None = field(
+        default=None, metadata={"help": "end of the cosine (default: --steps)"}
+    )
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm; 0: off"})
     # Evaluation and bookkeeping.
-    eval_interval: int = field(
-        default=1000, metadata={"help": "iterations between evaluations + checkpoints"}
-    )
-    eval_iters: int = field(
+    eval_every: int = ac.option("eval_every", 1000, help="steps between evaluations and checkpoints")
+    eval_batches: int = field(
         default=200, metadata={"help": "validation batches averaged (the same ones every time)"}
     )
-    log_interval: int = field(default=10, metadata={"help": "iterations between training-loss log lines"})
-    seed: int = field(default=1337, metadata={"help": "seed of the weights, random features and batches"})
-    device: str = field(
-        default="auto", metadata={"help": "auto: CUDA if available", "metavar": "|".join(DEVICES)}
-    )
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "autocast precision; auto: bfloat16 on CUDA, float32 on CPU",
-            "choices": PRECISIONS,
-        },
-    )
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    threads: int = field(default=0, metadata={"help": "CPU threads of torch (0: torch's default)"})
+    memory_check: bool = field(
+        default=True,
+        metadata={"help": "refuse at start a run whose estimated training memory exceeds the device's"},
+    )
 
     def __post_init__(self) -> None:
-        _positive(
-            self,
-            "batch_size",
-            "gradient_accumulation_steps",
-            "max_iters",
-            "eval_interval",
-            "eval_iters",
-            "log_interval",
-        )
-        if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters: expected an integer >= 0, got {self.warmup_iters}")
-        if not 0 < self.min_lr <= self.learning_rate:
+        super().__post_init__()
+        if not isinstance(self.model, GPTConfig):
+            raise ValueError(f"model: expected a GPTConfig, got {type(self.model).__name__}")
+        _positive(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
+        check_int("--warmup-steps", self.warmup_steps, minimum=0)
+        if not 0 < self.min_lr <= self.lr:
+            raise ValueError(f"--min-lr: expected 0 < min_lr <= lr={self.lr}, got {self.min_lr}")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:
             raise ValueError(
-                f"min_lr: expected 0 < min_lr <= learning_rate={self.learning_rate}, got {self.min_lr}"
+                f"--lr-decay-steps: expected more than warmup_steps={self.warmup_steps}, "
+                f"got {self.lr_decay_steps}"
             )
-        if self.lr_decay_iters is not None and self.lr_decay_iters <= self.warmup_iters:
-            raise ValueError(
-                f"lr_decay_iters: expected more than warmup_iters={self.warmup_iters}, "
-                f"got {self.lr_decay_iters}"
-            )
-        if self.dtype not in PRECISIONS:
-            raise ValueError(f"dtype: expected one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
+        if self.init not in STARTS:
+            raise ValueError(f"--init: expected one of {', '.join(STARTS)}, got {self.init!r}")
+
+    @property
+    def start(self) -> str:
+        """``init`` with ``auto`` resolved: ``lstsq`` for pretrained MLPs, ``psi`` from scratch."""
+        if self.init != "auto":
+            return self.init
+        return "psi" if self.init_from == "scratch" else "lstsq"
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (``--seed``): the weights, the random features and the batches; ``model.seed``."""
+        return self.model.seed
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The `GPTConfig` of a run from scratch: ``model`` with the data's vocabulary."""
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     @property
     def label(self) -> str:
         """The run's name in tables: ``name``, else the MLP kind (with k and a non-softmax attention)."""
         if self.name:
             return self.name
-        label = (
-            self.mlp if self.mlp == "dense" else f"{self.mlp} (k={self.last_k if self.last_k else 'half'})"
-        )
-        return label if self.attention == "softmax" else f"{label} + {self.attention}"
+        m = self.model
+        label = m.layer if m.layer == "dense" else f"{m.layer} (k={m.last_k if m.last_k else 'half'})"
+        return label if m.attention == "softmax" else f"{label} + {m.attention}"
 
 
 @dataclass(frozen=True)
@@ -154,40 +164,75 @@ class PrepareConfig:
     stdlib_max_chars: int = field(default=1_000_000, metadata={"help": "size of the stdlib corpus"})
 
 
-@dataclass(frozen=True)
-class QuickConfig:
+#: The run settings of ``quick``: the paper's protocol scaled down to a CPU (same optimizer, schedule
+#: shape and evaluation rule): a 4-block character model, 12 x 2 sequences of 64 tokens per step.
+QUICK_RUN = TrainConfig(
+    model=GPTConfig(block_size=64, n_layer=4, n_head=4, n_embd=128, last_k=2, seed=1337),
+    batch_size=12,
+    gradient_accumulation_steps=2,
+    steps=300,
+    warmup_steps=15,
+    lr=1e-3,
+    min_lr=1e-4,
+    eval_every=50,
+    eval_batches=20,
+    log_every=5,
+    threads=1,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     """``gpt-uptrain quick``: a small character-level GPT on the stdlib corpus, dense and each replacement.
 
-    The paper's protocol scaled down to a CPU: same optimizer, schedule shape and evaluation rule.
+    The runs are `QUICK_RUN` with the flags given here (the warm-up stays 5% of ``--steps``, the
+    final rate ``lr / 10``).
     """
 
-    out: Path = field(
-        default=Path("runs/gpt-uptrain-quick"), metadata={"help": "folder of data, runs, report"}
+    out: Path = ac.option("out", Path("runs/gpt-uptrain-quick"), help="folder of data, runs, report")
+    layers: tuple[str, ...] = field(
+        default=("dense", "ralimp", "eugen", "snnk"), metadata={"help": "MLP kinds, one run each"}
     )
-    kinds: tuple[str, ...] = field(
-        default=("dense", "ralimp", "eugen", "snnk"), metadata={"help": "MLP kinds"}
-    )
-    last_k: int = field(default=2, metadata={"help": "replaced blocks (of n_layer)"})
     corpus_chars: int = field(default=1_000_000, metadata={"help": "characters of stdlib source"})
-    n_layer: int = field(default=4, metadata={"help": "blocks"})
-    n_head: int = field(default=4, metadata={"help": "heads"})
-    n_embd: int = field(default=128, metadata={"help": "width"})
-    block_size: int = field(default=64, metadata={"help": "context"})
-    batch_size: int = field(default=12, metadata={"help": "sequences per micro-step"})
-    gradient_accumulation_steps: int = field(default=2, metadata={"help": "micro-steps per iteration"})
-    max_iters: int = field(default=300, metadata={"help": "iterations per model (the fixed budget)"})
-    warmup_iters: int = field(default=15, metadata={"help": "warm-up iterations"})
-    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    min_lr: float = field(default=1e-4, metadata={"help": "final learning rate"})
-    eval_interval: int = field(default=50, metadata={"help": "iterations between evaluations"})
-    eval_iters: int = field(default=20, metadata={"help": "validation batches averaged"})
-    mlp_features: int = field(default=128, metadata={"help": "feature budget of the replacements"})
-    attention: str = field(default="softmax", metadata={"help": "rf_attention name for every model"})
-    seed: int = field(default=1337, metadata={"help": "seed"})
-    device: str = field(default="auto", metadata={"help": "auto: CUDA if available"})
-    threads: int = field(
-        default=1, metadata={"help": "CPU threads of torch: the models are small; more threads only contend"}
+    steps: int = ac.option("steps", QUICK_RUN.steps)
+    lr: float = ac.option("lr", QUICK_RUN.lr)
+    threads: int = ac.option(
+        "threads", 1, help="CPU threads of torch: the models are small; more threads only contend"
     )
+    last_k: int = ac.option("last_k", QUICK_RUN.model.last_k, help="replaced blocks (of 4)")
+    features: int = ac.option("features", QUICK_RUN.model.features)
+    attention: str = ac.option("attention", "softmax", help="causal rf_attention name of every model")
+    init: str = _init_field()
+    seed: int = ac.option("seed", QUICK_RUN.seed)
+
+    def run(self, layer: str, data: Path) -> TrainConfig:
+        """The `TrainConfig` of the run of MLP kind ``layer`` on the corpus in ``data``."""
+        model = dataclasses.replace(
+            QUICK_RUN.model,
+            layer=layer,
+            last_k=self.last_k,
+            features=self.features,
+            attention=self.attention,
+            seed=self.seed,
+        )
+        return dataclasses.replace(
+            QUICK_RUN,
+            data=data,
+            out=Path(self.out) / "runs" / layer,
+            results=Path(self.out) / "results.jsonl",
+            name=layer if layer == "dense" else f"{layer} (last {self.last_k})",
+            resume=self.resume,
+            model=model,
+            init=self.init,
+            steps=self.steps,
+            warmup_steps=max(1, round(0.05 * self.steps)),
+            lr=self.lr,
+            min_lr=self.lr / 10,
+            grad_clip=self.grad_clip,
+            device=self.device,
+            dtype=self.dtype,
+            threads=self.threads,
+        )
 
 
 @dataclass(frozen=True)
@@ -207,8 +252,8 @@ class SampleConfig:
     tokenizer: str = field(
         default="gpt2", metadata={"help": "HF folders only: the tokenizer (checkpoints bring theirs)"}
     )
-    seed: int = field(default=1337, metadata={"help": "sampling seed"})
-    device: str = field(default="auto", metadata={"help": "auto: CUDA if available"})
+    seed: int = ac.option("seed", 1337, help="seed of the sampling (and of an HF model's RF attention)")
+    device: str = ac.option("device", "auto", metavar="auto|cpu|cuda[:i]")
 
     def __post_init__(self) -> None:
         _positive(self, "num_samples", "max_new_tokens")

@@ -276,6 +276,19 @@ class TokenData:
             split: np.memmap(self.root / f"{split}.bin", dtype=np.uint16, mode="r") for split in SPLITS
         }
 
+    def check_block_size(self, block_size: int, splits: Sequence[str] = SPLITS) -> None:
+        """Check that each split of ``splits`` has more than ``block_size + 1`` tokens (a window, its target).
+
+        Raises:
+            ValueError: naming the split, its length and the block size.
+        """
+        for split in splits:
+            if len(self.splits[split]) <= block_size + 1:
+                raise ValueError(
+                    f"block_size: {block_size} needs more than {block_size + 1} tokens, but {split}.bin of "
+                    f"{self.root} has {len(self.splits[split])}"
+                )
+
     def tokenizer(self):
         """The tokenizer of ``meta.json``."""
         return tokenizer_from_meta(self.meta)
@@ -295,11 +308,7 @@ class TokenData:
         (e.g. ``(run seed, iteration, micro-step)``) gives the same batch everywhere.
         """
         data = self.splits[split]
-        if len(data) <= block_size + 1:
-            raise ValueError(
-                f"block_size: {block_size} needs more than {block_size + 1} tokens, but {split}.bin of "
-                f"{self.root} has {len(data)}"
-            )
+        self.check_block_size(block_size, (split,))
         starts = np.random.default_rng(list(seed)).integers(0, len(data) - block_size - 1, size=batch_size)
         x = torch.from_numpy(np.stack([data[s : s + block_size] for s in starts]).astype(np.int64))
         y = torch.from_numpy(np.stack([data[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64))

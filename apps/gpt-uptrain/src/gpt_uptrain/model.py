@@ -6,10 +6,10 @@ with two places where a part can be swapped:
 - the attention of every block is ``rf_attention.create(config.attention, ..., causal=True)``: ``"softmax"``
   is exact causal attention (``scaled_dot_product_attention``), any ``"<component>-<matrix>"`` name a causal
   random-feature attention that is O(N) and strictly causal;
-- the MLP of the last ``last_k`` blocks becomes a linearized layer of ``ralimp`` (``config.mlp``:
-  ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``), initialized from the block's ``c_fc`` (random for
-  training from scratch, pretrained when uptraining), at the feature budget ``mlp_features``
-  ([`MLP_OPTIONS`][gpt_uptrain.MLP_OPTIONS]).
+- the MLP of the last ``last_k`` blocks becomes a linearized layer of ``ralimp`` (``config.layer``:
+  ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``) made by ``ralimp.create`` at the feature budget
+  ``config.features`` from the block's ``c_fc`` (random for training from scratch, pretrained when
+  uptraining), fitting GPT-2's tanh GELU, optionally calibrated on the inputs a batch gives it.
 
 Parameter names follow nanoGPT (``transformer.h.3.mlp.c_fc.weight``), except the attention's projections,
 which are ``rf_attention``'s ``qkv`` and ``proj`` (HF's ``c_attn`` and ``c_proj``).
@@ -18,21 +18,49 @@ which are ``rf_attention``'s ``qkv`` and ``proj`` (HF's ``c_attn`` and ``c_proj`
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import functools
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import app_common as ac
 import ralimp
 import rf_attention
 from gpt_uptrain import hf
-from spectraformer_core import Registry
+from spectraformer_core import check_int
+
+#: The activation of GPT-2's MLP (HF's ``gelu_new``): the function the replacement layers fit (issue 17.5).
+GELU_TANH = "gelu_tanh"
+if GELU_TANH not in ralimp.ACTIVATIONS:  # ralimp may register it itself
+    ralimp.ACTIVATIONS.register(GELU_TANH)(functools.partial(F.gelu, approximate="tanh"))
+
+#: Options of the replacement layers at any budget, the paper's GPT-2 settings (ralimp.txt, App. "GPT-2"):
+#: RaLiMP a degree-2 polynomial and one trainable atom ``(A, B, p, q)`` at 2 Gauss-Laguerre frequencies x
+#: ``m = 4`` projections, ``tau = 3``; ``ralimp.create`` spends the rest of the budget on the polynomial.
+#: One departure: RaLiMP's ``balance="auto"`` (not in the paper, whose literal value is 1), which rescales
+#: ``x`` and ``w`` against each other so that the features' variance starts finite at LayerNorm'd inputs.
+LAYER_OPTIONS: dict[str, dict] = {
+    "ralimp": {
+        "poly_degree": 2,
+        "num_atoms": 1,
+        "num_freqs": 2,
+        "freq_features": 4,
+        "tau": 3.0,
+        "balance": "auto",
+    },
+    "eugen": {"poly_degree": 2},
+}
+
+#: The `GPTConfig` fields that say how the MLPs are replaced (the rest is the dense architecture).
+REPLACEMENT_FIELDS = ("layer", "last_k", "features", "weight_matrix")
+
+#: The initializations of a replacement layer: ``lstsq`` (readout fitted on real activations) or ``psi``.
+INITS = ("lstsq", "psi")
 
 
 @dataclass(frozen=True)
@@ -50,44 +78,47 @@ class GPTConfig:
         layer_norm_epsilon: LayerNorm epsilon.
         attention: an ``rf_attention`` name, used causally.
         attention_features: random features of an RF attention (ignored by ``softmax``).
-        mlp: ``"dense"`` or a kind of [`MLP_OPTIONS`][gpt_uptrain.MLP_OPTIONS] (``ralimp``, ``eugen``,
-            ``snnk``, ``lowrank``).
+        layer: the MLP replacement: ``"dense"`` (none) or a ``ralimp`` kind (``ralimp``, ``eugen``, ``snnk``,
+            ``lowrank``).
         last_k: replace the MLPs of the last ``last_k`` blocks; None: half of them (rounded up).
-        mlp_features: feature budget of a replacement (128 in the paper), see
-            [`MLP_OPTIONS`][gpt_uptrain.MLP_OPTIONS].
-        mlp_weight_matrix: ``rf_matrices`` name of the replacements' projections.
+        features: feature budget of a replacement (128 in the paper), spent by ``ralimp.create``.
+        weight_matrix: ``rf_matrices`` name of the replacements' projections; None: the layer's default.
         seed: seed of every random projection (attention features, replacement layers).
     """
 
-    block_size: int = 1024
-    vocab_size: int = 50304
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
-    layer_norm_epsilon: float = 1e-5
-    attention: str = "softmax"
-    attention_features: int = 128
-    mlp: str = "dense"
-    last_k: int | None = None
-    mlp_features: int = 128
-    mlp_weight_matrix: str = "base"
-    seed: int = 0
+    block_size: int = field(default=1024, metadata={"help": "context length (crops a pretrained one)"})
+    vocab_size: int = field(default=50304, metadata={"help": "token ids 0 .. vocab_size - 1"})
+    n_layer: int = field(default=12, metadata={"help": "blocks"})
+    n_head: int = field(default=12, metadata={"help": "attention heads"})
+    n_embd: int = field(default=768, metadata={"help": "width"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout rate"})
+    bias: bool = field(default=True, metadata={"help": "biases in linear layers and LayerNorms"})
+    layer_norm_epsilon: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
+    attention: str = ac.option("attention", "softmax", help="attention of every block, used causally")
+    attention_features: int = ac.option("attention_features", 128)
+    layer: str = ac.option("layer", "dense")
+    last_k: int | None = ac.option(
+        "last_k", None, help="replace the MLPs of the last k blocks (default: half)"
+    )
+    features: int = ac.option("features", 128)
+    weight_matrix: str | None = ac.option(
+        "weight_matrix",
+        None,
+        help="rf_matrices name of the replacement layers' projections (default: the layer's own)",
+    )
+    seed: int = ac.option("seed", 0)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "attention_features"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+            check_int(name, getattr(self, name), minimum=1)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head: expected a divisor of n_embd={self.n_embd}, got {self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout: expected a rate in [0, 1), got {self.dropout!r}")
-        if self.mlp != "dense" and self.mlp not in MLP_OPTIONS:
-            raise ValueError(
-                f"mlp: expected 'dense' or one of {', '.join(MLP_OPTIONS.names())}, got {self.mlp!r}"
-            )
+        if self.layer not in ralimp.LAYERS:
+            raise ValueError(f"layer: expected one of {', '.join(ralimp.names())}, got {self.layer!r}")
+        if self.layer != "dense":
+            check_int("features", self.features, minimum=1)
         if self.last_k is not None and not 1 <= self.last_k <= self.n_layer:
             raise ValueError(
                 f"last_k: expected an integer in [1, {self.n_layer}] (n_layer), got {self.last_k!r}"
@@ -95,56 +126,23 @@ class GPTConfig:
 
     @property
     def replaced_blocks(self) -> int:
-        """How many trailing blocks have their MLP replaced (0 for ``mlp="dense"``)."""
-        if self.mlp == "dense":
+        """How many trailing blocks have their MLP replaced (0 for ``layer="dense"``)."""
+        if self.layer == "dense":
             return 0
         return self.last_k if self.last_k is not None else (self.n_layer + 1) // 2
 
+    def num_parameters(self) -> int:
+        """Parameters of the dense model (position embedding included), from the shape alone.
 
-#: Replacement kind -> ``options(budget)``: the keyword arguments of its ``ralimp`` layer at a feature budget.
-#: At ``budget = 128`` these are the paper's GPT-2 settings (ralimp.txt, App. "GPT-2"): RaLiMP a degree-2
-#: polynomial with 120 features plus one trainable atom ``(A, B, p, q)`` at 2 Gauss-Laguerre frequencies x
-#: ``m = 4`` projections (8 features) and ``tau = 3``; EUGen degree 2 with 128 features; SNNK 128 features.
-MLP_OPTIONS: Registry[Callable[[int], dict]] = Registry("MLP replacement")
-
-RALIMP_FREQS, RALIMP_FREQ_FEATURES, RALIMP_TAU = 2, 4, 3.0
-
-
-@MLP_OPTIONS.register("ralimp")
-def ralimp_options(budget: int) -> dict:
-    """``budget - 8`` polynomial features (degree 2) + 1 atom x 2 frequencies x 4 projections, ``tau = 3``."""
-    rational = RALIMP_FREQS * RALIMP_FREQ_FEATURES
-    if budget <= rational:
-        raise ValueError(
-            f"mlp_features: RaLiMP needs more than {rational} features (its rational block), got {budget}"
+        Per block: 12 d^2 weights (qkv 3 d^2, proj d^2, c_fc and c_proj 4 d^2 each) and 13 d vectors
+        (9 d of linear biases, 4 d of LayerNorm; 2 d without biases); plus ``(V + T) d`` embeddings (the
+        head is tied) and the final LayerNorm.
+        """
+        d = self.n_embd
+        per_block = 12 * d * d + (13 * d if self.bias else 2 * d)
+        return (
+            self.n_layer * per_block + (self.vocab_size + self.block_size) * d + (2 if self.bias else 1) * d
         )
-    return {
-        "poly_degree": 2,
-        "poly_features": budget - rational,
-        "num_atoms": 1,
-        "num_freqs": RALIMP_FREQS,
-        "freq_features": RALIMP_FREQ_FEATURES,
-        "tau": RALIMP_TAU,
-        "learn_poles": True,
-    }
-
-
-@MLP_OPTIONS.register("eugen")
-def eugen_options(budget: int) -> dict:
-    """Degree-2 product features with ``budget`` rows per factor."""
-    return {"poly_degree": 2, "num_features": budget}
-
-
-@MLP_OPTIONS.register("snnk")
-def snnk_options(budget: int) -> dict:
-    """``budget`` complex-exponential random features (Fourier variant)."""
-    return {"num_features": budget}
-
-
-@MLP_OPTIONS.register("lowrank")
-def lowrank_options(budget: int) -> dict:
-    """Rank ``budget`` factorization of ``c_fc`` (no random features; the non-kernel baseline)."""
-    return {"rank": budget}
 
 
 class MLP(nn.Module):
@@ -186,9 +184,25 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
+    def decode(self, x: torch.Tensor, state: object = None) -> tuple[torch.Tensor, object]:
+        """The block on new positions ``x (B, T, C)``, and its attention's decoding state.
+
+        ``state=None``: ``x`` is a prefix (``attn.prefill``); else ``x`` continues the positions ``state``
+        holds (``attn.step``: O(1) per token for RF attention, a KV cache for softmax).
+        """
+        h = self.ln_1(x)
+        a, state = self.attn.prefill(h) if state is None else self.attn.step(h, state)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), state
+
 
 class GPT(nn.Module):
-    """GPT-2 language model ``idx (B, T) -> logits (B, T, vocab_size)``."""
+    """GPT-2 language model ``idx (B, T) -> logits (B, T, vocab_size)``.
+
+    With ``config.layer`` other than ``"dense"`` the MLPs are replaced at construction, with the paper's
+    ``Psi(W)`` start and no calibration (what loading a checkpoint needs); a run replaces them on a dense
+    model with `linearize_mlps` instead, calibrated on its data.
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -205,7 +219,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as GPT-2
         self._init_weights()
-        self.replaced = self.linearize_mlps() if config.mlp != "dense" else []
+        self.replaced: list[str] = []
+        self.linearize_mlps()
 
     @torch.no_grad()
     def _init_weights(self) -> None:
@@ -225,23 +240,55 @@ class GPT(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, 0.02)
 
-    def linearize_mlps(self) -> list[str]:
-        """Replace the MLPs of the last ``config.replaced_blocks`` blocks by ``config.mlp`` layers, in place.
+    def linearize_mlps(
+        self, calibration: torch.Tensor | None = None, *, init: str = "psi", **replacement: object
+    ) -> list[str]:
+        """Replace the MLPs of the last ``config.replaced_blocks`` blocks by ``config.layer`` layers in place.
 
-        Each ``c_fc`` + GELU becomes ``kind.from_linear(c_fc, "gelu", **MLP_OPTIONS[kind](mlp_features))``
-        (``ralimp.replace_mlp``; block ``i`` of the replaced ones gets seed ``config.seed + i``).
+        Each ``c_fc`` + tanh GELU becomes ``ralimp.create(layer, c_fc, "gelu_tanh", budget=features,
+        **LAYER_OPTIONS[layer])`` (through ``ralimp.replace_mlp``; block ``i`` of the replaced ones gets seed
+        ``config.seed + i``): the replacement fits the activation GPT-2 computes. Nothing for ``"dense"``.
+
+        Args:
+            calibration: token ids ``(B, T)``; the model runs on them once (eval mode) and each replaced
+                layer is calibrated (scales and, with ``init="lstsq"``, its readout) on the inputs its
+                ``c_fc`` received, at most 4096 of them.
+            init: ``"psi"`` or ``"lstsq"`` (needs ``calibration``).
+            **replacement: fields of `REPLACEMENT_FIELDS` to set in ``config`` first (``layer="ralimp"``
+                on a dense model).
 
         Returns:
-            The replaced blocks' names (``["h.10.mlp", "h.11.mlp"]``).
+            The replaced blocks' names (``["transformer.h.10.mlp", "transformer.h.11.mlp"]``), also kept in
+            ``self.replaced``.
         """
+        unknown = sorted(set(replacement) - set(REPLACEMENT_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"replacement: {', '.join(unknown)} are not among {', '.join(REPLACEMENT_FIELDS)}"
+            )
+        if self.replaced:
+            raise ValueError(f"model: its MLPs {', '.join(self.replaced)} are already replaced")
+        self.config = dataclasses.replace(self.config, **replacement)
+        if init not in INITS:
+            raise ValueError(f"init: expected one of {', '.join(INITS)}, got {init!r}")
         c = self.config
-        options = MLP_OPTIONS.get(c.mlp)(c.mlp_features)
-        if "weight_matrix" in inspect.signature(ralimp.LAYERS.get(c.mlp)).parameters:
-            options["weight_matrix"] = c.mlp_weight_matrix
-        names = ralimp.replace_mlp(
-            self.transformer, c.mlp, last_k=c.replaced_blocks, activation="gelu", seed=c.seed, **options
+        if c.layer == "dense":
+            return []
+        options = dict(LAYER_OPTIONS.get(c.layer, {}))
+        if c.weight_matrix is not None:
+            options["weight_matrix"] = c.weight_matrix
+        self.replaced = ralimp.replace_mlp(
+            self,
+            c.layer,
+            budget=c.features,
+            last_k=c.replaced_blocks,
+            activation=GELU_TANH,
+            inputs=calibration,
+            init=init,
+            seed=c.seed,
+            **options,
         )
-        return names
+        return self.replaced
 
     def num_parameters(self, *, non_embedding: bool = True) -> int:
         """Parameters (the position embedding excluded by default, as nanoGPT counts)."""
@@ -302,13 +349,22 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)`` (context cropped to ``block_size``).
 
-        Every step reruns the (causal) model on the context; this works unchanged with an RF attention.
+        Token by token through the attention's recurrent form (``step``): the prompt is prefilled once, then
+        each new token costs one position (O(1) for RF attention, a KV-cache lookup for softmax). Once the
+        sequence outgrows ``block_size``, the positions run out, and each token re-prefills the last
+        ``block_size`` tokens, as nanoGPT's cropping does. Equal to rerunning the model on the context.
         """
         if temperature <= 0:
             raise ValueError(f"temperature: expected a value > 0, got {temperature!r}")
+        states = None
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
+            if states is None or idx.shape[1] > self.config.block_size:
+                context = idx[:, -self.config.block_size :]
+                positions = torch.arange(context.shape[1], device=idx.device)
+                logits, states = self.decode(context, positions)
+            else:
+                position = torch.tensor([idx.shape[1] - 1], device=idx.device)
+                logits, states = self.decode(idx[:, -1:], position, states)
             logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -316,6 +372,20 @@ class GPT(nn.Module):
             probs = F.softmax(logits, dim=-1)
             idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
         return idx
+
+    def decode(
+        self, idx: torch.Tensor, positions: torch.Tensor, states: list | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """Logits ``(B, T, V)`` of tokens ``idx (B, T)`` at ``positions (T,)`` and every block's state.
+
+        ``states=None``: ``idx`` is a prefix starting at position 0; else it continues ``states``.
+        """
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        new_states = []
+        for i, block in enumerate(self.transformer.h):
+            x, state = block.decode(x, None if states is None else states[i])
+            new_states.append(state)
+        return self.lm_head(self.transformer.ln_f(x)), new_states
 
     @torch.no_grad()
     def crop_block_size(self, block_size: int) -> None:
@@ -406,7 +476,8 @@ class GPT(nn.Module):
         """
         if self.replaced:
             raise ValueError(
-                f"model: MLPs {', '.join(self.replaced)} are replaced ({self.config.mlp}); HF GPT-2 has none"
+                f"model: MLPs {', '.join(self.replaced)} are replaced ({self.config.layer}); "
+                "HF GPT-2 has none"
             )
         state = self.state_dict()
         out = {}
@@ -436,7 +507,15 @@ class GPT(nn.Module):
         }
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, block_size: int | None = None, **overrides: object) -> GPT:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        block_size: int | None = None,
+        calibration: torch.Tensor | None = None,
+        init: str = "psi",
+        **overrides: object,
+    ) -> GPT:
         """GPT-2 from a local Hugging Face checkpoint folder, replacements applied after the weights are in.
 
         The folder holds ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``.
@@ -444,9 +523,10 @@ class GPT(nn.Module):
         Args:
             path: the checkpoint folder (``save_pretrained`` output or a downloaded hub snapshot).
             block_size: crop the context to this length.
-            **overrides: other [`GPTConfig`][gpt_uptrain.GPTConfig] fields (``dropout``, ``attention``,
-                ``mlp``, ``last_k``, ``mlp_features``, ``seed``...); the shape fields come from
-                ``config.json``.
+            calibration: token ids ``(B, T)`` that calibrate the replacement layers (see `GPT`).
+            init: ``"psi"`` or ``"lstsq"`` (the calibrated start, needs ``calibration``).
+            **overrides: other `GPTConfig` fields (``dropout``, ``attention``, ``layer``, ``last_k``,
+                ``features``, ``seed``...); the shape fields come from ``config.json``.
 
         Raises:
             FileNotFoundError: no checkpoint at ``path``.
@@ -457,11 +537,9 @@ class GPT(nn.Module):
         if clash:
             raise ValueError(f"overrides: {', '.join(clash)} are fixed by {path}/config.json ({shape})")
         config = GPTConfig(**{**shape, **overrides})
-        model = cls(dataclasses.replace(config, mlp="dense"))
+        model = cls(dataclasses.replace(config, layer="dense"))
         model.load_hf_state_dict(hf.read_state_dict(path))
         if block_size is not None and block_size != config.block_size:
             model.crop_block_size(block_size)
-        model.config = dataclasses.replace(model.config, mlp=config.mlp)
-        if config.mlp != "dense":
-            model.replaced = model.linearize_mlps()
+        model.linearize_mlps(calibration, init=init, layer=config.layer)
         return model

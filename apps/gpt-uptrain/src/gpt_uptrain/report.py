@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import app_common as ac
-from spectraformer_core import markdown_table
 
 HEADER = [
     "Run",
-    "MLP",
+    "Layer",
+    "Features",
+    "Init",
     "Replaced blocks",
     "Attention",
-    "Iterations",
+    "Steps",
     "Tokens",
     "Val loss",
     "Val perplexity",
@@ -28,10 +28,12 @@ def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
     rows = [
         [
             r["run"],
-            r["mlp"],
+            r["layer"],
+            "-" if r["layer"] == "dense" else str(r["features"]),
+            "-" if r["layer"] == "dense" else r["init"],
             str(r["last_k"]),
             r["attention"],
-            str(r["iters"]),
+            str(r["steps"]),
             f"{r['tokens']:,}",
             f"{r['val_loss']:.4f}",
             f"{r['val_ppl']:.3f}",
@@ -44,7 +46,7 @@ def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def loss_curves(records: list[dict], path: Path) -> Path:
-    """Training loss (thin) and validation loss (markers) against iterations, one colour per run."""
+    """Training loss (thin) and validation loss (markers) against optimizer steps, one colour per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,8 +57,8 @@ def loss_curves(records: list[dict], path: Path) -> Path:
     for index, record in enumerate(latest.values()):
         log = ac.read_jsonl(record["log"], missing_ok=True)
         color = f"C{index % 10}"
-        train = [(r["iter"], r["train_loss"]) for r in log if "train_loss" in r]
-        val = [(r["iter"], r["val_loss"]) for r in log if "val_loss" in r]
+        train = [(r["step"], r["train_loss"]) for r in log if "train_loss" in r]
+        val = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
         if train:
             ax.plot(*zip(*train, strict=True), color=color, lw=0.8, alpha=0.6)
         if val:
@@ -67,7 +69,7 @@ def loss_curves(records: list[dict], path: Path) -> Path:
                 ms=4,
                 label=f"{record['run']} (val ppl {record['val_ppl']:.2f})",
             )
-    ax.set_xlabel("iteration")
+    ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross entropy (nats/token)")
     ax.set_title("Training (thin) and validation (markers) loss")
     ax.grid(alpha=0.3)
@@ -90,10 +92,12 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
         raise ValueError(f"{results}: no results yet")
     needed = (
         "run",
-        "mlp",
+        "layer",
+        "features",
+        "init",
         "last_k",
         "attention",
-        "iters",
+        "steps",
         "tokens",
         "val_loss",
         "val_ppl",
@@ -106,12 +110,6 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
             raise ValueError(f"{results}: record {number} lacks {', '.join(missing)}")
     out = Path(out) if out is not None else Path(results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
-    header, rows = table(records)
-    text = markdown_table(header, rows)
-    (out / "table.md").write_text(text + "\n", encoding="utf-8")
-    with (out / "table.csv").open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    text = ac.write_table(out / "table", *table(records))
     loss_curves(records, out / "loss_curves.png")
     return text

@@ -1,17 +1,18 @@
 """``gpt-uptrain train``: nanoGPT's training loop with the paper's protocol, checkpoints and exact resume.
 
-Top-down: build the model (from scratch, or from a local HF GPT-2 with the replacements applied after the
-pretrained weights are in), AdamW, then iterate. One iteration is ``gradient_accumulation_steps``
-micro-batches (split over the processes under ``torchrun``), one clipped AdamW step at the learning rate of
-[`learning_rate`][gpt_uptrain.learning_rate] (linear warm-up, cosine decay to ``min_lr``). Every
-``eval_interval`` iterations and at the end: validation loss over the same ``eval_iters`` batches, a log line
-and a checkpoint. The final validation perplexity ``exp(mean loss)`` at the fixed budget ``max_iters`` goes to
-the results file.
+Top-down (`train`): check that the data and the device can hold the run, build the model (from
+scratch, or from a local HF GPT-2, the replacements applied after the pretrained weights are in and
+calibrated on a training batch), AdamW, then iterate. One optimizer step (`train_step`) is
+``gradient_accumulation_steps`` micro-batches (split over the processes under ``torchrun``) and one clipped
+AdamW step at the learning rate of `learning_rate` (linear warm-up, cosine decay to ``min_lr``).
+Every ``eval_every`` steps and at the end: validation loss over the same ``eval_batches`` batches, a log
+line and a checkpoint. The final validation perplexity ``exp(mean loss)`` at the fixed budget ``steps``
+goes to the results file.
 
-Reproducible by construction: micro-batch ``j`` of iteration ``i`` is drawn from ``(seed, i, j)``, process
-``r`` of ``W`` takes micro-steps ``r, r + W, ...`` and DDP averages its gradients, so any number of
-processes computes the one-process update; a checkpoint holds the model, optimizer, counters and every
-process's random state, so ``--resume`` continues a killed run exactly.
+Reproducible by construction: micro-batch ``j`` of step ``i`` is drawn from ``(seed, i, j)``, process ``r``
+of ``W`` takes micro-steps ``r, r + W, ...`` and DDP averages its gradients, so any number of processes
+computes the one-process update; a checkpoint holds the model, optimizer, counters and every process's
+random state, so ``--resume`` continues a killed run exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -28,98 +30,149 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import app_common as ac
+from gpt_uptrain import hf
 from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
-from gpt_uptrain.model import GPT, GPTConfig
+from gpt_uptrain.model import GPT, REPLACEMENT_FIELDS, GPTConfig
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
 EVAL_SEED = 20_240_607  # validation batches are the same for every run and every evaluation
+CALIBRATION_SEED = 31_415_926  # the training batch that calibrates the replaced MLPs
+CALIBRATION_TOKENS = 4096  # its size (ralimp.replace_mlp keeps at most 4096 inputs per layer)
 
 
-def learning_rate(it: int, config: TrainConfig) -> float:
-    """The schedule of nanoGPT: linear warm-up to ``learning_rate``, cosine to ``min_lr``.
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """The schedule of nanoGPT: linear warm-up to ``lr``, cosine to ``min_lr``.
 
-    The cosine reaches ``min_lr`` at ``lr_decay_iters`` (``max_iters`` when None) and stays there.
+    The cosine reaches ``min_lr`` at ``lr_decay_steps`` (``steps`` when None) and stays there.
     """
-    decay_iters = config.lr_decay_iters or config.max_iters
-    if it < config.warmup_iters:
-        return config.learning_rate * (it + 1) / (config.warmup_iters + 1)
-    if it >= decay_iters:
+    decay_steps = config.lr_decay_steps or config.steps
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / (config.warmup_steps + 1)
+    if step >= decay_steps:
         return config.min_lr
-    ratio = (it - config.warmup_iters) / (decay_iters - config.warmup_iters)
-    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (config.learning_rate - config.min_lr)
+    ratio = (step - config.warmup_steps) / (decay_steps - config.warmup_steps)
+    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (config.lr - config.min_lr)
 
 
-def model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
-    """The [`GPTConfig`][gpt_uptrain.GPTConfig] of a run from scratch."""
-    return GPTConfig(
-        block_size=config.block_size,
-        vocab_size=vocab_size,
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        n_embd=config.n_embd,
-        dropout=config.dropout,
-        bias=config.bias,
-        attention=config.attention,
-        attention_features=config.attention_features,
-        mlp=config.mlp,
-        last_k=config.last_k,
-        mlp_features=config.mlp_features,
-        mlp_weight_matrix=config.mlp_weight_matrix,
-        seed=config.seed,
-    )
+def run_model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
+    """The architecture the run will build, known before any weight is allocated.
+
+    From scratch: ``config.model`` with the data's vocabulary; from an HF folder: the shape of its
+    ``config.json`` (context cropped to ``model.block_size``) with the run's other model fields.
+    """
+    if config.init_from == "scratch":
+        return config.model_config(vocab_size)
+    shape = hf.gpt2_config_fields(hf.read_config(config.init_from))
+    shape["block_size"] = min(shape["block_size"], config.model.block_size)
+    return dataclasses.replace(config.model_config(vocab_size), **shape)
 
 
-def build_model(config: TrainConfig, vocab_size: int) -> GPT:
-    """The run's model: from scratch, or the HF GPT-2 of ``init_from`` with the run's changes.
+def training_memory(model: GPTConfig, batch_size: int, dtype: str) -> dict[str, int]:
+    """Estimated bytes that training ``model`` on micro-batches of ``batch_size`` sequences holds at once.
+
+    - ``parameters``: 16 bytes per parameter (float32 weights and gradients, AdamW's two moments), counted
+      on the dense model (`GPTConfig.num_parameters`);
+    - ``activations``: what the backward pass keeps, about ``34 n_embd`` bytes per token and block at 16
+      bits (Korthikanti et al. 2022, Eq. 2 without the attention scores, which the fused attention kernels
+      do not store) and twice that in float32;
+    - ``logits``: ``batch_size x block_size x vocab_size`` float32 values three times (the logits, their
+      float copy for the loss and its gradient).
+
+    A lower estimate: allocator slack, the replacement layers' features and an unfused attention add to it.
+    """
+    tokens = batch_size * model.block_size
+    per_value = 34 if dtype == "bfloat16" else 68
+    return {
+        "parameters": 16 * model.num_parameters(),
+        "activations": per_value * model.n_layer * tokens * model.n_embd,
+        "logits": 3 * 4 * tokens * model.vocab_size,
+    }
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes one process may use: free CUDA memory, or the available RAM shared by this node's ranks."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        free = info.get("MemAvailable", info["MemFree"])
+    except (OSError, KeyError, ValueError):
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return free // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def check_fits(model: GPTConfig, config: TrainConfig, device: torch.device) -> None:
+    """Refuse a run whose `training_memory` exceeds `available_memory`, before building it.
+
+    Raises:
+        MemoryError: naming the estimate's parts, what is available and the settings that lower it.
+    """
+    need = training_memory(model, config.batch_size, config.dtype)
+    have = available_memory(device)
+    if sum(need.values()) > have:
+        parts = ", ".join(f"{name} {value / 1e9:.1f}" for name, value in need.items())
+        raise MemoryError(
+            f"memory: training this {model.num_parameters() / 1e6:.0f}M-parameter model "
+            f"(n_layer={model.n_layer}, n_embd={model.n_embd}) with batch_size={config.batch_size} x "
+            f"block_size={model.block_size} needs about {sum(need.values()) / 1e9:.1f} GB ({parts}) but "
+            f"{device} has {have / 1e9:.1f} GB available; lower --batch-size, --block-size, --n-layer or "
+            "--n-embd (or --no-memory-check to try anyway)"
+        )
+
+
+def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> GPT:
+    """The run's model on ``device``: from scratch, or the HF GPT-2 of ``init_from`` with the run's changes.
+
+    The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
+    every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
+    batch of about 4096 tokens (`CALIBRATION_SEED`) and started from ``config.start``.
 
     Raises:
         ValueError: the data's vocabulary does not fit the pretrained model's.
     """
+    dense = dataclasses.replace(config.model_config(data.vocab_size), layer="dense")
     if config.init_from == "scratch":
-        return GPT(model_config(config, vocab_size))
-    model = GPT.from_pretrained(
-        config.init_from,
-        block_size=config.block_size,
-        dropout=config.dropout,
-        attention=config.attention,
-        attention_features=config.attention_features,
-        mlp=config.mlp,
-        last_k=config.last_k,
-        mlp_features=config.mlp_features,
-        mlp_weight_matrix=config.mlp_weight_matrix,
-        seed=config.seed,
-    )
-    if vocab_size > model.config.vocab_size:
-        raise ValueError(
-            f"data: its {vocab_size}-token vocabulary does not fit the pretrained model's "
-            f"{model.config.vocab_size} "
-            "(prepare it with --tokenizer gpt2)"
+        model = GPT(dense)
+    else:
+        pretrained = hf.gpt2_config_fields(hf.read_config(config.init_from))
+        if data.vocab_size > pretrained["vocab_size"]:
+            raise ValueError(
+                f"data: its {data.vocab_size}-token vocabulary does not fit the pretrained model's "
+                f"{pretrained['vocab_size']} (prepare it with --tokenizer gpt2)"
+            )
+        kept = ("dropout", "attention", "attention_features", "seed")
+        model = GPT.from_pretrained(
+            config.init_from, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
         )
+    model.to(device)
+    calibration = None
+    if config.model.layer != "dense":
+        block_size = model.config.block_size
+        calibration, _ = data.batch(
+            "train",
+            -(-CALIBRATION_TOKENS // block_size),
+            block_size,
+            seed=(config.seed, CALIBRATION_SEED),
+            device=device,
+        )
+    replacement = {name: getattr(config.model, name) for name in REPLACEMENT_FIELDS}
+    model.linearize_mlps(calibration, init=config.start, **replacement)
     return model
 
 
-def resolved_dtype(config: TrainConfig, device: torch.device) -> str:
-    """``auto``: bfloat16 on a CUDA device that has it, else float32."""
-    if config.dtype != "auto":
-        return config.dtype
-    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-
-
 @torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, data: TokenData, config: TrainConfig, dist: ac.Distributed, dtype: str
-) -> float:
-    """Mean validation loss over batches ``0 .. eval_iters - 1`` (the same in every run), split over ranks."""
+def evaluate(model: torch.nn.Module, data: TokenData, config: TrainConfig, dist: ac.Distributed) -> float:
+    """Mean validation loss over batches ``0 .. eval_batches - 1`` (the same in every run), over the ranks."""
     was_training = model.training
     model.eval()
+    block_size = model.config.block_size
     totals = torch.zeros(2, dtype=torch.float64, device=dist.device)
-    for k in range(dist.rank, config.eval_iters, dist.world_size):
-        x, y = data.batch(
-            "val", config.batch_size, config.block_size, seed=(EVAL_SEED, k), device=dist.device
-        )
-        with ac.autocast(dist.device, dtype):
+    for k in range(dist.rank, config.eval_batches, dist.world_size):
+        x, y = data.batch("val", config.batch_size, block_size, seed=(EVAL_SEED, k), device=dist.device)
+        with ac.autocast(dist.device, config.dtype):
             _, loss = model(x, y)
         totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=dist.device)])
     ac.all_reduce(totals, "sum")
@@ -127,37 +180,62 @@ def evaluate(
     return (totals[0] / totals[1]).item()
 
 
-def _rewind_log(path: Path, it: int) -> None:
-    """Drop the log lines written after iteration ``it`` (by a run killed after its last checkpoint)."""
-    kept = [r for r in ac.read_jsonl(path, missing_ok=True) if r["iter"] <= it]
-    path.unlink(missing_ok=True)
-    for record in kept:
-        ac.append_jsonl(path, record)
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: TokenData,
+    config: TrainConfig,
+    step: int,
+    dist: ac.Distributed,
+    block_size: int,
+) -> float:
+    """One optimizer step: this process's micro-batches of step ``step``, clipped AdamW; the mean loss.
 
-
-def _device_name(device: torch.device) -> str:
-    return (
-        torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or platform.machine()
-    )
+    Micro-batch ``j`` is drawn from ``(seed, step, j)``; process ``r`` takes ``j = r, r + W, ...`` and
+    gradients are synchronized (DDP) on its last one only.
+    """
+    local_steps = config.gradient_accumulation_steps // dist.world_size
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(step, config)
+    total = torch.zeros((), device=dist.device)
+    for micro_step in range(local_steps):
+        micro = dist.rank + micro_step * dist.world_size
+        x, y = data.batch(
+            "train", config.batch_size, block_size, seed=(config.seed, step, micro), device=dist.device
+        )
+        sync = micro_step == local_steps - 1 or not dist.enabled
+        with contextlib.nullcontext() if sync else model.no_sync(), ac.autocast(dist.device, config.dtype):
+            _, loss = model(x, y)
+            loss = loss / local_steps
+        loss.backward()
+        total += loss.detach()
+    if config.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss = ac.all_reduce(total, "mean").item()
+    if not math.isfinite(loss):
+        raise RuntimeError(f"{config.label}: the training loss became {loss} at step {step + 1}")
+    return loss
 
 
 def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = None) -> dict | None:
-    """Train one run (resuming ``out/checkpoint.pt`` if ``config.resume``); append its record to the results.
+    """Train one run (resuming ``out/checkpoint.pt`` unless ``--no-resume``); append its record to results.
 
     Works alone or in every process that ``torchrun`` started (DistributedDataParallel).
 
     Args:
         config: the run.
-        on_checkpoint: called with the iteration after every checkpoint is written (an exception raised
-            there stops the run as a kill would, with the checkpoint on disk).
+        on_checkpoint: called with the step after every checkpoint is written
+            (``app_common.testing.kill_at`` raises there to stop the run as a kill would).
 
     Returns:
         The results record, or None when the checkpoint says the run had already finished.
 
     Raises:
-        ValueError: bad settings, data or checkpoint; FileNotFoundError: no data or no pretrained folder.
+        ValueError: bad settings, data or checkpoint (another run's: the changed settings are listed);
+            FileNotFoundError: no data or no pretrained folder; MemoryError: the run would not fit the
+            device (``--memory-check``).
     """
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -172,160 +250,169 @@ def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | N
     device, out = dist.device, Path(config.out)
     if config.gradient_accumulation_steps % dist.world_size:
         raise ValueError(
-            f"gradient_accumulation_steps: {config.gradient_accumulation_steps} is not divisible by the "
+            f"--gradient-accumulation-steps: {config.gradient_accumulation_steps} is not divisible by the "
             f"{dist.world_size} processes"
         )
-    local_steps = config.gradient_accumulation_steps // dist.world_size
-    dtype = resolved_dtype(config, device)
     data = TokenData(config.data)
+    planned = run_model_config(config, data.vocab_size)
+    data.check_block_size(planned.block_size)
+    if config.memory_check:
+        check_fits(planned, config, device)
 
     ac.seed_everything(config.seed)
-    model = build_model(config, data.vocab_size).to(device)
+    model = build_model(config, data, device)
     optimizer = model.configure_optimizers(
-        config.weight_decay, config.learning_rate, (config.beta1, config.beta2), device.type
+        config.weight_decay, config.lr, (config.beta1, config.beta2), device.type
     )
-    state = {"iter": 0, "train_time": 0.0, "val_loss": None, "finished": False}
-    checkpoint = ac.load_checkpoint(out / CHECKPOINT, map_location=device) if config.resume else None
-    if checkpoint is not None:
-        if checkpoint["model_config"] != dataclasses.asdict(model.config):
-            raise ValueError(
-                f"resume: {out / CHECKPOINT} holds a different model ({checkpoint['model_config']}); "
-                "use another --out or the same settings"
-            )
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        state = checkpoint["state"]
-        rngs = checkpoint["rng"]
-        if len(rngs) == dist.world_size:
-            ac.set_rng_state(rngs[dist.rank])
-        if state["finished"]:
+    checkpointer = ac.Checkpointer(
+        out / CHECKPOINT, ac.run_identity(config), resume=config.resume, on_save=on_checkpoint
+    )
+    state = checkpointer.load(map_location=device)
+    progress = {"step": 0, "train_time": 0.0, "val_loss": None}
+    if state is not None:
+        if state["progress"]["finished"]:
             if dist.is_main:
-                print(f"{out}: already finished ({state['iter']} iterations); nothing to do")
+                print(f"{out}: already finished ({state['step']} steps); nothing to do")
             return None
+        ac.load_state_dicts(state, model=model, optimizer=optimizer)
+        progress.update(step=state["step"], **{k: state["progress"][k] for k in ("train_time", "val_loss")})
+        if len(state["rng"]) == dist.world_size:
+            ac.set_rng_state(state["rng"][dist.rank])
         if dist.is_main:
-            _rewind_log(out / LOG, state["iter"])
+            ac.rewind_log(out / LOG, progress["step"])
     elif dist.is_main:
         (out / LOG).unlink(missing_ok=True)
 
-    raw_model = model
-    if config.compile:
-        model = torch.compile(model)
-    # Evaluation runs on the module itself: under DDP every forward pass is a collective (buffer
-    # broadcast), and the processes evaluate different numbers of batches.
-    eval_model = model
-    if dist.enabled:
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
     def save(finished: bool = False) -> None:
-        state["finished"] = finished
         rngs = ac.all_gather_object(ac.rng_state())
-        if dist.is_main:
-            ac.save_checkpoint(
-                out / CHECKPOINT,
-                {
-                    "model": raw_model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "state": dict(state),
-                    "rng": rngs,
-                    "model_config": dataclasses.asdict(raw_model.config),
-                    "config": ac.config_dict(config),
-                    "tokenizer": data.meta,
-                },
-            )
+        counters = {
+            "train_time": progress["train_time"],
+            "val_loss": progress["val_loss"],
+            "finished": finished,
+        }
+        checkpointer.save(
+            progress["step"],
+            {
+                **ac.state_dicts(model=model, optimizer=optimizer),
+                "progress": counters,
+                "rng": rngs,
+                "model_config": dataclasses.asdict(model.config),
+                "tokenizer": data.meta,
+            },
+            write=dist.is_main,
+        )
         ac.barrier()
 
-    tokens_per_iter = config.gradient_accumulation_steps * config.batch_size * config.block_size
+    tokens_per_step = config.gradient_accumulation_steps * config.batch_size * model.config.block_size
     if dist.is_main:
         print(
-            f"{config.label}: {raw_model.num_parameters() / 1e6:.2f}M parameters, "
-            f"replaced {raw_model.replaced or 'none'}, "
-            f"{tokens_per_iter} tokens per iteration, {device} {dtype}, {dist.world_size} process(es)"
+            f"{config.label}: {model.num_parameters() / 1e6:.2f}M parameters, "
+            f"replaced {model.replaced or 'none'} ({config.start}), "
+            f"{tokens_per_step} tokens per step, {device} {config.dtype}, {dist.world_size} process(es)"
         )
-    model.train()
-    timer = ac.Timer(device, elapsed=state["train_time"])
-    timer.start()
-    bar = ac.progress(
-        total=config.max_iters, initial=state["iter"], desc=config.label, disable=not dist.is_main
-    )
-    for it in range(state["iter"], config.max_iters):
-        lr = learning_rate(it, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        total = torch.zeros((), device=device)
-        for step in range(local_steps):
-            micro = dist.rank + step * dist.world_size
-            x, y = data.batch(
-                "train", config.batch_size, config.block_size, seed=(config.seed, it, micro), device=device
-            )
-            sync = step == local_steps - 1 or not dist.enabled
-            with contextlib.nullcontext() if sync else model.no_sync(), ac.autocast(device, dtype):
-                _, loss = model(x, y)
-                loss = loss / local_steps
-            loss.backward()
-            total += loss.detach()
-        if config.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        train_loss = ac.all_reduce(total, "mean").item()
-        if not math.isfinite(train_loss):
-            raise RuntimeError(f"{config.label}: the training loss became {train_loss} at iteration {it + 1}")
-        state["iter"] = it + 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}")
-        if dist.is_main and ((it + 1) % config.log_interval == 0 or it == 0):
-            ac.append_jsonl(out / LOG, {"iter": it + 1, "train_loss": train_loss, "lr": lr})
-        if (it + 1) % config.eval_interval == 0 or it + 1 == config.max_iters:
-            state["train_time"] = timer.stop()
-            state["val_loss"] = evaluate(eval_model, data, config, dist, dtype)
-            if dist.is_main:
-                ac.append_jsonl(out / LOG, {"iter": it + 1, "val_loss": state["val_loss"]})
-                bar.write(f"{config.label}: iteration {it + 1}: val loss {state['val_loss']:.4f}")
-            save()
-            if on_checkpoint is not None:
-                on_checkpoint(it + 1)
-            timer.start()
-    bar.close()
-    state["train_time"] = timer.stop()
-
-    peak = ac.peak_memory(device)
-    peak_bytes = int(ac.all_reduce(torch.tensor([float(peak.bytes)], device=device), "max").item())
-    record = {
-        "run": config.label,
-        "mlp": raw_model.config.mlp,
-        "last_k": raw_model.config.replaced_blocks,
-        "replaced": raw_model.replaced,
-        "mlp_features": raw_model.config.mlp_features,
-        "attention": raw_model.config.attention,
-        "init_from": config.init_from,
-        "val_loss": state["val_loss"],
-        "val_ppl": math.exp(state["val_loss"]),
-        "eval_batches": config.eval_iters,
-        "iters": state["iter"],
-        "tokens": state["iter"] * tokens_per_iter,
-        "train_time_s": state["train_time"],
-        "peak_memory_bytes": peak_bytes,
-        "memory_kind": peak.kind,
-        "num_parameters": raw_model.num_parameters(),
-        "tokenizer": data.meta["tokenizer"],
-        "vocab_size": data.vocab_size,
-        "device": _device_name(device),
-        "dtype": dtype,
-        "world_size": dist.world_size,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "log": str(out / LOG),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": ac.config_dict(config),
-    }
+    loop(config, model, optimizer, data, dist, progress, save, out / LOG)
+    record = _record(config, model, data, progress, dist, tokens_per_step)
     if dist.is_main:
         ac.append_jsonl(config.results, record)
         print(
-            f"{config.label}: val loss {state['val_loss']:.4f}, perplexity {record['val_ppl']:.3f} after "
-            f"{state['iter']} iterations ({state['train_time']:.1f} s)"
+            f"{config.label}: val loss {progress['val_loss']:.4f}, perplexity {record['val_ppl']:.3f} after "
+            f"{progress['step']} steps ({progress['train_time']:.1f} s)"
         )
     save(finished=True)
     return record
+
+
+def loop(
+    config: TrainConfig,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    data: TokenData,
+    dist: ac.Distributed,
+    progress: dict,
+    save: Callable[[], None],
+    log: Path,
+) -> None:
+    """Optimizer steps from ``progress["step"]`` to ``config.steps``, evaluating and checkpointing.
+
+    ``progress`` (``step``, ``train_time``, ``val_loss``) is updated in place.
+    """
+    device = dist.device
+    forward = torch.compile(model) if config.compile else model
+    # Evaluation runs on the module itself: under DDP every forward pass is a collective (buffer
+    # broadcast), and the processes evaluate different numbers of batches.
+    eval_model = forward
+    if dist.enabled:
+        forward = DistributedDataParallel(
+            forward, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    block_size = model.config.block_size
+    forward.train()
+    timer = ac.Timer(device, elapsed=progress["train_time"])
+    timer.start()
+    bar = ac.progress(
+        total=config.steps, initial=progress["step"], desc=config.label, disable=not dist.is_main
+    )
+    for step in range(progress["step"], config.steps):
+        train_loss = train_step(forward, optimizer, data, config, step, dist, block_size)
+        progress["step"] = step + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{train_loss:.4f}")
+        if dist.is_main and ((step + 1) % config.log_every == 0 or step == 0):
+            ac.append_jsonl(
+                log, {"step": step + 1, "train_loss": train_loss, "lr": learning_rate(step, config)}
+            )
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            progress["train_time"] = timer.stop()
+            progress["val_loss"] = evaluate(eval_model, data, config, dist)
+            if dist.is_main:
+                ac.append_jsonl(log, {"step": step + 1, "val_loss": progress["val_loss"]})
+                bar.write(f"{config.label}: step {step + 1}: val loss {progress['val_loss']:.4f}")
+            save()
+            timer.start()
+    bar.close()
+    progress["train_time"] = timer.stop()
+
+
+def _record(
+    config: TrainConfig,
+    model: GPT,
+    data: TokenData,
+    progress: dict,
+    dist: ac.Distributed,
+    tokens_per_step: int,
+) -> dict:
+    """The run's results line: validation loss and perplexity, size, time, memory, machine, settings."""
+    peak = ac.peak_memory(dist.device)
+    peak_bytes = int(ac.all_reduce(torch.tensor([float(peak.bytes)], device=dist.device), "max").item())
+    return {
+        "run": config.label,
+        "layer": model.config.layer,
+        "last_k": model.config.replaced_blocks,
+        "replaced": model.replaced,
+        "features": model.config.features,
+        "init": config.start,
+        "attention": model.config.attention,
+        "init_from": config.init_from,
+        "val_loss": progress["val_loss"],
+        "val_ppl": math.exp(progress["val_loss"]),
+        "eval_batches": config.eval_batches,
+        "steps": progress["step"],
+        "tokens": progress["step"] * tokens_per_step,
+        "train_time_s": progress["train_time"],
+        "peak_memory_bytes": peak_bytes,
+        "memory_kind": peak.kind,
+        "num_parameters": model.num_parameters(),
+        "tokenizer": data.meta["tokenizer"],
+        "vocab_size": data.vocab_size,
+        "device": ac.device_name(dist.device),
+        "dtype": config.dtype,
+        "world_size": dist.world_size,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "log": str(Path(config.out) / LOG),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": ac.config_dict(config),
+    }
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
@@ -338,5 +425,10 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GP
     if checkpoint is None:
         raise FileNotFoundError(f"checkpoint: no file at {path}")
     model = GPT(GPTConfig(**checkpoint["model_config"]))
+    for name, module in model.named_modules():
+        # A RaLiMP started with init="lstsq" holds a fitted readout; the fresh layer gets one to load into.
+        readout = checkpoint["model"].get(f"{name}.readout")
+        if readout is not None and getattr(module, "readout", None) is None:
+            module.set_readout(torch.zeros_like(readout))
     model.load_state_dict(checkpoint["model"])
     return model.to(device), checkpoint["tokenizer"]

@@ -59,7 +59,7 @@ def build_snnk(linear: nn.Linear, activation: str, budget: int, *, seed: int, sa
 
 @METHODS.register("ralimp")
 def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
-    """RaLiMP of :data:`RALIMP_SHAPE` spending ``budget``; ``balance`` calibrated on ``sample``."""
+    """RaLiMP of `RALIMP_SHAPE` spending ``budget``; ``balance`` calibrated on ``sample``."""
     return ralimp.create(
         "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **RALIMP_SHAPE
     )

@@ -4,16 +4,14 @@ Usage:
 
     from vit_finetune import ViT, build_model, replace_mlps, swap_attention
     model, spec = build_model("vit_base_patch16_224.augreg_in21k", num_classes=100, weights="model.pth")
-    replace_mlps(model, "ralimp", last_k=4, features=32)        # ralimp.replace_mlp, initialized from fc1
+    replace_mlps(model, "ralimp", last_k=4, features=32, inputs=images, init="lstsq")  # calibrated start
     swap_attention(model, "performer", last_k=4)                # optional: rf_attention, qkv/proj copied
 """
 
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig, run_name
 from vit_finetune.model import ViT, ViTConfig, resample_pos_embed
 from vit_finetune.surgery import (
-    BUDGETS,
     compressed,
-    count_parameters,
     layer_names,
     replace_mlps,
     swap_attention,
@@ -30,7 +28,6 @@ from vit_finetune.weights import (
 )
 
 __all__ = [
-    "BUDGETS",
     "MODELS",
     "ModelSpec",
     "QuickConfig",
@@ -41,7 +38,6 @@ __all__ = [
     "ViTConfig",
     "build_model",
     "compressed",
-    "count_parameters",
     "hf_to_timm",
     "layer_names",
     "load_pretrained",

@@ -6,7 +6,7 @@ Subcommands:
 - ``train``: one run (``--data cifar100 --data-path DIR --layer ralimp --last-k 4 --weights FILE``);
 - ``sweep``: the dense run and each layer kind at each k (``--layers``, ``--ks``);
 - ``report RESULTS``: Markdown/CSV table and PNG plots;
-- ``models``, ``layers``, ``attentions``: list the names.
+- ``list models|layers|attentions``: the names.
 
 Every setting is a flag and a key of the TOML file given with ``--config``; flags win.
 """
@@ -14,7 +14,6 @@ Every setting is a flag and a key of the TOML file given with ``--config``; flag
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,40 +23,36 @@ from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainCon
 from vit_finetune.surgery import layer_names
 from vit_finetune.weights import MODELS
 
-
-def _toml(args: argparse.Namespace) -> dict:
-    return ac.read_toml(args.config) if args.config is not None else {}
-
-
-def _only(table: dict, cls: type) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in table.items() if k in names}
+#: ``vit-finetune list WHAT``: the names it prints.
+LISTS = {
+    "models": lambda: [f"{name}: {MODELS.get(name).description}" for name in MODELS.names()],
+    "layers": layer_names,
+    "attentions": rf_attention.names,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``vit-finetune`` and its subcommands (``--help`` on each)."""
-    parser = argparse.ArgumentParser(
-        prog="vit-finetune",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, commands = ac.app_parser("vit-finetune", __doc__)
 
     quick = commands.add_parser(
-        "quick", help="offline demo on digits (CPU, minutes)", description=QuickConfig.__doc__
+        "quick", help="offline demo on digits (CPU, minutes)", description=ac.plain_text(QuickConfig.__doc__)
     )
+    ac.add_config_argument(quick)
     ac.add_dataclass_arguments(quick, QuickConfig)
     quick.set_defaults(run=_quick)
 
-    train = commands.add_parser("train", help="one fine-tuning run", description=TrainConfig.__doc__)
-    train.add_argument("--config", type=Path, default=None, help="TOML file whose keys are the flags' names")
+    train = commands.add_parser(
+        "train", help="one fine-tuning run", description=ac.plain_text(TrainConfig.__doc__)
+    )
+    ac.add_config_argument(train)
     ac.add_dataclass_arguments(train, TrainConfig)
     train.set_defaults(run=_train)
 
     sweep = commands.add_parser(
-        "sweep", help="dense and each layer kind at each k", description=SweepConfig.__doc__
+        "sweep", help="dense and each layer kind at each k", description=ac.plain_text(SweepConfig.__doc__)
     )
-    sweep.add_argument("--config", type=Path, default=None, help="TOML file whose keys are the flags' names")
+    ac.add_config_argument(sweep)
     ac.add_dataclass_arguments(sweep.add_argument_group("grid"), SweepConfig)
     ac.add_dataclass_arguments(
         sweep.add_argument_group("settings of every run"), TrainConfig, exclude=("layer", "last_k")
@@ -65,25 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(run=_sweep)
 
     rep = commands.add_parser(
-        "report", help="table and plots of a results file", description=ReportConfig.__doc__
+        "report", help="table and plots of a results file", description=ac.plain_text(ReportConfig.__doc__)
     )
     ac.add_dataclass_arguments(rep, ReportConfig, positional=("results",))
     rep.set_defaults(run=_report)
 
-    for name, lister, text in (
-        ("models", lambda: [f"{n}: {MODELS.get(n).description}" for n in MODELS.names()], "model names"),
-        ("layers", layer_names, "layer kinds (dense and ralimp's)"),
-        ("attentions", rf_attention.names, "rf_attention names for --attention"),
-    ):
-        sub = commands.add_parser(name, help=f"list the {text}", description=f"Print the {text}.")
-        sub.set_defaults(run=lambda args, lister=lister: print("\n".join(lister())))
+    names = commands.add_parser(
+        "list", help="list model names, layer kinds or attention names", description="Print the names."
+    )
+    names.add_argument("what", choices=tuple(LISTS), help="which names")
+    names.set_defaults(run=lambda args: print("\n".join(LISTS[args.what]())))
     return parser
 
 
 def _quick(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import quick
 
-    config = ac.config_from(QuickConfig, args)
+    config = ac.config_from(QuickConfig, args, toml=ac.read_config(args))
     print(quick(config))
     print(f"\nreport (table, curves): {Path(config.out) / 'report'}")
 
@@ -91,23 +84,14 @@ def _quick(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from vit_finetune.train import train
 
-    train(ac.config_from(TrainConfig, args, toml=_toml(args)))
+    train(ac.config_from(TrainConfig, args, toml=ac.read_config(args)))
 
 
 def _sweep(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import run_sweep
 
-    table = _toml(args)
-    unknown = (
-        set(table)
-        - {f.name for f in dataclasses.fields(TrainConfig)}
-        - {f.name for f in dataclasses.fields(SweepConfig)}
-    )
-    if unknown:
-        raise ValueError(f"{args.config}: unknown keys {', '.join(sorted(unknown))}")
-    sweep = ac.config_from(SweepConfig, args, toml=_only(table, SweepConfig))
-    base = ac.config_from(TrainConfig, args, toml=_only(table, TrainConfig))
-    run_sweep(sweep, base)
+    grid, settings = ac.split_toml(ac.read_config(args), SweepConfig, TrainConfig, source=args.config)
+    run_sweep(ac.config_from(SweepConfig, args, toml=grid), ac.config_from(TrainConfig, args, toml=settings))
 
 
 def _report(args: argparse.Namespace) -> None:

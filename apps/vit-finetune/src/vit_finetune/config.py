@@ -1,4 +1,8 @@
-"""Configurations of ``vit-finetune``: every field is a flag (``last_k`` is ``--last-k``) and a TOML key."""
+"""Configurations of ``vit-finetune``: every field is a flag (``last_k`` is ``--last-k``) and a TOML key.
+
+The flags the apps share (``--device``, ``--steps``, ``--lr``, ``--layer``, ``--features``, ``--attention``,
+``--out``, ``--resume``, ...) come from ``app_common``'s field groups and mean the same as in every app.
+"""
 
 from __future__ import annotations
 
@@ -7,56 +11,87 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from app_common import DEVICES, DTYPES, config_dict
+import app_common as ac
+from spectraformer_core import check_int
 from vit_finetune.data import DATASETS
 
+#: How a replaced MLP starts: ``lstsq`` (readout fitted to the pretrained MLP on a training batch),
+#: ``psi`` (the paper's ``Psi(W)``), ``auto`` (``lstsq`` for pretrained MLPs, ``psi`` for a random model).
+INITS = ("auto", "lstsq", "psi")
 
-@dataclass(frozen=True)
-class TrainConfig:
+#: Where the run folders go by default.
+RUNS = Path("runs/vit-finetune")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(
+    ac.RuntimeFields,
+    ac.EvalFields,
+    ac.LayerFields,
+    ac.AttentionFields,
+    ac.OutputFields,
+):
     """One fine-tuning run: ``vit-finetune train``.
 
     The protocol of the RaLiMP paper's ViT experiments: the MLPs of the last ``k`` blocks replaced
     (initialized from the pretrained ones), the whole network fine-tuned with cross-entropy, AdamW, a
     one-cycle schedule (10% linear warm-up, cosine annealing to 0), gradient-norm clipping at 1.0, float32,
-    seed 0. Fields left at None take the data set's defaults (`vit_finetune.data.DATASETS`).
+    seed 0. Fields left at None take the data set's defaults (``vit_finetune.data.DATASETS``). The run's
+    folder is ``OUT/<data>-<model>-<layer>-k<k>-s<seed>-<digest of its identity>``.
     """
+
+    #: Settings that do not change what a run computes (with the groups' own: device, threads, log_every,
+    #: out, resume): left out of its identity, free to change on resume.
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "data_path",
+        "weights",
+        "workers",
+        "results",
+        "throughput_batch",
+        "throughput_repeats",
+    )
 
     data: str = field(default="digits", metadata={"help": "data set", "choices": tuple(DATASETS.names())})
     data_path: Path | None = field(default=None, metadata={"help": "data folder (not needed for digits)"})
     model: str | None = field(
-        default=None, metadata={"help": "model name (vit-finetune models); None: the data set's"}
+        default=None, metadata={"help": "model name (vit-finetune list models); default: the data set's"}
     )
     weights: Path | None = field(
         default=None,
-        metadata={"help": "local checkpoint file/folder (timm or HF); None: the hub when online"},
+        metadata={"help": "local checkpoint file/folder (timm or HF); default: the hub when online"},
     )
-    layer: str = field(
-        default="ralimp", metadata={"help": "dense, or the ralimp layer kind replacing the MLPs"}
+    weight_matrix: str | None = ac.option(
+        "weight_matrix",
+        None,
+        help="rf_matrices name of the replacement layers' random projections (default: the layer's own)",
     )
-    last_k: int = field(
-        default=4, metadata={"help": "replace the MLPs (and --attention) of the last k blocks"}
+    init: str = field(
+        default="auto",
+        metadata={
+            "help": "start of the replaced MLPs: lstsq (readout fitted to the pretrained MLP on a training "
+            "batch), psi (the paper's Psi(W)), auto (lstsq for pretrained weights, psi for a random model)",
+            "choices": INITS,
+        },
     )
-    features: int = field(default=32, metadata={"help": "random-feature budget of each replaced MLP"})
-    layer_options: str = field(
-        default="{}",
-        metadata={"help": 'JSON object of more layer options, e.g. \'{"weight_matrix": "orf"}\''},
+    last_k: int = ac.option("last_k", 4, help="replace the MLPs (and --attention) of the last k blocks")
+    attention: str = ac.option(
+        "attention",
+        "softmax",
+        help="attention of the same blocks: any name of rf_attention.names() (softmax: keep the model's)",
     )
-    attention: str | None = field(
-        default=None, metadata={"help": "swap the attention of the same blocks for this rf_attention name"}
-    )
-    attention_features: int = field(default=128, metadata={"help": "random features of --attention"})
-    seed: int = field(default=0, metadata={"help": "seed of the data order, augmentation, random features"})
+    seed: int = ac.option("seed", 0)
     tune: bool = field(
         default=False, metadata={"help": "train on train, evaluate on val (else train+val, evaluate on test)"}
     )
-    image_size: int | None = field(default=None, metadata={"help": "input side; None: the model's"})
-    batch_size: int | None = field(default=None, metadata={"help": "batch size; None: the data set's"})
-    learning_rate: float | None = field(
-        default=None, metadata={"help": "peak AdamW rate; None: the data set's"}
-    )
-    epochs: int | None = field(default=None, metadata={"help": "epochs; None: the data set's"})
-    max_steps: int | None = field(default=None, metadata={"help": "optimizer steps (wins over --epochs)"})
+    image_size: int | None = field(default=None, metadata={"help": "input side; default: the model's"})
+    batch_size: int | None = field(default=None, metadata={"help": "batch size; default: the data set's"})
+    lr: float | None = ac.option("lr", None, help="peak AdamW learning rate; default: the data set's")
+    epochs: int | None = field(default=None, metadata={"help": "epochs; default: the data set's"})
+    # The optimizer flags of ac.OptimizerFields, whose steps may not be None (here: the data set's epochs).
+    steps: int | None = ac.option("steps", None, help="optimizer steps (wins over --epochs)")
+    grad_clip: float = ac.option("grad_clip", 1.0)
     warmup: float = field(default=0.1, metadata={"help": "fraction of the steps in linear warm-up"})
     weight_decay: float = field(
         default=0.05, metadata={"help": "AdamW weight decay (not on biases, norms, embeddings)"}
@@ -67,100 +102,55 @@ class TrainConfig:
             "help": "learning-rate factor of the replaced layers (RaLiMP's W enters Psi(W) through exp)"
         },
     )
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm to this; 0: off"})
     dropout: float = field(default=0.0, metadata={"help": "dropout in the blocks"})
     augment: bool = field(default=False, metadata={"help": "random flips and padded crops in training"})
-    eval_every: int = field(default=0, metadata={"help": "steps between evaluations (0: every epoch)"})
-    log_every: int = field(default=10, metadata={"help": "steps between training-loss log lines"})
+    eval_every: int | None = ac.option(
+        "eval_every", None, help="steps between evaluations (default: an epoch)"
+    )
     throughput_batch: int = field(default=64, metadata={"help": "batch of the inference-throughput timing"})
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
-    device: str = field(
-        default="auto", metadata={"help": "auto: CUDA if available", "metavar": "|".join(DEVICES)}
-    )
-    dtype: str = field(default="float32", metadata={"help": "autocast precision", "choices": tuple(DTYPES)})
     workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
-    runs: Path = field(
-        default=Path("runs/vit-finetune"), metadata={"help": "folder of run checkpoints and logs"}
-    )
+    out: Path = ac.option("out", RUNS, help="folder of the run folders (checkpoints, logs)")
     results: Path = field(
         default=Path("results/vit-finetune.jsonl"), metadata={"help": "JSON-lines file the result goes to"}
     )
-    resume: bool = field(
-        default=True, metadata={"help": "continue from the run's checkpoint if there is one"}
-    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         DATASETS.get(self.data)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in (
-            "last_k",
-            "features",
-            "attention_features",
-            "log_every",
-            "throughput_batch",
-            "throughput_repeats",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
-        for name in ("batch_size", "epochs", "max_steps", "image_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: expected an integer >= 1 or None, got {value}")
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ValueError(f"learning_rate: expected a rate > 0, got {self.learning_rate}")
+        for name in ("last_k", "throughput_batch", "throughput_repeats"):
+            check_int(ac.flag(name), getattr(self, name), minimum=1)
+        for name in ("batch_size", "epochs", "image_size", "steps"):
+            if getattr(self, name) is not None:
+                check_int(ac.flag(name), getattr(self, name), minimum=1)
+        check_int(ac.flag("workers"), self.workers, minimum=0)
+        if self.init not in INITS:
+            raise ValueError(f"--init: expected one of {', '.join(INITS)}, got {self.init!r}")
         if not self.replaced_lr_scale > 0:
-            raise ValueError(f"replaced_lr_scale: expected a factor > 0, got {self.replaced_lr_scale}")
+            raise ValueError(f"--replaced-lr-scale: expected a factor > 0, got {self.replaced_lr_scale}")
         if not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup: expected a fraction in [0, 1), got {self.warmup}")
+            raise ValueError(f"--warmup: expected a fraction in [0, 1), got {self.warmup}")
         if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout: expected a rate in [0, 1), got {self.dropout}")
-        if self.grad_clip < 0 or self.weight_decay < 0 or self.eval_every < 0:
-            raise ValueError("grad_clip, weight_decay, eval_every: expected values >= 0")
-        options = self.options()
-        if not isinstance(options, dict):
-            raise ValueError(f"layer_options: expected a JSON object, got {self.layer_options!r}")
-
-    def options(self) -> dict:
-        """``layer_options`` parsed."""
-        try:
-            return json.loads(self.layer_options)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"layer_options: not valid JSON ({error.msg}): {self.layer_options!r}") from None
+            raise ValueError(f"--dropout: expected a rate in [0, 1), got {self.dropout}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"--lr: expected a rate > 0, got {self.lr}")
+        if self.grad_clip < 0:
+            raise ValueError(f"--grad-clip: expected a norm >= 0 (0: off), got {self.grad_clip}")
+        if self.weight_decay < 0:
+            raise ValueError(f"--weight-decay: expected a value >= 0, got {self.weight_decay}")
 
     def resolved(self) -> TrainConfig:
         """This configuration with the data set's defaults filled in where a field is None."""
         spec = DATASETS.get(self.data)
-        defaults = {
-            "model": spec.model,
-            "batch_size": spec.batch_size,
-            "learning_rate": spec.learning_rate,
-            "epochs": spec.epochs,
-        }
+        defaults = {"model": spec.model, "batch_size": spec.batch_size, "lr": spec.lr, "epochs": spec.epochs}
         return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
 
-#: Fields that do not change what a run computes: left out of its identity.
-NOT_IDENTITY = (
-    "data_path",
-    "weights",
-    "device",
-    "workers",
-    "runs",
-    "results",
-    "resume",
-    "log_every",
-    "throughput_batch",
-    "throughput_repeats",
-)
-
-
 def run_name(config: TrainConfig) -> str:
-    """``digits-vit-digits-ralimp-k4-s0-1a2b3c4d``: the run's folder, from every setting that changes it."""
+    """``digits-vit-digits-ralimp-k4-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
     config = config.resolved()
-    settings = {k: v for k, v in config_dict(config).items() if k not in NOT_IDENTITY}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-    attention = f"-{config.attention}" if config.attention else ""
+    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    attention = "" if config.attention == "softmax" else f"-{config.attention}"
     model = config.model.replace("/", "_")
     return f"{config.data}-{model}-{config.layer}-k{config.last_k}{attention}-s{config.seed}-{digest}"
 
@@ -178,13 +168,11 @@ class SweepConfig:
     ks: tuple[int, ...] = field(default=(4, 7, 9, 11), metadata={"help": "values of k (dense runs once)"})
 
 
-@dataclass(frozen=True)
-class QuickConfig:
+@dataclass(frozen=True, kw_only=True)
+class QuickConfig(ac.RuntimeFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
-    out: Path = field(
-        default=Path("runs/vit-finetune-quick"), metadata={"help": "folder of runs, results, report"}
-    )
+    out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="folder of runs, results, report")
     layers: tuple[str, ...] = field(
         default=("dense", "ralimp", "snnk", "eugen"), metadata={"help": "layer kinds"}
     )
@@ -193,12 +181,14 @@ class QuickConfig:
     replaced_lr_scale: float = field(
         default=0.1, metadata={"help": "learning-rate factor of the replaced layers (all kinds alike)"}
     )
-    features: int = field(default=32, metadata={"help": "random-feature budget"})
-    attention: str | None = field(
-        default=None, metadata={"help": "also swap the attention (rf_attention name)"}
+    features: int = ac.option("features", 32)
+    init: str = field(
+        default="auto", metadata={"help": "start of the replaced MLPs (as train's --init)", "choices": INITS}
     )
-    seed: int = field(default=0, metadata={"help": "seed"})
-    device: str = field(default="auto", metadata={"help": "auto: CUDA if available"})
+    attention: str = ac.option(
+        "attention", "softmax", help="also swap the attention of the same blocks (softmax: keep the model's)"
+    )
+    seed: int = ac.option("seed", 0)
 
 
 @dataclass(frozen=True)

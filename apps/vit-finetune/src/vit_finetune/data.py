@@ -255,14 +255,14 @@ class DataSpec:
     Attributes:
         load: ``(root or None, image_size) -> Splits``.
         batch_size: default batch size.
-        learning_rate: default peak learning rate of AdamW.
+        lr: default peak learning rate of AdamW.
         epochs: default epochs.
         model: default model name.
     """
 
     load: Callable[[Path | None, int], Splits]
     batch_size: int
-    learning_rate: float
+    lr: float
     epochs: int
     model: str
 

@@ -9,17 +9,17 @@ kind with the dense accuracy as a line (``accuracy_vs_k.png``, when the results 
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import app_common as ac
-from spectraformer_core import markdown_table
 from vit_finetune.config import ReportConfig
 
 HEADER = [
     "data",
     "model",
     "layer",
+    "features",
+    "init",
     "k",
     "attention",
     "accuracy",
@@ -34,6 +34,11 @@ HEADER = [
 ]
 
 
+def swapped(record: dict) -> str | None:
+    """The attention a run swapped in, or None (its model's own softmax attention)."""
+    return None if record["attention"] in (None, "softmax") else record["attention"]
+
+
 def latest(records: list[dict]) -> list[dict]:
     """The last record of each run, in first-seen order."""
     by_run: dict[str, dict] = {}
@@ -46,7 +51,7 @@ def dense_accuracy(records: list[dict], record: dict) -> float | None:
     """Accuracy of the dense run (no replacement, no attention swap) of the same data, model and seed."""
     for other in records:
         same = all(other[k] == record[k] for k in ("data", "model", "seed", "eval_split"))
-        if same and other["layer"] == "dense" and other["attention"] is None:
+        if same and other["layer"] == "dense" and swapped(other) is None:
             return other["accuracy"]
     return None
 
@@ -64,8 +69,10 @@ def table_rows(records: list[dict]) -> list[list[str]]:
                 r["data"],
                 r["model"],
                 r["layer"],
+                "-" if r["layer"] == "dense" else str(r["features"]),
+                "-" if r["layer"] == "dense" else r.get("init", "psi"),
                 str(r["last_k"]),
-                r["attention"] or "softmax",
+                swapped(r) or "softmax",
                 f"{100 * r['accuracy']:.1f}",
                 delta,
                 f"{r['parameters']:,}",
@@ -93,12 +100,12 @@ def plot_curves(records: list[dict], path: Path) -> None:
         label = (
             f"{r['layer']}"
             + (f" k={r['last_k']}" if r["layer"] != "dense" else "")
-            + (f" +{r['attention']}" if r["attention"] else "")
+            + (f" +{swapped(r)}" if swapped(r) else "")
         )
         key = f"{r['eval_split']}_accuracy"
         losses = [(e["step"], e["train_loss"]) for e in log if "train_loss" in e]
         accs = [(e["step"], e[key]) for e in log if key in e]
-        style = {"color": "black", "linewidth": 2} if r["layer"] == "dense" and not r["attention"] else {}
+        style = {"color": "black", "linewidth": 2} if r["layer"] == "dense" and not swapped(r) else {}
         if losses:
             ax_loss.plot(*zip(*losses, strict=True), label=label, **style)
         if accs:
@@ -122,16 +129,16 @@ def plot_accuracy_vs_k(records: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in records:
-        if r["layer"] == "dense" and r["attention"] is None:
+        if r["layer"] == "dense" and swapped(r) is None:
             ax.axhline(100 * r["accuracy"], color="black", linestyle="--", label=f"dense ({r['data']})")
     kinds = sorted(
-        {(r["layer"], r["attention"]) for r in records if r["layer"] != "dense" or r["attention"]}, key=str
+        {(r["layer"], swapped(r)) for r in records if r["layer"] != "dense" or swapped(r)}, key=str
     )
     for layer, attention in kinds:
         points = sorted(
             (r["last_k"], 100 * r["accuracy"])
             for r in records
-            if (r["layer"], r["attention"]) == (layer, attention)
+            if (r["layer"], swapped(r)) == (layer, attention)
         )
         ax.plot(*zip(*points, strict=True), marker="o", label=layer + (f" +{attention}" if attention else ""))
     ax.set(xlabel="k (last blocks replaced)", ylabel="accuracy (%)")
@@ -149,11 +156,7 @@ def report(config: ReportConfig) -> str:
         raise ValueError(f"results: {config.results} holds no record")
     out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
-    rows = table_rows(records)
-    table = markdown_table(HEADER, rows)
-    (out / "table.md").write_text(table + "\n")
-    with (out / "table.csv").open("w", newline="") as f:
-        csv.writer(f).writerows([HEADER, *rows])
+    table = ac.write_table(out / "table", HEADER, table_rows(records))
     plot_curves(records, out / "curves.png")
     if len({r["last_k"] for r in records if r["layer"] != "dense"}) > 1:
         plot_accuracy_vs_k(records, out / "accuracy_vs_k.png")

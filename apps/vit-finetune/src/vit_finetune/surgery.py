@@ -2,7 +2,7 @@
 
 Usage:
 
-    replace_mlps(model, "ralimp", last_k=4, features=32, seed=0)      # ralimp.replace_mlp with a budget
+    replace_mlps(model, "ralimp", last_k=4, features=32, inputs=x, init="lstsq")  # ralimp.replace_mlp
     swap_attention(model, "performer", last_k=4, num_features=128)    # rf_attention.create, qkv/proj copied
     fast = compressed(model)                                          # fc2 folded into each linearized fc1
 """
@@ -10,40 +10,21 @@ Usage:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 import ralimp
 import rf_attention
-from spectraformer_core import Registry
 from vit_finetune.model import ViT
-
-#: ``layer kind -> (features -> constructor options)``: how a budget of ``F`` random features is spent.
-#: RaLiMP splits it as the paper's Sec. D.1 does at ``F = 32`` (``F/4`` polynomial features, one atom, 3
-#: Gauss-Laguerre nodes of ``F/8`` projections: ``F/4 + 2 * 3 * F/8 = F``); EUGen and SNNK take ``F``
-#: features, LowRank rank ``F``. Kinds without an entry get only the options given explicitly.
-BUDGETS: Registry[Callable[[int], dict]] = Registry("budget")
-BUDGETS.register("ralimp")(
-    lambda f: {
-        "poly_features": max(1, f // 4),
-        "num_atoms": 1,
-        "num_freqs": 3,
-        "freq_features": max(1, f // 8),
-    }
-)
-BUDGETS.register("eugen")(lambda f: {"num_features": f})
-BUDGETS.register("snnk")(lambda f: {"num_features": f})
-BUDGETS.register("lowrank")(lambda f: {"rank": f})
 
 #: The layer name that keeps the dense MLPs.
 DENSE = "dense"
 
-
-def layer_names() -> list[str]:
-    """``dense`` and every ``ralimp`` layer kind."""
-    return [DENSE, *ralimp.names()]
+#: Options of a kind beyond its budget. One departure from the paper: RaLiMP's ``balance="auto"``
+#: (the paper's literal value is 1), which rescales ``x`` and ``w`` against each other so that the
+#: features' variance starts finite at LayerNorm'd inputs.
+LAYER_OPTIONS: dict[str, dict] = {"ralimp": {"balance": "auto"}}
 
 
 def replace_mlps(
@@ -53,21 +34,28 @@ def replace_mlps(
     last_k: int,
     features: int,
     seed: int = 0,
-    options: dict | None = None,
+    inputs: torch.Tensor | None = None,
+    init: str = "psi",
+    weight_matrix: str | None = None,
 ) -> list[str]:
-    """Replace the MLPs of the last ``last_k`` blocks by ``layer`` (``ralimp.replace_mlp``), in place.
+    """Replace the MLPs of the last ``last_k`` blocks by ``layer`` layers spending ``features``, in place.
 
-    Each up projection becomes ``layer.from_linear(fc1, "gelu", ...)`` initialized from the current
-    (pretrained) weights; the other blocks are not touched.
+    Each up projection becomes ``ralimp.create(layer, fc1, "gelu", budget=features)`` (through
+    ``ralimp.replace_mlp``, which owns the budget rule: exactly ``features`` random features), initialized
+    from the current (pretrained) weights; the other blocks are not touched.
 
     Args:
         model: the ViT.
         layer: ``"dense"`` (no change) or a ``ralimp`` layer kind (``ralimp``, ``eugen``, ``snnk``,
             ``lowrank``).
         last_k: how many of the last blocks.
-        features: the random-feature budget ``F`` (see `BUDGETS`).
+        features: the random-feature budget of each layer.
         seed: seed of the projections (block ``i`` of the replaced ones gets ``seed + i``).
-        options: more constructor options, winning over the budget's (``{"weight_matrix": "orf"}``).
+        inputs: images ``(B, 3, S, S)`` the model runs on once (eval mode) before the replacement: the
+            inputs each replaced ``fc1`` receives calibrate its layer (scales, and the readout for
+            ``init="lstsq"``).
+        init: ``"psi"`` (the paper's ``Psi(W)``) or ``"lstsq"`` (needs ``inputs``).
+        weight_matrix: ``rf_matrices`` name of the projections; None: the layer's default.
 
     Returns:
         The names of the replaced MLP modules (``[]`` for ``dense``).
@@ -76,11 +64,17 @@ def replace_mlps(
         return []
     if layer not in ralimp.LAYERS:
         raise ValueError(f"layer: unknown {layer!r}; expected one of {', '.join(layer_names())}")
-    if features < 1:
-        raise ValueError(f"features: expected an integer >= 1, got {features}")
-    kw = BUDGETS.get(layer)(features) if layer in BUDGETS else {}
-    kw.update(options or {})
-    return ralimp.replace_mlp(model, layer, last_k=last_k, seed=seed, **kw)
+    overrides = dict(LAYER_OPTIONS.get(layer, {}))
+    if weight_matrix is not None:
+        overrides["weight_matrix"] = weight_matrix
+    return ralimp.replace_mlp(
+        model, layer, budget=features, last_k=last_k, inputs=inputs, init=init, seed=seed, **overrides
+    )
+
+
+def layer_names() -> list[str]:
+    """``dense`` and every ``ralimp`` layer kind."""
+    return ralimp.names()
 
 
 def swap_attention(
@@ -141,8 +135,3 @@ def compressed(model: nn.Module) -> nn.Module:
             module.fc1 = fc1.compress(fc2)
             module.fc2 = nn.Identity()
     return model
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters (compressed layers' fixed feature maps hold buffers, not parameters)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -18,7 +18,7 @@ def runs_of(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
     """The runs of the grid: the dense model once (with ``--attention``: at every k), each kind at each k."""
     configs = []
     for layer in sweep.layers:
-        once = layer == "dense" and base.attention is None
+        once = layer == "dense" and base.attention == "softmax"
         for k in sweep.ks[:1] if once else sweep.ks:
             configs.append(dataclasses.replace(base, layer=layer, last_k=k))
     return configs
@@ -42,16 +42,19 @@ def quick(config: QuickConfig) -> str:
         model="vit-digits",
         epochs=config.epochs,
         features=config.features,
+        init=config.init,
         replaced_lr_scale=config.replaced_lr_scale,
         attention=config.attention,
         seed=config.seed,
         device=config.device,
-        runs=out / "runs",
+        dtype=config.dtype,
+        threads=config.threads,
+        out=out / "runs",
         results=out / "results.jsonl",
     )
-    if config.attention is not None:
+    if config.attention != "softmax":
         run_sweep(
-            SweepConfig(layers=("dense",), ks=(config.ks[0],)), dataclasses.replace(base, attention=None)
+            SweepConfig(layers=("dense",), ks=(config.ks[0],)), dataclasses.replace(base, attention="softmax")
         )
     run_sweep(SweepConfig(layers=config.layers, ks=config.ks), base)
     return report(ReportConfig(results=out / "results.jsonl", out=out / "report"))

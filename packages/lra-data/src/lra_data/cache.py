@@ -22,6 +22,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,11 @@ MANIFEST = "manifest.json"
 CACHE_FORMAT = "lra-data-cache"
 CACHE_VERSION = 1
 
-_DTYPES = {"uint16": np.dtype("<u2"), "int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "uint16": np.dtype("<u2"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+}
 
 
 def _sha256(path: Path) -> str:
@@ -69,8 +74,8 @@ class CacheWriter:
         num_classes: int,
         max_length: int,
         pair: bool,
-        tokenization: dict,
-        source: dict,
+        tokenization: dict[str, Any],
+        source: dict[str, Any],
         overwrite: bool = False,
     ):
         self.folder = Path(folder)
@@ -87,10 +92,10 @@ class CacheWriter:
         self.source = source
         self.vocab_size = tokenization.get("vocab_size")
         self.dtype = "uint16" if self.vocab_size is not None and self.vocab_size <= 1 << 16 else "int32"
-        self.splits: dict[str, dict] = {}
+        self.splits: dict[str, dict[str, Any]] = {}
         self.largest_id = 0
 
-    def write_split(self, split: str, examples: Iterable) -> dict:
+    def write_split(self, split: str, examples: Iterable[Any]) -> dict[str, Any]:
         """Write the examples ``(tokens, label)`` (pairs of token arrays if ``pair``) of one split.
 
         Returns:
@@ -171,7 +176,7 @@ class CacheWriter:
         self.splits[split] = entry
         return entry
 
-    def _write_array(self, name: str, values: list[int]) -> dict:
+    def _write_array(self, name: str, values: list[int]) -> dict[str, Any]:
         data = np.asarray(values, dtype=_DTYPES["int64"]).tobytes()
         (self.folder / name).write_bytes(data)
         return {
@@ -181,7 +186,7 @@ class CacheWriter:
             "sha256": hashlib.sha256(data).hexdigest(),
         }
 
-    def finish(self) -> dict:
+    def finish(self) -> dict[str, Any]:
         """Write ``manifest.json`` (atomically) and return it."""
         if not self.splits:
             raise ValueError(f"{self.folder}: no split was written")
@@ -217,7 +222,7 @@ def cache_folder(root: str | Path, task: str) -> Path:
     )
 
 
-def read_manifest(folder: str | Path) -> dict:
+def read_manifest(folder: str | Path) -> dict[str, Any]:
     """The manifest of a cache folder, checked for its format and version."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
@@ -226,7 +231,9 @@ def read_manifest(folder: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CacheError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+    if not isinstance(manifest, dict):
+        raise CacheError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != CACHE_FORMAT:
         raise CacheError(f"{path}: expected format {CACHE_FORMAT!r}, got {manifest.get('format')!r}")
     if manifest.get("version") != CACHE_VERSION:
         raise CacheError(f"{path}: expected cache version {CACHE_VERSION}, got {manifest.get('version')!r}")
@@ -236,7 +243,7 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
-def _open_array(folder: Path, spec: dict, verify: bool, *, mmap: bool) -> np.ndarray:
+def _open_array(folder: Path, spec: dict[str, Any], verify: bool, *, mmap: bool) -> np.ndarray:
     """Check one file of a split against its manifest entry and open it (memory-mapped if ``mmap``)."""
     try:
         path = folder / spec["name"]
@@ -261,7 +268,7 @@ def _open_array(folder: Path, spec: dict, verify: bool, *, mmap: bool) -> np.nda
     return np.fromfile(path, dtype=dtype, count=count)
 
 
-class LRADataset(torch.utils.data.Dataset):
+class LRADataset(torch.utils.data.Dataset[Any]):
     """One split of a task's cache, read with memory mapping.
 
     Item ``i`` is ``(tokens, label)``: ``tokens`` an ``int64`` tensor ``(length,)`` without padding,
@@ -330,13 +337,13 @@ class LRADataset(torch.utils.data.Dataset):
     def _open_tokens(self, verify: bool) -> list[np.ndarray]:
         return [_open_array(self.folder, spec, verify, mmap=True) for spec in self._specs]
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # Memory maps would be pickled as full copies (DataLoader workers under spawn): reopen them instead.
         state = self.__dict__.copy()
         state["_tokens"] = None
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._tokens = self._open_tokens(verify=False)
 
@@ -345,9 +352,18 @@ class LRADataset(torch.utils.data.Dataset):
 
     def _doc(self, k: int, i: int) -> torch.Tensor:
         a, b = self._offsets[k][i], self._offsets[k][i + 1]
-        return torch.from_numpy(np.asarray(self._tokens[k][a:b], dtype=np.int64))
+        tokens = np.asarray(self._tokens[k][a:b], dtype=np.int64)
+        # A verified cache holds exactly what the writer checked; an unverified one may be damaged, and a
+        # token id outside the vocabulary would only fail later, deep inside an embedding lookup.
+        if not self._verify and tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise CacheError(
+                f"{self.folder / self._specs[k]['name']}: example {i} holds token ids "
+                f"{tokens.min()}..{tokens.max()}, outside the vocabulary [0, {self.vocab_size}); the cache "
+                "is damaged (load it with verify=True to check its checksums, or rebuild it)"
+            )
+        return torch.from_numpy(tokens)
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> tuple[Any, int]:
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index: {index} out of range for {self.task}/{self.split} with {n} examples")

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from lra_data.cache import MANIFEST, CacheError, LRADataset, read_manifest
+from lra_data.cache import MANIFEST, LRADataset, read_manifest
 from lra_data.datasets import GENERATORS, GenerateConfig, PrepareConfig, generate, prepare
+from lra_data.errors import CacheError
 from lra_data.listops import ListOpsConfig
 from lra_data.pathfinder import PathfinderConfig
 from lra_data.tasks import TASKS
@@ -24,17 +28,34 @@ from lra_data.tasks import TASKS
 _GENERATOR_CONFIGS = {"listops": ListOpsConfig, "pathfinder": PathfinderConfig}
 
 
+_CROSS_REFERENCE = re.compile(r"\[`([^`]+)`\]\[[\w.]*\]")
+_CODE = re.compile(r"``([^`]+)``|`([^`]+)`")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def help_text(doc: str | None) -> str:
+    """A docstring as plain ``--help`` text: its lines kept, cross-references and code quotes dropped.
+
+    ``[`TASKS`][lra_data.TASKS]`` becomes ``TASKS`` and ``` ``x`` ``` or ``` `x` ``` becomes ``x``; the
+    indentation is removed as ``inspect.cleandoc`` does, so an ``Attributes:`` block stays one field a line.
+    """
+    text = _CROSS_REFERENCE.sub(r"\1", inspect.cleandoc(doc or ""))
+    return _CODE.sub(lambda match: match.group(1) or match.group(2), text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lra-data`` (``--help`` on it and on each subcommand)."""
-    parser = argparse.ArgumentParser(prog="lra-data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="lra-data", description=help_text(__doc__.splitlines()[0]))
     commands = parser.add_subparsers(dest="command", required=True, metavar="{prepare,generate,info}")
 
     p = commands.add_parser(
-        "prepare", help="convert downloaded files into a cache", description=PrepareConfig.__doc__
+        "prepare",
+        help="convert downloaded files into a cache",
+        description=help_text(PrepareConfig.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--source", required=True, type=Path, help="the downloaded data (folder)")
@@ -50,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_prepare)
 
     g = commands.add_parser(
-        "generate", help="generate a ListOps or Pathfinder cache offline", description=GenerateConfig.__doc__
+        "generate",
+        help="generate a ListOps or Pathfinder cache offline",
+        description=help_text(GenerateConfig.__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("--task", required=True, choices=tuple(GENERATORS))
     g.add_argument("--n", required=True, type=int, help="training examples")
@@ -67,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                 dest=f"{task}.{f.name}",
                 type=type(f.default),
                 default=None,
+                metavar=f.name.upper(),
                 help=f"default {f.default}",
             )
     g.set_defaults(run=_generate)
@@ -96,15 +121,15 @@ def _prepare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    settings = {}
-    for task, config in _GENERATOR_CONFIGS.items():
-        given = {f.name: getattr(args, f"{task}.{f.name}") for f in dataclasses.fields(config)}
+    settings: dict[str, Any] = {}
+    for task, generator in _GENERATOR_CONFIGS.items():
+        given = {f.name: getattr(args, f"{task}.{f.name}") for f in dataclasses.fields(generator)}
         given = {k: v for k, v in given.items() if v is not None}
         if given and task != args.task:
             parser.error(
                 f"{', '.join(map(_flag, given))}: options of the {task} generator, not of {args.task}"
             )
-        settings[task] = config(**given)
+        settings[task] = generator(**given)
     config = GenerateConfig(
         task=args.task,
         n=args.n,
@@ -118,7 +143,7 @@ def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     _report(generate(config), config.out / config.task)
 
 
-def _report(manifest: dict, folder: Path) -> None:
+def _report(manifest: dict[str, Any], folder: Path) -> None:
     print(f"{manifest['task']}: cache written to {folder}")
     for split, entry in manifest["splits"].items():
         lengths = ", ".join(f"{d['min']}..{d['max']} (mean {d['mean']})" for d in entry["lengths"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -74,7 +74,7 @@ def pad(sequences: Sequence[torch.Tensor], *, length: int | None = None) -> tupl
     return tokens, mask
 
 
-def collate(batch: Sequence[tuple], *, length: int | None = None) -> Batch | PairBatch:
+def collate(batch: Sequence[tuple[Any, int]], *, length: int | None = None) -> Batch | PairBatch:
     """Pad a list of dataset items into a `Batch` (or a `PairBatch` for Retrieval).
 
     Use as ``DataLoader(dataset, collate_fn=collate)``, or

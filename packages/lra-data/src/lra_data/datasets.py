@@ -28,7 +28,9 @@ def load(task: str, split: str, root: str | Path, *, verify: bool = True) -> LRA
         split: ``train``, ``val`` or ``test`` (Text has ``train`` and ``test`` only).
         root: the ``--out`` folder of ``lra-data prepare``/``generate`` (the cache is ``root/task``), or
             the task's cache folder itself.
-        verify: check every file's SHA-256 against the manifest (sizes and offsets are always checked).
+        verify: check every file's SHA-256 against the manifest (sizes, offsets and labels are always
+            checked). Without it, each example's token ids are checked against the vocabulary as it is
+            read.
 
     Raises:
         ValueError: an unknown task or split.
@@ -78,7 +80,7 @@ def _pickle_files(config: PrepareConfig, prefix: str) -> dict[str, Path]:
     }
 
 
-def prepare(config: PrepareConfig) -> dict:
+def prepare(config: PrepareConfig) -> dict[str, Any]:
     """Convert a task's downloaded files into a cache once; returns the manifest.
 
     Raises:
@@ -107,7 +109,7 @@ def prepare(config: PrepareConfig) -> dict:
                 "vocab": None,
                 "description": "token ids as in the pre-processed pickles (trailing padding dropped)",
             }
-        source = {
+        source: dict[str, Any] = {
             "kind": "pickle",
             "path": str(Path(config.source).resolve()),
             "prefix": prefix,
@@ -201,7 +203,7 @@ GENERATORS: dict[str, _Generator] = {
 """Tasks that [`generate`][lra_data.generate] can make offline."""
 
 
-def generate(config: GenerateConfig) -> dict:
+def generate(config: GenerateConfig) -> dict[str, Any]:
     """Write a generated ListOps or Pathfinder data set in the cache format of [`prepare`][lra_data.prepare].
 
     Split ``s`` is drawn with the seed ``split_seed(config.seed, config.task, s)``, so the training split of

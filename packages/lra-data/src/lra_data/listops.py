@@ -12,22 +12,23 @@ from __future__ import annotations
 import csv
 import random
 import statistics
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lra_data.tokenizers import LISTOPS_CLOSE, listops_symbols
 
 _LRA_OPERATOR_ORDER = ("[MIN", "[MAX", "[MED", "[SM")  # the order of the LRA code's OPERATORS list
 
-_APPLY = {
+_APPLY: dict[str, Callable[[list[int]], int]] = {
     "[MAX": max,
     "[MIN": min,
     "[MED": lambda args: int(statistics.median(args)),
     "[SM": lambda args: sum(args) % 10,
 }
 
-Tree = int | tuple
+Tree = int | tuple[Any, Any]
 """A generated expression: a digit, or nested pairs ``((op, a1), a2), ..., "]")`` as in the LRA code."""
 
 
@@ -51,7 +52,7 @@ class ListOpsConfig:
     max_length: int = 2000
     operator_prob: float = 0.25
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise ValueError(f"max_depth: expected an integer >= 1, got {self.max_depth}")
         if self.max_args < 2:
@@ -110,7 +111,7 @@ def tree_to_string(tree: Tree) -> str:
 def tree_value(tree: Tree) -> int:
     """The value of a tree, by walking its nested pairs as the LRA's ``to_value`` does."""
 
-    def walk(t):
+    def walk(t: Any) -> Any:
         if not isinstance(t, tuple):
             return t
         left, right = walk(t[0]), walk(t[1])
@@ -122,7 +123,7 @@ def tree_value(tree: Tree) -> int:
             return _APPLY[left[0]](left[1])
         return (left[0], [*left[1], right])  # one more argument
 
-    return walk(tree)
+    return int(walk(tree))
 
 
 def evaluate_listops(source: str) -> int:
@@ -135,7 +136,7 @@ def evaluate_listops(source: str) -> int:
             operator, or more than one expression.
     """
     stack: list[tuple[str, list[int]]] = []
-    result = None
+    result: int | None = None
     for position, symbol in enumerate(listops_symbols(source)):
         if symbol in _APPLY:
             stack.append((symbol, []))

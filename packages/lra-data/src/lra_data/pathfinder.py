@@ -48,7 +48,7 @@ class PathfinderConfig:
     dot_radius: float = 1.5
     max_tries: int = 100
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checks = {
             "size": self.size >= 8,
             "num_segments": self.num_segments >= 1,
@@ -110,7 +110,7 @@ def _near(points: np.ndarray, size: int, radius: float) -> np.ndarray:
     """Boolean ``(size, size)`` mask (rows = y) of the pixel centers within ``radius`` of any point."""
     grid = np.stack(np.meshgrid(np.arange(size), np.arange(size), indexing="xy"), axis=-1).reshape(-1, 2)
     d2 = ((grid[:, None, :] - points[None, :, :]) ** 2).sum(-1).min(axis=1)
-    return (d2 <= radius * radius).reshape(size, size)
+    return np.asarray((d2 <= radius * radius).reshape(size, size))
 
 
 def _place_path(g: torch.Generator, config: PathfinderConfig, taken: np.ndarray) -> np.ndarray | None:

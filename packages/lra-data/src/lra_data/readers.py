@@ -74,6 +74,18 @@ def _int_label(text: bytes, path: Path, line: int, num_classes: int) -> int:
     return int(value)
 
 
+def _decode(field: bytes, encoding: str, what: str, path: Path, line: int) -> str:
+    """``field`` as text, or a [`DataFormatError`][lra_data.DataFormatError] naming the byte that is not."""
+    try:
+        return field.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise DataFormatError(
+            path,
+            f"{what}: byte 0x{field[error.start]:02x} at position {error.start + 1} is not {encoding} text",
+            line=line,
+        ) from None
+
+
 def read_listops_tsv(path: str | Path) -> Iterator[Example]:
     """Examples of a ListOps release TSV (``basic_{train,val,test}.tsv``).
 
@@ -92,10 +104,13 @@ def read_listops_tsv(path: str | Path) -> Iterator[Example]:
             raise DataFormatError(
                 path, f"expected 2 tab-separated fields (Source, Target), got {len(fields)}", line=number
             )
+        source = _decode(fields[0], "ascii", "Source", path, number)
         try:
-            tokens = tokenize_listops(fields[0].decode("ascii"))
-        except (UnicodeDecodeError, ValueError) as error:
-            raise DataFormatError(path, f"Source: {error}", line=number) from None
+            tokens = tokenize_listops(source)
+        except ValueError as error:
+            # tokenize_listops names its argument ("source: ..."); here the column is named instead.
+            message = str(error).removeprefix("source: ")
+            raise DataFormatError(path, f"Source: {message}", line=number) from None
         if tokens.size == 0:
             raise DataFormatError(path, "Source: expected an expression, got no symbols", line=number)
         yield tokens, _int_label(fields[1], path, number, 10)
@@ -120,7 +135,7 @@ def read_retrieval_tsv(path: str | Path) -> Iterator[Example]:
         yield (tokenize_bytes(fields[3]), tokenize_bytes(fields[4])), label
 
 
-def _name_key(path: Path) -> tuple:
+def _name_key(path: Path) -> tuple[tuple[int, int, str], ...]:
     """Sort key putting ``12_7.txt`` before ``100_3.txt`` (numbers compare as numbers)."""
     return tuple(
         (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", path.name)
@@ -224,7 +239,8 @@ def pathfinder_metadata(folder: str | Path) -> list[tuple[Path, int, Path, int]]
                     f"expected >= 4 space-separated fields (folder, file, _, label), got {len(fields)}",
                     line=number,
                 )
-            image = folder / fields[0].decode() / fields[1].decode()
+            image = folder / _decode(fields[0], "utf-8", "folder", file, number)
+            image = image / _decode(fields[1], "utf-8", "file", file, number)
             entries.append((image, _int_label(fields[3], file, number, 2), file, number))
     return entries
 
@@ -315,7 +331,7 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
             raise DataFormatError(
                 path, f"item {i}: expected a dict {expected} 'input_ids_1', got {sorted(item)}"
             )
-        docs = []
+        docs: list[Tokens] = []
         for key in ("input_ids_0", "input_ids_1")[: 1 + pair]:
             ids = np.asarray(item[key]).reshape(-1).astype(np.int64)
             if pixels:
@@ -331,4 +347,7 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
                 nonzero = np.flatnonzero(ids)
                 ids = ids[: nonzero[-1] + 1] if nonzero.size else ids[:0]
             docs.append(ids)
-        yield (docs[0] if len(docs) == 1 else tuple(docs)), int(label[0])
+        if pair:
+            yield (docs[0], docs[1]), int(label[0])
+        else:
+            yield docs[0], int(label[0])

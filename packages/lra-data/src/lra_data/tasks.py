@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lra_data.readers import (
     PATHFINDER_DIFFICULTIES,
@@ -70,7 +71,7 @@ class Task:
     max_length: int
     pair: bool
     pixels: bool
-    tokenization: dict
+    tokenization: dict[str, Any]
     splits: tuple[str, ...]
     marker: str
     subfolders: tuple[str, ...]

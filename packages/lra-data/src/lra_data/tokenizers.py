@@ -13,6 +13,7 @@ Token id 0 is padding and nothing else, in every task:
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 PAD_ID = 0
 """The padding token of every task."""
@@ -70,7 +71,7 @@ def tokenize_listops(source: str) -> np.ndarray:
     return np.array([_LISTOPS_IDS[s] for s in listops_symbols(source)], dtype=np.int64)
 
 
-def detokenize_listops(tokens) -> str:
+def detokenize_listops(tokens: ArrayLike) -> str:
     """The symbols of ListOps token ids, space-separated (padding dropped, no parentheses)."""
     ids = np.asarray(tokens).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= len(LISTOPS_VOCAB)):
@@ -85,16 +86,16 @@ def tokenize_bytes(data: bytes | str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).astype(np.int64) + 1
 
 
-def detokenize_bytes(tokens) -> bytes:
+def detokenize_bytes(tokens: ArrayLike) -> bytes:
     """The bytes of byte-level token ids (padding dropped)."""
     ids = np.asarray(tokens).reshape(-1)
     ids = ids[ids != PAD_ID]
     if ids.size and (ids.min() < 1 or ids.max() > 256):
         raise ValueError(f"tokens: expected byte ids in [1, 256], got {ids.min()}..{ids.max()}")
-    return (ids - 1).astype(np.uint8).tobytes()
+    return bytes((ids - 1).astype(np.uint8).tobytes())
 
 
-def tokenize_pixels(image) -> np.ndarray:
+def tokenize_pixels(image: ArrayLike) -> np.ndarray:
     """Pixel token ids of a gray ``uint8`` image, row-major: gray value ``v`` becomes ``v + 1``."""
     pixels = np.asarray(image)
     if pixels.dtype != np.uint8:
@@ -102,7 +103,7 @@ def tokenize_pixels(image) -> np.ndarray:
     return pixels.reshape(-1).astype(np.int64) + 1
 
 
-def rgb_to_gray(images) -> np.ndarray:
+def rgb_to_gray(images: ArrayLike) -> np.ndarray:
     """Gray ``uint8`` images from RGB ``uint8`` images ``(..., 3)``, as ``tf.image.rgb_to_grayscale``.
 
     ``gray = floor((0.2989 r + 0.5870 g + 0.1140 b) / 255 * 255.5)`` in float32, which is TensorFlow's

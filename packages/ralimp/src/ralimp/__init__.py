@@ -10,10 +10,12 @@ representation at Gauss-Laguerre nodes with complex-exponential random features:
     ralimp.replace_mlp(model, "ralimp", budget=32, last_k=4, inputs=batch, init="lstsq")
 """
 
+from ralimp import variance
 from ralimp.activations import ACTIVATIONS, activation_name
 from ralimp.base import CompressedLinearization, FeatureLinearization, PoleWidthWarning
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError
+from ralimp.discretized import DiscretizedFit, fit_discretized, layer_fit
 from ralimp.features import complex_exponential_features, cos_sin_estimate, product_features
 from ralimp.layer import RaLiMP
 from ralimp.quadrature import atom_quadrature_error, gauss_laguerre, resolvable_argument
@@ -36,6 +38,7 @@ __all__ = [
     "BudgetError",
     "CompressedLinearization",
     "Dense",
+    "DiscretizedFit",
     "EUGen",
     "FeatureLinearization",
     "LowRank",
@@ -51,11 +54,14 @@ __all__ = [
     "cos_sin_estimate",
     "create",
     "find_mlp_blocks",
+    "fit_discretized",
     "fit_rational",
     "gauss_laguerre",
+    "layer_fit",
     "names",
     "product_features",
     "register",
     "replace_mlp",
     "resolvable_argument",
+    "variance",
 ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import copy
 import math
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -133,7 +132,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
                 ``init="lstsq"``, the readout.
             init: ``"psi"``, the paper's ``Psi(W)`` (unbiased for the fit, log-normal variance); or
                 ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
-                ``Phi(sample)`` (needs ``sample``; :meth:`fit_readout`).
+                ``Phi(sample)`` (needs ``sample``; `fit_readout`).
             ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
             **kw: constructor options of the class.
         """
@@ -291,9 +290,8 @@ def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
 
 
 class PoleWidthWarning(UserWarning):
-    """A pole is too narrow for the layer's Gauss-Laguerre nodes; its width was floored."""
+    """Formerly issued when a pole was too narrow for the Gauss-Laguerre nodes; no longer issued.
 
-
-def warn_pole_width(message: str) -> None:
-    """Issue a [`PoleWidthWarning`][ralimp.PoleWidthWarning]."""
-    warnings.warn(message, PoleWidthWarning, stacklevel=4)
+    The fit is now made in the layer's discretized basis (`ralimp.fit_discretized`), so no pole has to
+    be resolved by the nodes. The class stays importable for warning filters that name it.
+    """

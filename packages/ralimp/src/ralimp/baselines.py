@@ -30,7 +30,7 @@ from spectraformer_core import check_positive_int
 
 
 def refuse_fixed(name: str, overrides: dict) -> None:
-    """A :class:`BudgetError` when ``overrides`` sets the size the budget decides."""
+    """A `BudgetError` when ``overrides`` sets the size the budget decides."""
     if name in overrides:
         raise BudgetError(f"{name}: set by the budget, got {name}={overrides[name]!r} as well")
 
@@ -440,7 +440,7 @@ class LowRank(nn.Module):
 
 
 class Dense(nn.Module):
-    """``activation(linear(x))`` itself: the dense reference, :func:`ralimp.create`'s ``"dense"``.
+    """``activation(linear(x))`` itself: the dense reference, `ralimp.create`'s ``"dense"``.
 
     Args:
         in_features: ``d``.

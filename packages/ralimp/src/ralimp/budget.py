@@ -1,4 +1,4 @@
-"""How each layer kind spends a feature budget: the counting rules behind :func:`ralimp.create`.
+"""How each layer kind spends a feature budget: the counting rules behind `ralimp.create`.
 
 Two ways of counting a budget ``B`` (``count=``):
 
@@ -33,14 +33,14 @@ def check_count(count: object) -> str:
 
 
 def check_budget(budget: object) -> int:
-    """``budget`` if it is an integer >= 1, else a :class:`BudgetError`."""
+    """``budget`` if it is an integer >= 1, else a `BudgetError`."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise BudgetError(f"budget: expected an integer >= 1, got {budget!r}")
     return budget
 
 
 def exact_share(rest: int, per: int, what: str, budget: int) -> int:
-    """``rest / per`` when it is an integer >= 1, else a :class:`BudgetError` naming ``what``."""
+    """``rest / per`` when it is an integer >= 1, else a `BudgetError` naming ``what``."""
     if rest < per or rest % per:
         raise BudgetError(
             f"budget: {budget} leaves {rest} features for {what}, not a positive multiple of {per}"

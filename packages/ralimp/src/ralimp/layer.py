@@ -18,14 +18,20 @@ from ralimp.base import (
     rms_input_norm,
     rms_preactivation,
     seeds,
-    warn_pole_width,
     work_dtype,
 )
 from ralimp.budget import check_budget, check_count, ralimp_split
+from ralimp.discretized import (
+    DiscretizedFit,
+    channel_coefficients,
+    expected_value,
+    fit_discretized,
+    layer_fit,
+)
 from ralimp.features import complex_exponential_features, product_features
-from ralimp.quadrature import gauss_laguerre, resolvable_argument
-from ralimp.rational import DEFAULT_INTERVAL, RationalFunction, activation_fit, fit_rational
-from spectraformer_core import check_positive_int
+from ralimp.quadrature import gauss_laguerre
+from ralimp.rational import DEFAULT_INTERVAL, RationalFunction
+from rf_matrices.weight_matrix import check_positive_int
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -42,6 +48,10 @@ class RaLiMP(FeatureLinearization):
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
       random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
+    The fit is made in the basis this computes (`ralimp.fit_discretized`: polynomial, per-node
+    coefficients and widths jointly, for these ``num_freqs`` nodes), so the layer's expectation over the
+    projections is the fit (``expected_output == fit`` at initialization).
+
     Poles live in the scaled variable ``v = t / tau^2`` (features evaluated at ``u / tau``): the trainable
     ``A', B', p', q'`` are the fit's ``A / tau^4, B / tau^2, p / tau^2, q / tau^2``, an exact change of
     variables, so the layer approximates ``activation(t)`` at initialization for every ``tau``.
@@ -49,9 +59,10 @@ class RaLiMP(FeatureLinearization):
     Args:
         in_features: ``d``.
         out_features: ``l``.
-        activation: a registered name (``"gelu"``, ``"silu"``, ...), an elementwise callable (fitted now), or
-            a [`RationalFunction`][ralimp.RationalFunction] (its ``K`` and ``J`` override ``poly_degree`` and
-            ``num_atoms``).
+        activation: a registered name (``"gelu"``, ``"gelu_tanh"``, ``"silu"``, ...; shipped fits), an
+            elementwise callable (fitted now), a `RationalFunction` (refitted in the layer's basis)
+            or a `ralimp.DiscretizedFit` (used as is); the last two fix ``poly_degree`` and
+            ``num_atoms``.
         poly_degree: ``K``.
         poly_features: ``m`` of the polynomial block.
         num_atoms: ``J``.
@@ -70,10 +81,7 @@ class RaLiMP(FeatureLinearization):
             takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which minimizes
             ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1); it keeps
             float32 features finite when ``||x|| >> ||w||`` but cannot lower the bound of
-            :mod:`ralimp.variance`.
-        resolution_tol: a pole whose atom the ``num_freqs``-node rule misses by more than this (relative to
-            the atom's peak) somewhere on ``interval`` is too narrow: the fit is redone with ``q`` floored
-            (with a [`ralimp.PoleWidthWarning`][ralimp.PoleWidthWarning]).
+            `ralimp.variance`.
         sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
         dtype: parameter dtype.
@@ -99,7 +107,6 @@ class RaLiMP(FeatureLinearization):
         interval: tuple[float, float] = DEFAULT_INTERVAL,
         tau_c: float = 1.0,
         balance: float | str = 1.0,
-        resolution_tol: float = 0.5,
         sample: torch.Tensor | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -112,7 +119,6 @@ class RaLiMP(FeatureLinearization):
             raise ValueError(f"poly_degree: expected an integer >= 0, got {poly_degree!r}")
         if isinstance(num_atoms, bool) or not isinstance(num_atoms, int) or num_atoms < 0:
             raise ValueError(f"num_atoms: expected an integer >= 0, got {num_atoms!r}")
-        self.num_freqs = check_positive_int("num_freqs", num_freqs)
         if not (tau == "auto" or (isinstance(tau, int | float) and tau > 0)):
             raise ValueError(f"tau: expected 'auto' or a positive number, got {tau!r}")
         if not (balance == "auto" or (isinstance(balance, int | float) and balance > 0)):
@@ -120,21 +126,11 @@ class RaLiMP(FeatureLinearization):
         if not tau_c > 0:
             raise ValueError(f"tau_c: expected a positive constant, got {tau_c!r}")
         self.tau_option, self.tau_c, self.balance_option = tau, float(tau_c), balance
-        self.resolution_tol, self.interval, self.learn_poles = resolution_tol, tuple(interval), learn_poles
+        self.interval, self.learn_poles = tuple(interval), learn_poles
         factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
-        if isinstance(activation, RationalFunction):
-            self.activation_name, fit = None, activation
-            fn = activation
-        else:
-            self.activation_name, fn = resolve_activation(activation)
-            if self.activation_name is not None:
-                fit = activation_fit(
-                    self.activation_name, poly_degree=poly_degree, num_atoms=num_atoms, interval=interval
-                )
-            else:
-                fit = fit_rational(fn, interval, num_atoms=num_atoms, poly_degree=poly_degree)
-        self.fit = self._resolve_pole_widths(fit, fn)
+        self.num_freqs = check_positive_int("num_freqs", num_freqs)
+        self.fit = self._layer_fit(activation, poly_degree, num_atoms, interval)
         self.poly_degree, self.num_atoms = self.fit.poly_degree, self.fit.num_atoms
 
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -180,44 +176,37 @@ class RaLiMP(FeatureLinearization):
         )
 
     # ----------------------------------------------------------------------------------------------- init
-    def _resolve_pole_widths(self, fit: RationalFunction, target) -> RationalFunction:
-        """Refit ``target`` (the activation) with ``q`` floored when a pole is too narrow for the rule."""
-        if fit.num_atoms == 0:
-            return fit
-        u_max = resolvable_argument(self.num_freqs, self.resolution_tol)
-        a, b = fit.interval
-
-        def needed(candidate: RationalFunction) -> float:
-            return max(max(abs(a - p), abs(b - p)) / u_max for _, _, p, _ in candidate.atoms)
-
-        narrow = [q for _, _, p, q in fit.atoms if max(abs(a - p), abs(b - p)) / q > u_max]
-        if not narrow:
-            return fit
-        q_min = 0.0
-        # The refit may move the centers p, so floor again until every pole is resolved (a few rounds).
-        for _ in range(5):
-            if all(q >= needed(fit) * (1 - 1e-9) for *_, q in fit.atoms):
-                break
-            q_min = max(q_min, needed(fit))
-            if self.activation_name is not None:
-                fit = activation_fit(
-                    self.activation_name,
-                    poly_degree=fit.poly_degree,
-                    num_atoms=fit.num_atoms,
-                    interval=fit.interval,
-                    q_floor=q_min,
+    def _layer_fit(self, activation, poly_degree: int, num_atoms: int, interval) -> DiscretizedFit:
+        """The fit made in the basis this layer computes (``num_freqs`` nodes): its expectation is the fit."""
+        if isinstance(activation, DiscretizedFit):
+            self.activation_name = None
+            if activation.num_atoms and activation.num_freqs != self.num_freqs:
+                raise ValueError(
+                    f"activation: a DiscretizedFit for num_freqs={activation.num_freqs}, but the layer has "
+                    f"num_freqs={self.num_freqs}"
                 )
-            else:
-                fit = fit_rational(
-                    target, fit.interval, num_atoms=fit.num_atoms, poly_degree=fit.poly_degree, q_floor=q_min
-                )
-        warn_pole_width(
-            f"activation: pole widths q={[round(q, 4) for q in narrow]} are too narrow for num_freqs="
-            f"{self.num_freqs} Gauss-Laguerre nodes on {fit.interval} (the rule misses the atom by more than "
-            f"resolution_tol={self.resolution_tol}); refitted with q >= {q_min:.4g} (max error now "
-            f"{fit.max_error:.2e}). More num_freqs resolve narrower poles."
+            return activation
+        if isinstance(activation, RationalFunction):
+            self.activation_name = None
+            return fit_discretized(
+                activation,
+                activation.interval,
+                poly_degree=activation.poly_degree,
+                num_atoms=activation.num_atoms,
+                num_freqs=self.num_freqs,
+            )
+        self.activation_name, fn = resolve_activation(activation)
+        if self.activation_name is not None:
+            return layer_fit(
+                self.activation_name,
+                poly_degree=poly_degree,
+                num_atoms=num_atoms,
+                num_freqs=self.num_freqs,
+                interval=interval,
+            )
+        return fit_discretized(
+            fn, interval, poly_degree=poly_degree, num_atoms=num_atoms, num_freqs=self.num_freqs
         )
-        return fit
 
     @torch.no_grad()
     def load_linear(
@@ -225,8 +214,8 @@ class RaLiMP(FeatureLinearization):
     ) -> None:
         """Set ``W, b``; calibrate ``tau``, ``lambda`` and the poles (in ``v = t / tau^2`` units) from them.
 
-        Every trainable coefficient is (re)initialized from the rational fit: ``c_n``, ``A', B', p', q'``,
-        and the per-node channel weights at the Gauss-Laguerre weights ``gamma_k``.
+        Every trainable coefficient is (re)initialized from the discretized fit: ``c_n``, ``A', B', p', q'``,
+        and the per-node channel weights ``rho``; a free readout (``init="lstsq"``) is dropped.
         """
         if weight.shape != self.weight.shape:
             raise ValueError(f"weight: expected shape {tuple(self.weight.shape)}, got {tuple(weight.shape)}")
@@ -251,15 +240,16 @@ class RaLiMP(FeatureLinearization):
             lam = float(self.balance_option)
         self.scale.fill_(lam)
         t2 = float(self.tau) ** 2
-        self.poly_coef.copy_(torch.tensor(self.fit.poly))
+        self.poly_coef.copy_(torch.tensor(self.fit.poly, dtype=torch.float64))
         if self.num_atoms:
             atoms = torch.tensor(self.fit.atoms, dtype=torch.float64)
             self.atom_a.copy_(atoms[:, 0] / t2**2)
             self.atom_b.copy_(atoms[:, 1] / t2)
             self.atom_p.copy_(atoms[:, 2] / t2)
             self.atom_q_raw.copy_(_inverse_softplus(atoms[:, 3] / t2))
-        self.node_cos.copy_(self.gammas.expand_as(self.node_cos))
-        self.node_sin.copy_(self.gammas.expand_as(self.node_sin))
+        if self.num_atoms:
+            self.node_cos.copy_(self.fit.node_cos)
+            self.node_sin.copy_(self.fit.node_sin)
         self.readout = None
         self._cache = None
 
@@ -283,7 +273,7 @@ class RaLiMP(FeatureLinearization):
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
         ``poly_degree``, ``num_atoms`` and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
-        :class:`RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
+        `RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
         ``freq_features`` may be fixed there too.
         """
         if isinstance(activation, RationalFunction):
@@ -355,23 +345,19 @@ class RaLiMP(FeatureLinearization):
         return torch.cat(parts, -1)
 
     def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per node, the coefficients ``(w_c, w_s)`` of ``C_k`` and ``S_k``, ``(J, n)`` each (Sec. 2.4).
+        """Per node, the coefficients ``(w_c, w_s)`` of ``C_k ~ cos(s_k v / q')`` and ``S_k``, ``(J, n)``.
 
-        Atom ``j`` is ``rho^c_jk c_A cos(s_k (v - p)/q) + rho^s_jk c_B sin(s_k (v - p)/q)`` summed over nodes,
-        with ``c_A = A/q^2``, ``c_B = B/q``; the phase ``phi_k = s_k p / q`` rotates it onto the estimators
-        ``C_k ~ cos(s_k v / q)`` and ``S_k ~ sin(s_k v / q)``:
-        ``w_c = rho^c c_A cos(phi) - rho^s c_B sin(phi)``, ``w_s = rho^c c_A sin(phi) + rho^s c_B cos(phi)``.
+        `ralimp.discretized.channel_coefficients` of the poles in ``v = t / tau^2`` units (Sec. 2.4).
         """
-        q = self.pole_widths().to(dtype).unsqueeze(-1)
-        c_a = self.atom_a.to(dtype).unsqueeze(-1) / q**2 * self.node_cos.to(dtype)
-        c_b = self.atom_b.to(dtype).unsqueeze(-1) / q * self.node_sin.to(dtype)
-        phase = self.nodes.to(dtype) * self.atom_p.to(dtype).unsqueeze(-1) / q
-        return c_a * phase.cos() - c_b * phase.sin(), c_a * phase.sin() + c_b * phase.cos()
+        atoms = torch.stack([self.atom_a, self.atom_b, self.atom_p, self.pole_widths()], -1).to(dtype)
+        return channel_coefficients(
+            atoms, self.node_cos.to(dtype), self.node_sin.to(dtype), self.nodes.to(dtype)
+        )
 
     def weight_features(self) -> torch.Tensor:
         """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in.
 
-        The free readout instead, once :meth:`set_readout` (``init="lstsq"``) has set one.
+        The free readout instead, once `set_readout` (``init="lstsq"``) has set one.
         """
         if self.readout is not None:
             return self.readout
@@ -407,21 +393,13 @@ class RaLiMP(FeatureLinearization):
     def expected_output(self, t: torch.Tensor) -> torch.Tensor:
         """The layer's output in expectation over the projections, as a function of ``t = w . x + b``.
 
-        ``P(t) + sum_jk [w_c cos(s_k t / (q tau^2)) + w_s sin(s_k t / (q tau^2))]``: the rational fit up to
-        the quadrature error of the nodes (the random features only add variance).
+        ``P(t) + sum_jk [w_c cos(s_k t / (q' tau^2)) + w_s sin(s_k t / (q' tau^2))]``: at initialization
+        exactly ``self.fit(t)`` (the fit is made in this basis); the random features only add variance.
         """
         dtype = work_dtype(t.dtype)
-        t = t.to(dtype)
-        coef = self.poly_coef.to(dtype)
-        out = sum(coef[n] * t**n for n in range(coef.numel()))
-        if self.num_atoms:
-            w_c, w_s = self._channel_coefficients(dtype)
-            arg = t.unsqueeze(-1).unsqueeze(-1) * (
-                self.nodes.to(dtype) / self.pole_widths().to(dtype).unsqueeze(-1)
-            )
-            arg = arg / self.tau.to(dtype) ** 2
-            out = out + (w_c * arg.cos() + w_s * arg.sin()).sum((-1, -2))
-        return out
+        w_c, w_s = self._channel_coefficients(dtype)
+        widths = self.pole_widths().to(dtype) * self.tau.to(dtype) ** 2
+        return expected_value(t.to(dtype), self.poly_coef.to(dtype), w_c, w_s, self.nodes.to(dtype), widths)
 
     def extra_repr(self) -> str:
         """Sizes and options shown by ``repr``."""

@@ -200,7 +200,7 @@ def fit_rational(
             p0 = a + (b - a) * torch.rand(num_atoms, generator=gen, dtype=torch.float64)
             q0 = half * (0.05 + 0.95 * torch.rand(num_atoms, generator=gen, dtype=torch.float64))
         rho0 = torch.log(torch.expm1((q0 - q_floor).clamp_min(1e-3)))
-        theta = _levenberg_marquardt(residual, torch.cat([p0, rho0]), max_iter)
+        theta = levenberg_marquardt(residual, torch.cat([p0, rho0]), max_iter)
         cost = float(residual(theta).pow(2).sum())
         if cost < best_cost:
             best, best_cost = theta, cost
@@ -213,7 +213,7 @@ def fit_rational(
     return fit
 
 
-def _levenberg_marquardt(
+def levenberg_marquardt(
     residual: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor, max_iter: int
 ) -> torch.Tensor:
     """Minimize ``||residual(theta)||^2`` by Levenberg-Marquardt with a central-difference Jacobian."""
@@ -249,7 +249,8 @@ def _levenberg_marquardt(
 
 
 @functools.cache
-def _shipped() -> dict:
+def shipped_fits() -> dict:
+    """The contents of ``ralimp/fits.json`` (read once)."""
     return json.loads(resources.files("ralimp").joinpath("fits.json").read_text())
 
 
@@ -264,21 +265,16 @@ def activation_fit(
     poly_degree: int = 2,
     num_atoms: int = 1,
     interval: tuple[float, float] = DEFAULT_INTERVAL,
-    q_floor: float | None = None,
 ) -> RationalFunction:
-    """The rational fit of a registered activation: the shipped one when it exists, else fitted now.
+    """The continuous rational fit of a registered activation: the shipped one if it exists, else fitted now.
 
-    Fits of gelu, silu, tanh, sigmoid, softsign and relu on ``[-4, 4]`` for ``K = 1..3`` and
-    ``J = 0..3`` ship in ``ralimp/fits.json`` (recomputed by ``ralimp-fit``). Other intervals, degrees or
-    a ``q_floor`` above the shipped fit's smallest width are fitted by [`fit_rational`][ralimp.fit_rational]
-    (a few seconds).
+    Fits of the shipped activations (``ralimp.fit_activations.SHIPPED``) on ``[-4, 4]`` for ``K = 1..3`` and
+    ``J = 0..3`` ship in ``ralimp/fits.json`` (recomputed by ``ralimp-fit``); other intervals or degrees are
+    fitted by `fit_rational` (a few seconds). A RaLiMP layer uses `ralimp.layer_fit`, the fit
+    in its discretized basis.
     """
     fn = ACTIVATIONS.get(activation)
-    key = shipped_fit_key(activation, poly_degree, num_atoms)
-    data = _shipped()["fits"].get(key)
+    data = shipped_fits()["fits"].get(shipped_fit_key(activation, poly_degree, num_atoms))
     if data is not None and tuple(data["interval"]) == tuple(float(v) for v in interval):
-        fit = RationalFunction.from_dict(data)
-        if q_floor is None or all(q >= q_floor for *_, q in fit.atoms):
-            return fit
-    kwargs = {} if q_floor is None else {"q_floor": q_floor}
-    return fit_rational(fn, interval, num_atoms=num_atoms, poly_degree=poly_degree, **kwargs)
+        return RationalFunction.from_dict(data)
+    return fit_rational(fn, interval, num_atoms=num_atoms, poly_degree=poly_degree)

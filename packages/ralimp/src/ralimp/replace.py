@@ -27,7 +27,7 @@ LAYERS.register("dense")(Dense)
 
 
 def register(name: str, *, override: bool = False):
-    """Class decorator adding a layer kind (``budget_options`` and ``from_linear`` as in :data:`LAYERS`)."""
+    """Class decorator adding a layer kind (``budget_options`` and ``from_linear`` as in `LAYERS`)."""
     return LAYERS.register(name, override=override)
 
 
@@ -187,7 +187,7 @@ def replace_mlp(
     max_calibration_rows: int = 4096,
     **overrides: object,
 ) -> list[str]:
-    """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by :func:`create`.
+    """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by `create`.
 
     In each block the up projection ``Linear`` becomes ``create(kind, up, activation, budget=budget, ...)``,
     which computes ``activation(up(x))``, and the activation attribute becomes ``nn.Identity()``; everything
@@ -200,12 +200,12 @@ def replace_mlp(
         model: any ``nn.Module`` with timm ``Mlp``, HF ViT (4.x ``intermediate``/``output`` or 5.x
             ``mlp``) or nanoGPT ``MLP`` blocks.
         kind: ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``, ``"dense"`` or a registered name or class.
-        budget: the feature budget of every layer (:func:`create`; None for ``"dense"``).
+        budget: the feature budget of every layer (`create`; None for ``"dense"``).
         last_k: replace only the last ``k`` blocks (all when None).
         activation: the activation name to approximate (default: read from each block).
         inputs: a batch for ``model`` (tensor, tuple of positional or dict of keyword arguments), or None.
         init: ``"psi"`` or ``"lstsq"`` (needs ``inputs``).
-        count: ``"paper"`` or ``"width"`` (:func:`create`).
+        count: ``"paper"`` or ``"width"`` (`create`).
         max_calibration_rows: rows (tokens) kept per block from the captured inputs.
         **overrides: options of the layer class (``num_freqs=4``, ``weight_matrix="orf"``, ``seed=0``...);
             block ``i`` of the replaced ones gets ``seed + i``.

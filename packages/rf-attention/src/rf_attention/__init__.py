@@ -7,7 +7,7 @@ Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is 
     y = attn(x, key_padding_mask=mask)   # (B, N, 64) -> (B, N, 64)
 """
 
-from rf_attention import naive
+from rf_attention import decoding, naive
 from rf_attention.baselines import (
     BigBirdAttention,
     InformerAttention,
@@ -16,6 +16,7 @@ from rf_attention.baselines import (
     ReformerAttention,
     SkyformerAttention,
 )
+from rf_attention.decoding import KVCache, RecurrentState
 from rf_attention.functional import linear_attention, rf_attention, softmax_attention
 from rf_attention.modules import MultiheadSelfAttention, RandomFeatureAttention, SoftmaxAttention
 from rf_attention.registry import ATTENTIONS, create, names, register, split_pair
@@ -24,14 +25,17 @@ __all__ = [
     "ATTENTIONS",
     "BigBirdAttention",
     "InformerAttention",
+    "KVCache",
     "LinformerAttention",
     "MultiheadSelfAttention",
     "NystromformerAttention",
     "RandomFeatureAttention",
+    "RecurrentState",
     "ReformerAttention",
     "SkyformerAttention",
     "SoftmaxAttention",
     "create",
+    "decoding",
     "linear_attention",
     "naive",
     "names",

@@ -83,14 +83,36 @@ def _leaf(x: torch.Tensor, needs_grad: bool) -> torch.Tensor:
     return x.detach().requires_grad_(needs_grad)
 
 
+def _with_ones(v: torch.Tensor) -> torch.Tensor:
+    """``[v, 1]`` ``(..., n, Dv + 1)``: one product then gives numerator and normalizer together."""
+    return torch.cat((v, v.new_ones(*v.shape[:-1], 1)), dim=-1)
+
+
+def _split(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return y[..., :-1], y[..., -1:]
+
+
+def _output_grads(
+    grad_out: torch.Tensor, y: torch.Tensor, den: torch.Tensor, guarded: torch.Tensor
+) -> torch.Tensor:
+    """``[g, r]`` ``(..., n, Dv + 1)``: the gradient of ``out = num / D`` w.r.t. ``y = [num, D]``.
+
+    ``g = dout / D``, ``r = -(dout . out) / D``; 0 where the guard replaced ``D`` (held constant there).
+    """
+    g = grad_out / den
+    r = (-(g * (_split(y)[0] / den)).sum(-1, keepdim=True)).masked_fill(guarded, 0.0)
+    return torch.cat((g, r), dim=-1)
+
+
 class NonCausalRFAttention(torch.autograd.Function):
     """``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` with features built in chunks of ``chunk_size`` rows.
 
-    Stabilization that cannot lose the scale: keys are divided per feature column ``l`` by
-    ``exp(M_l)``, ``M_l = max_j log phi_k[j, l]`` (kept by an online maximum over key chunks, rescaling
-    the ``m x Dv`` sums as it grows), ``exp(M_l)`` moves to the query side, and each query row is divided
-    by its largest entry. With positive features every normalizer is then at least 1 (or 0 for a row
-    whose keys are all padding), whatever the logits.
+    One ``m x (Dv + 1)`` state ``phi_k^T [v, 1]`` holds numerator and normalizer sums. Stabilization that
+    cannot lose the scale: keys are divided per feature column ``l`` by ``exp(M_l)``,
+    ``M_l = max_j log phi_k[j, l]`` (an online maximum over key chunks, rescaling the state's rows as it
+    grows), ``exp(M_l)`` moves to the query side, and each query row is divided by its largest entry.
+    With positive features every normalizer is then at least 1 (0 for a row whose keys are all padding),
+    whatever the logits.
 
     ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)``: ``q [B, H, N_q, d]``,
     ``k [B, H, N_k, d]``, ``v [B, H, N_k, Dv]``, ``key_mask`` bool ``[B, H, N_k]`` or None; ``params``
@@ -99,29 +121,25 @@ class NonCausalRFAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, features: FeatureFn, chunk_size: int, eps: float, *params):
-        lead, m_cols = q.shape[:-2], None
-        state = column_max = normalizer = abs_normalizer = None
-        key_signed = False
+        state = column_max = abs_normalizer = None
         for part in _chunks(k.shape[-2], chunk_size):
             log_k, mult_k = features(k[..., part, :], False)
             if key_mask is not None:
                 log_k = log_k.masked_fill(key_mask[..., part, None], -math.inf)
             top = log_k.amax(dim=-2, keepdim=True)
             if state is None:
-                m_cols = (mult_k if mult_k is not None else log_k).shape[-1]
-                key_signed = mult_k is not None
-                state = v.new_zeros(*lead, m_cols, v.shape[-1])
-                normalizer = v.new_zeros(*lead, 1, m_cols)
-                abs_normalizer = v.new_zeros(*lead, 1, m_cols) if key_signed else None
+                width = (mult_k if mult_k is not None else log_k).shape[-1]
+                state = v.new_zeros(*q.shape[:-2], width, v.shape[-1] + 1)
+                abs_normalizer = v.new_zeros(*q.shape[:-2], 1, width) if mult_k is not None else None
                 column_max = torch.full_like(top, -math.inf)
             new_max = torch.maximum(column_max, top)
             reference = _finite_or_zero(new_max)
             decay = _decay(column_max, reference)
-            phi_k = _exp(log_k - reference, mult_k)
-            state = state * decay.mT + phi_k.mT @ v[..., part, :]
-            plain = phi_k.sum(dim=-2, keepdim=True)
-            normalizer = normalizer * decay + plain
-            if key_signed:
+            phi_k = (log_k - reference).exp_()
+            if mult_k is not None:
+                phi_k = phi_k * mult_k
+            state.mul_(decay.mT).add_(phi_k.mT @ _with_ones(v[..., part, :]))
+            if abs_normalizer is not None:
                 abs_normalizer = abs_normalizer * decay + phi_k.abs().sum(dim=-2, keepdim=True)
             column_max = new_max
         reference = _finite_or_zero(column_max)
@@ -129,37 +147,37 @@ class NonCausalRFAttention(torch.autograd.Function):
         den = v.new_empty(*q.shape[:-1], 1)
         guarded = torch.empty(*q.shape[:-1], 1, dtype=torch.bool, device=q.device)
         for part in _chunks(q.shape[-2], chunk_size):
-            phi_q, query_signed = _query_features(features, q[..., part, :], reference)
+            phi_q, query_signed = _query_features(features, q[..., part, :], reference, inplace=True)
+            num, plain_den = _split(phi_q @ state)
             bound = None
-            if key_signed or query_signed:
-                bound = phi_q.abs() @ (abs_normalizer if key_signed else normalizer).mT
-            den[..., part, :], guarded[..., part, :] = guarded_denominator(phi_q @ normalizer.mT, bound, eps)
-            out[..., part, :] = (phi_q @ state) / den[..., part, :]
-        ctx.save_for_backward(q, k, v, state, normalizer, reference, den, guarded, *params)
+            if abs_normalizer is not None or query_signed:
+                normalizer = abs_normalizer if abs_normalizer is not None else _split(state)[1].mT
+                bound = phi_q.abs() @ normalizer.mT
+            den[..., part, :], guarded[..., part, :] = guarded_denominator(plain_den, bound, eps)
+            torch.div(num, den[..., part, :], out=out[..., part, :])
+        ctx.save_for_backward(q, k, v, state, reference, den, guarded, *params)
         ctx.key_mask, ctx.features, ctx.chunk_size = key_mask, features, chunk_size
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, state, normalizer, reference, den, guarded, *params = ctx.saved_tensors
+        q, k, v, state, reference, den, guarded, *params = ctx.saved_tensors
         features, chunk_size, key_mask = ctx.features, ctx.chunk_size, ctx.key_mask
         totals: list[torch.Tensor | None] = [None] * len(params)
         grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
         grad_k = torch.zeros_like(k) if ctx.needs_input_grad[1] else None
         grad_v = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
-        grad_state, grad_normalizer = torch.zeros_like(state), torch.zeros_like(normalizer)
+        grad_state = torch.zeros_like(state)
         for part in _chunks(q.shape[-2], chunk_size):
             q_part = _leaf(q[..., part, :], grad_q is not None)
             with torch.enable_grad():
                 phi_q, _ = _query_features(features, q_part, reference)
             values = phi_q.detach()
-            g = grad_out[..., part, :] / den[..., part, :]
-            out = (values @ state) / den[..., part, :]
-            r = -(g * out).sum(-1, keepdim=True)
-            r = r.masked_fill(guarded[..., part, :], 0.0)
-            grad_state += values.mT @ g
-            grad_normalizer += (values * r).sum(dim=-2, keepdim=True)
-            (dq,) = _param_grads([phi_q], [g @ state.mT + r * normalizer], [q_part], params, totals)
+            grad_y = _output_grads(
+                grad_out[..., part, :], values @ state, den[..., part, :], guarded[..., part, :]
+            )
+            grad_state += values.mT @ grad_y
+            (dq,) = _param_grads([phi_q], [grad_y @ state.mT], [q_part], params, totals)
             if grad_q is not None:
                 grad_q[..., part, :] = dq
         for part in _chunks(k.shape[-2], chunk_size):
@@ -169,10 +187,9 @@ class NonCausalRFAttention(torch.autograd.Function):
                 if key_mask is not None:
                     log_k = log_k.masked_fill(key_mask[..., part, None], -math.inf)
                 phi_k = _exp(log_k - reference, mult_k)
-            v_part = v[..., part, :]
             if grad_v is not None:
-                grad_v[..., part, :] = phi_k.detach() @ grad_state
-            grad_phi_k = v_part @ grad_state.mT + grad_normalizer
+                grad_v[..., part, :] = phi_k.detach() @ grad_state[..., :-1]
+            grad_phi_k = _with_ones(v[..., part, :]) @ grad_state.mT
             (dk,) = _param_grads([phi_k], [grad_phi_k], [k_part], params, totals)
             if grad_k is not None:
                 grad_k[..., part, :] = dk
@@ -180,13 +197,19 @@ class NonCausalRFAttention(torch.autograd.Function):
 
 
 def _query_features(
-    features: FeatureFn, q: torch.Tensor, reference: torch.Tensor
+    features: FeatureFn, q: torch.Tensor, reference: torch.Tensor, inplace: bool = False
 ) -> tuple[torch.Tensor, bool]:
-    """Query features times the keys' column maxima ``exp(M)``, each row divided by its largest entry."""
+    """Query features times the keys' column maxima ``exp(M)``, each row divided by its largest entry.
+
+    ``inplace`` (no autograd): update the fresh log-feature tensor in place, one buffer per chunk.
+    """
     log_q, mult_q = features(q, True)
     log_q = log_q + reference
-    log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
-    return _exp(log_q, mult_q), mult_q is not None
+    top = log_q.amax(dim=-1, keepdim=True).detach()
+    if inplace:
+        phi = log_q.sub_(top).exp_()
+        return (phi if mult_q is None else phi * mult_q), mult_q is not None
+    return _exp(log_q - top, mult_q), mult_q is not None
 
 
 def _row_stabilized(
@@ -212,101 +235,84 @@ class CausalRFAttention(torch.autograd.Function):
 
     Each key ``j`` is divided by ``exp(c_j)`` (its largest log-feature), each query ``i`` uses the reference
     ``R_i = max_{j <= i} c_j``: within a chunk an explicit masked ``chunk x chunk`` product weighted by
-    ``exp(c_j - R_i) <= 1``, across chunks the ``m x Dv`` state rescaled by ``exp(R_prev - R_i) <= 1``.
-    The state entering each chunk (``m x Dv``) is kept for the backward pass, which runs the chunks in
-    reverse carrying the state's gradient.
+    ``exp(c_j - R_i) <= 1``, across chunks the ``m x (Dv + 1)`` state ``sum phi_k^T [v, 1]`` rescaled by
+    ``exp(R_prev - R_i) <= 1``. The state entering each chunk is kept for the backward pass, which runs
+    the chunks in reverse carrying the state's gradient.
 
-    ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)`` as :class:`NonCausalRFAttention`
+    ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)`` as ``NonCausalRFAttention``
     with ``N_q == N_k``.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, features: FeatureFn, chunk_size: int, eps: float, *params):
-        lead, n = q.shape[:-2], q.shape[-2]
-        previous = q.new_full((*lead, 1), -math.inf)
-        state = normalizer = abs_normalizer = None
-        states, normalizers, previouses = [], [], []
+        previous = q.new_full((*q.shape[:-2], 1), -math.inf)
+        state = abs_normalizer = None
+        states, previouses = [], []
         out = v.new_empty(*q.shape[:-1], v.shape[-1])
         den = v.new_empty(*q.shape[:-1], 1)
         guarded = torch.empty(*q.shape[:-1], 1, dtype=torch.bool, device=q.device)
-        for part in _chunks(n, chunk_size):
+        for part in _chunks(q.shape[-2], chunk_size):
             mask = None if key_mask is None else key_mask[..., part]
             phi_q, _, query_signed = _row_stabilized(features, q[..., part, :], True, None)
             phi_k, scale, key_signed = _row_stabilized(features, k[..., part, :], False, mask)
             if state is None:
-                state = v.new_zeros(*lead, phi_k.shape[-1], v.shape[-1])
-                normalizer = v.new_zeros(*lead, 1, phi_k.shape[-1])
-                abs_normalizer = torch.zeros_like(normalizer) if key_signed else None
+                state = v.new_zeros(*q.shape[:-2], phi_k.shape[-1], v.shape[-1] + 1)
+                abs_normalizer = v.new_zeros(*q.shape[:-2], 1, phi_k.shape[-1]) if key_signed else None
             states.append(state)
-            normalizers.append(normalizer)
             previouses.append(previous)
             weights, carry, decay, key_weight, end = _causal_weights(scale, previous)
-            scores = (phi_q @ phi_k.mT) * weights
-            num = carry * (phi_q @ state) + scores @ v[..., part, :]
-            plain_den = carry * (phi_q @ normalizer.mT) + scores.sum(-1, keepdim=True)
+            scores = (phi_q @ phi_k.mT).mul_(weights)
+            v_ones = _with_ones(v[..., part, :])
+            num, plain_den = _split(carry * (phi_q @ state) + scores @ v_ones)
             bound = None
             if key_signed or query_signed:
                 abs_q = phi_q.abs()
-                past = abs_normalizer if key_signed else normalizer
-                bound = carry * (abs_q @ past.mT) + ((abs_q @ phi_k.abs().mT) * weights).sum(-1, keepdim=True)
+                past = abs_normalizer if key_signed else _split(state)[1].mT
+                inside = ((abs_q @ phi_k.abs().mT) * weights).sum(-1, keepdim=True)
+                bound = carry * (abs_q @ past.mT) + inside
             den[..., part, :], guarded[..., part, :] = guarded_denominator(plain_den, bound, eps)
-            out[..., part, :] = num / den[..., part, :]
+            torch.div(num, den[..., part, :], out=out[..., part, :])
             weighted_k = phi_k * key_weight
-            state = state * decay.unsqueeze(-1) + weighted_k.mT @ v[..., part, :]
-            normalizer = normalizer * decay.unsqueeze(-1) + weighted_k.sum(dim=-2, keepdim=True)
+            state = state * decay.unsqueeze(-1) + weighted_k.mT @ v_ones
             if key_signed:
-                abs_normalizer = abs_normalizer * decay.unsqueeze(-1) + (
-                    weighted_k.abs().sum(dim=-2, keepdim=True)
-                )
+                abs_normalizer = abs_normalizer * decay.unsqueeze(-1) + weighted_k.abs().sum(-2, keepdim=True)
             previous = end
-        ctx.save_for_backward(
-            q,
-            k,
-            v,
-            den,
-            guarded,
-            torch.stack(states),
-            torch.stack(normalizers),
-            torch.stack(previouses),
-            *params,
-        )
+        ctx.save_for_backward(q, k, v, den, guarded, torch.stack(states), torch.stack(previouses), *params)
         ctx.key_mask, ctx.features, ctx.chunk_size = key_mask, features, chunk_size
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, den, guarded, states, normalizers, previouses, *params = ctx.saved_tensors
+        q, k, v, den, guarded, states, previouses, *params = ctx.saved_tensors
         features, chunk_size, key_mask = ctx.features, ctx.chunk_size, ctx.key_mask
         totals: list[torch.Tensor | None] = [None] * len(params)
         grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
         grad_k = torch.zeros_like(k) if ctx.needs_input_grad[1] else None
         grad_v = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
-        grad_state, grad_normalizer = torch.zeros_like(states[0]), torch.zeros_like(normalizers[0])
+        grad_state = torch.zeros_like(states[0])
         parts = _chunks(q.shape[-2], chunk_size)
         for index in reversed(range(len(parts))):
-            part = parts[index]
-            state, normalizer, previous = states[index], normalizers[index], previouses[index]
+            part, state, previous = parts[index], states[index], previouses[index]
             mask = None if key_mask is None else key_mask[..., part]
             q_part = _leaf(q[..., part, :], grad_q is not None)
             k_part = _leaf(k[..., part, :], grad_k is not None)
             with torch.enable_grad():
                 phi_q_graph, _, _ = _row_stabilized(features, q_part, True, None)
                 phi_k_graph, scale, _ = _row_stabilized(features, k_part, False, mask)
-            phi_q, phi_k, v_part = phi_q_graph.detach(), phi_k_graph.detach(), v[..., part, :]
+            phi_q, phi_k = phi_q_graph.detach(), phi_k_graph.detach()
             weights, carry, decay, key_weight, _ = _causal_weights(scale, previous)
-            scores = (phi_q @ phi_k.mT) * weights
-            d = den[..., part, :]
-            out = (carry * (phi_q @ state) + scores @ v_part) / d
-            g = grad_out[..., part, :] / d
-            r = (-(g * out).sum(-1, keepdim=True)).masked_fill(guarded[..., part, :], 0.0)
-            grad_scores = weights * (g @ v_part.mT + r)
-            grad_phi_q = carry * (g @ state.mT + r * normalizer) + grad_scores @ phi_k
-            grad_phi_k = grad_scores.mT @ phi_q + key_weight * (v_part @ grad_state.mT + grad_normalizer)
+            scores = (phi_q @ phi_k.mT).mul_(weights)
+            v_ones = _with_ones(v[..., part, :])
+            y = carry * (phi_q @ state) + scores @ v_ones
+            grad_y = _output_grads(grad_out[..., part, :], y, den[..., part, :], guarded[..., part, :])
+            grad_scores = (grad_y @ v_ones.mT).mul_(weights)
+            grad_phi_q = carry * (grad_y @ state.mT) + grad_scores @ phi_k
+            grad_phi_k = grad_scores.mT @ phi_q + key_weight * (v_ones @ grad_state.mT)
             if grad_v is not None:
-                grad_v[..., part, :] = scores.mT @ g + (phi_k * key_weight) @ grad_state
-            carried = carry * phi_q
-            grad_state = grad_state * decay.unsqueeze(-1) + carried.mT @ g
-            grad_normalizer = grad_normalizer * decay.unsqueeze(-1) + (carried * r).sum(dim=-2, keepdim=True)
+                grad_v[..., part, :] = (
+                    scores.mT @ grad_y[..., :-1] + (phi_k * key_weight) @ grad_state[..., :-1]
+                )
+            grad_state = grad_state * decay.unsqueeze(-1) + (carry * phi_q).mT @ grad_y
             dq, dk = _param_grads(
                 [phi_q_graph, phi_k_graph], [grad_phi_q, grad_phi_k], [q_part, k_part], params, totals
             )

@@ -12,8 +12,8 @@ from rf_features import FeatureMap
 
 #: Query/key block of the causal algorithm.
 DEFAULT_CHUNK_SIZE = 128
-#: Feature elements ``(leading dims) x rows x m`` per chunk of the non-causal algorithm (2 MiB in float32).
-NONCAUSAL_CHUNK_ELEMENTS = 2**19
+#: Feature elements ``(leading dims) x rows x m`` per chunk of the non-causal algorithm (0.5 MiB in float32).
+NONCAUSAL_CHUNK_ELEMENTS = 2**17
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -51,7 +51,7 @@ def linear_attention(
             features are guarded only where ``D == 0`` (rows whose keys are all padding give 0). Never an
             absolute floor: stabilized features can make a correct ``D`` arbitrarily small. Default: the
             accumulation dtype's machine epsilon.
-        chunk_size: positions per chunk (default: 128 causal; non-causal about 2 MiB of features).
+        chunk_size: positions per chunk (default: 128 causal; non-causal about 0.5 MiB of features).
 
     Returns:
         ``(..., N_q, Dv)`` in ``v``'s dtype; float16/bfloat16 inputs are accumulated in float32.
@@ -62,7 +62,16 @@ def linear_attention(
     log_scale = phi_k.new_zeros(phi_k.shape[:-1]) if key_log_scale is None else key_log_scale
     packed_k = torch.cat((phi_k.to(acc), log_scale.to(acc).unsqueeze(-1)), dim=-1)
     return _run_kernel(
-        phi_q, packed_k, v, mask, _given_features, causal=causal, eps=eps, chunk_size=chunk_size, params=()
+        phi_q,
+        packed_k,
+        v,
+        mask,
+        _given_features,
+        causal=causal,
+        eps=eps,
+        chunk_size=chunk_size,
+        params=(),
+        width=phi_q.shape[-1],
     )
 
 
@@ -92,13 +101,14 @@ def _run_kernel(
     eps: float | None,
     chunk_size: int | None,
     params: tuple[torch.Tensor, ...],
+    width: int,
 ) -> torch.Tensor:
-    """Run the causal or non-causal chunked kernel in the accumulation dtype, autocast off."""
+    """Run the causal or non-causal chunked kernel (features ``width`` wide) in the accumulation dtype."""
     out_dtype = v.dtype
     acc = _accumulation_dtype(q, k, v)
     eps = torch.finfo(acc).eps if eps is None else eps
     if chunk_size is None:
-        rows = NONCAUSAL_CHUNK_ELEMENTS // max(1, math.prod(q.shape[:-2]) * q.shape[-1])
+        rows = NONCAUSAL_CHUNK_ELEMENTS // max(1, math.prod(q.shape[:-2]) * width)
         chunk_size = DEFAULT_CHUNK_SIZE if causal else max(256, rows)
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
@@ -192,17 +202,21 @@ def rf_attention(
         )
     scale = q.shape[-1] ** -0.25
     acc = _accumulation_dtype(q, k, v)
-    q, k = q.to(acc) * scale, k.to(acc) * scale
+    q, k = q.to(acc), k.to(acc)
     stats = feature_map.current_statistics(
-        q, k, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
+        q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
     )
 
     def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return feature_map.weighted_log_features(x, stats, is_query=is_query, stabilized=True)
+        # scaled chunk by chunk: autograd keeps no scaled copy of q and k
+        return feature_map.weighted_log_features(x * scale, stats, is_query=is_query, stabilized=True)
 
     params = tuple(p for p in feature_map.parameters() if p.requires_grad)
     mask = _broadcast_key_mask(key_padding_mask, k)
-    return _run_kernel(q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, params=params)
+    width = feature_map.num_features
+    return _run_kernel(
+        q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, params=params, width=width
+    )
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
 import rf_features
-from rf_attention.functional import rf_attention, softmax_attention
+from rf_attention.decoding import KVCache, RecurrentState, accumulate_keys, recurrent_attention
+from rf_attention.functional import _accumulation_dtype, linear_attention, rf_attention, softmax_attention
+
+#: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
+#: ``seed`` come from different streams.
+PROJECTION_SEED_OFFSET = 0x5EED_0F_7A0
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -16,21 +22,35 @@ class MultiheadSelfAttention(nn.Module):
 
     ``q, k, v = x W_qkv`` split into ``num_heads`` heads of ``dim / num_heads``; subclasses implement
     [`attend`][rf_attention.MultiheadSelfAttention.attend] on ``(B, H, N, Dh)`` tensors; the heads are merged
-    and projected back, then dropout.
+    and projected back, then dropout. Causal attentions with a recurrent form also implement
+    [`prefill_heads`][rf_attention.MultiheadSelfAttention.prefill_heads] and
+    [`step_heads`][rf_attention.MultiheadSelfAttention.step_heads], which
+    [`prefill`][rf_attention.MultiheadSelfAttention.prefill] and
+    [`step`][rf_attention.MultiheadSelfAttention.step] (token-by-token decoding) call.
 
     Args:
         dim: model width.
         num_heads: heads; must divide ``dim``.
         causal: query ``i`` attends to positions ``j <= i`` only.
-        dropout: dropout on the output projection (training only).
+        dropout: dropout on the output projection (training only; drawn from the global torch RNG).
         bias: biases in the projections.
+        seed: when given, the projections' initial weights are drawn from it (PyTorch's default
+            ``nn.Linear`` initialization from a seeded generator), so two modules created with the same
+            seed are equal whatever the global torch seed; None: from the global torch RNG.
     """
 
     #: False for attentions without a causal form (``create(..., causal=True)`` then raises).
     supports_causal: bool = True
 
     def __init__(
-        self, dim: int, num_heads: int, *, causal: bool = False, dropout: float = 0.0, bias: bool = True
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        causal: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         if num_heads < 1 or dim % num_heads:
@@ -41,6 +61,28 @@ class MultiheadSelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        if seed is not None:
+            self.reset_projections(seed)
+
+    @torch.no_grad()
+    def reset_projections(self, seed: int) -> None:
+        """Draw every ``nn.Linear`` of ``qkv`` and ``proj`` afresh from ``seed`` (PyTorch's default init).
+
+        Weights ``U(-b, b)`` with ``b = 1 / sqrt(fan_in)`` (``kaiming_uniform_(a=sqrt(5))``), biases likewise;
+        drawn on the CPU in float32 and copied, so a seed gives the same module on every device and dtype.
+        """
+        generator = torch.Generator().manual_seed(seed + PROJECTION_SEED_OFFSET)
+        for part in (self.qkv, self.proj):
+            for layer in part.modules():
+                if isinstance(layer, nn.Linear):
+                    weight = torch.empty(layer.weight.shape)
+                    nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
+                    layer.weight.copy_(weight)
+                    if layer.bias is not None:
+                        bound = 1 / math.sqrt(layer.in_features)
+                        layer.bias.copy_(
+                            torch.empty(layer.bias.shape).uniform_(-bound, bound, generator=generator)
+                        )
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -48,10 +90,82 @@ class MultiheadSelfAttention(nn.Module):
         """Attention on heads: ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         raise NotImplementedError
 
+    def prefill_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Any]:
+        """Causal attention on heads ``(B, H, N, Dh)`` and the decoding state after the ``N`` positions."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent (token-by-token) form")
+
+    def step_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """Attention of ``T`` new positions ``(B, H, T, Dh)`` continuing ``state`` (None: from the start)."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent (token-by-token) form")
+
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x (B, N, dim)``, ``key_padding_mask (B, N)`` bool (True = padding) -> ``(B, N, dim)``."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x: expected shape (B, N, {self.dim}), got {tuple(x.shape)}")
+        q, k, v = self._heads(x, key_padding_mask)
+        return self._merge(self.attend(q, k, v, key_padding_mask))
+
+    def prefill(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        """The causal forward pass of a prefix and the decoding state it leaves, for ``step``.
+
+        Args:
+            x: ``(B, N, dim)``, the prompt.
+            key_padding_mask: bool ``(B, N)``, True at padding (e.g. left padding of prompts of unequal
+                length): padded positions are never attended to, now or in later steps.
+
+        Returns:
+            ``(y (B, N, dim), state)``, ``y`` equal to ``forward(x, key_padding_mask)``.
+        """
+        self._check_decodes("prefill")
+        q, k, v = self._heads(x, key_padding_mask)
+        out, state = self.prefill_heads(q, k, v, key_padding_mask)
+        return self._merge(out), state
+
+    def step(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+        """Decode: the outputs of the next token(s) ``x (B, 1, dim)`` given the state of the tokens before.
+
+        In ``eval()``, feeding a sequence token by token (from ``state=None`` or from the state of
+        [`prefill`][rf_attention.MultiheadSelfAttention.prefill]) gives the causal
+        [`forward`][rf_attention.MultiheadSelfAttention.forward] outputs to rounding. RF attention keeps an
+        O(1) state ([`RecurrentState`][rf_attention.decoding.RecurrentState]), softmax attention a KV cache
+        ([`KVCache`][rf_attention.decoding.KVCache], updated in place). ``x`` may hold ``T > 1`` new
+        tokens.
+
+        Returns:
+            ``(y (B, T, dim), state after the new tokens)``.
+        """
+        self._check_decodes("step")
+        q, k, v = self._heads(x, None)
+        out, state = self.step_heads(q, k, v, state)
+        return self._merge(out), state
+
+    def _check_decodes(self, name: str) -> None:
+        if not self.causal:
+            raise ValueError(
+                f"{name}: {type(self).__name__} was created with causal=False; token-by-token decoding needs "
+                "a causal attention (create(..., causal=True))"
+            )
+
+    def _heads(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Checked ``x (B, N, dim)`` projected to ``q, k, v (B, H, N, Dh)``."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x: expected shape (B, N, {self.dim}), got {tuple(getattr(x, 'shape', ()))}")
+        expected = self.proj.weight.dtype
+        if not x.is_floating_point():
+            raise ValueError(
+                f"x: expected a floating-point tensor ({expected}, the module's dtype), got {x.dtype}"
+            )
+        if x.dtype != expected and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"x: expected dtype {expected} (the module's parameters), got {x.dtype}; cast the input or "
+                f"the module (module.to({x.dtype})), or run under torch.autocast"
+            )
         if key_padding_mask is not None and (
             key_padding_mask.dtype != torch.bool or key_padding_mask.shape != x.shape[:2]
         ):
@@ -61,7 +175,11 @@ class MultiheadSelfAttention(nn.Module):
             )
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        out = self.attend(q, k, v, key_padding_mask)
+        return q, k, v
+
+    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+        """Heads ``(B, H, N, Dh)`` merged, projected and dropped out: ``(B, N, dim)``."""
+        b, _, n, _ = out.shape
         return self.dropout(self.proj(out.transpose(1, 2).reshape(b, n, self.dim)))
 
     def extra_repr(self) -> str:
@@ -88,6 +206,21 @@ class SoftmaxAttention(MultiheadSelfAttention):
             q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p
         )
 
+    def prefill_heads(self, q, k, v, key_padding_mask):
+        """Causal attention and a [`KVCache`][rf_attention.decoding.KVCache] holding ``k``, ``v``."""
+        cache = KVCache.empty(k, v, capacity=max(16, k.shape[-2]))
+        return self.attend(q, k, v, key_padding_mask), cache.append(k, v, key_padding_mask)
+
+    def step_heads(self, q, k, v, state):
+        """Append ``k, v`` to the cache (a new one for ``state=None``) and attend over it."""
+        cache = KVCache.empty(k, v) if state is None else state
+        if not isinstance(cache, KVCache):
+            raise ValueError(
+                f"state: expected a KVCache (from prefill or step) or None, got {type(cache).__name__}"
+            )
+        cache.append(k, v)
+        return cache.attend(q), cache
+
 
 class RandomFeatureAttention(MultiheadSelfAttention):
     """Kernelized attention with a random feature map shared by the heads (Spectraformer, Figure 1), O(N).
@@ -96,7 +229,9 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         component: an ``rf_features`` component name (``"oprf"``, ...).
         weight_matrix: an ``rf_matrices`` weight matrix name (``"fastfoodl"``, ...).
         num_features: rows ``s`` of the weight matrix.
-        seed: seed of the weight matrix (and of its redraws).
+        seed: seeds all of the module's randomness but dropout: the weight matrix (and its redraws) and
+            the projections' initialization (see
+            [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention]).
         kernel: ``"softmax"`` (approximates softmax attention) or ``"gaussian"`` (Skyformer-style).
         redraw_interval: redraw the random features before every ``redraw_interval``-th training forward
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
@@ -106,7 +241,11 @@ class RandomFeatureAttention(MultiheadSelfAttention):
 
     In causal mode the feature map's data-dependent parameters (OPRF's ``A``, SADERF's ``Psi``) come from
     running averages over earlier training batches (``statistics_mode="running"``): nothing computed for a
-    position depends on later positions.
+    position depends on later positions. Decoding ([`step`][rf_attention.MultiheadSelfAttention.step])
+    keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.decoding.RecurrentState]; in ``eval()``
+    it gives the causal forward's outputs.
+    In training, each call updates the running statistics and may redraw the features, which invalidates
+    a state built before.
     """
 
     def __init__(
@@ -123,7 +262,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         matrix_options: dict | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         if redraw_interval < 0:
             raise ValueError(f"redraw_interval: expected an integer >= 0, got {redraw_interval}")
         self.feature_map = rf_features.create(
@@ -155,3 +294,41 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             key_padding_mask=key_padding_mask,
             query_padding_mask=key_padding_mask,
         )
+
+    def _features(
+        self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Causal features of ``q, k (B, H, N, Dh)`` as ``rf_attention`` computes them."""
+        acc = _accumulation_dtype(q, k)
+        scale = self.head_dim**-0.25
+        return self.feature_map.forward_with_key_scales(
+            q.to(acc) * scale,
+            k.to(acc) * scale,
+            key_padding_mask=key_padding_mask,
+            query_padding_mask=key_padding_mask,
+        )
+
+    def _empty_state(self, q: torch.Tensor, v: torch.Tensor, phi_k: torch.Tensor) -> RecurrentState:
+        acc = _accumulation_dtype(q, v)
+        return RecurrentState.empty(q.shape[:2], phi_k.shape[-1], v.shape[-1], dtype=acc, device=q.device)
+
+    def prefill_heads(self, q, k, v, key_padding_mask):
+        """Causal RF attention of the prefix and the recurrent state it leaves."""
+        phi_q, phi_k, log_scale = self._features(q, k, key_padding_mask)
+        out = linear_attention(
+            phi_q, phi_k, v, causal=True, key_padding_mask=key_padding_mask, key_log_scale=log_scale
+        )
+        return out, accumulate_keys(self._empty_state(q, v, phi_k), phi_k, log_scale, v)
+
+    def step_heads(self, q, k, v, state):
+        """``recurrent_attention`` of the new positions from ``state``."""
+        phi_q, phi_k, log_scale = self._features(q, k, None)
+        if state is None:
+            state = self._empty_state(q, v, phi_k)
+        if not isinstance(state, RecurrentState):
+            raise ValueError(
+                f"state: expected a RecurrentState (from prefill or step) or None, got {type(state).__name__}"
+            )
+        state.check_fits(tuple(q.shape[:2]), phi_k.shape[-1], v.shape[-1])
+        out, state = recurrent_attention(state, phi_q, phi_k, log_scale, v)
+        return out.to(v.dtype), state

@@ -75,8 +75,9 @@ def naive_rf_attention(
     """Random-feature attention from the unstabilized features of ``q Dh^-1/4`` and ``k Dh^-1/4``.
 
     The features are ``feature_map(q Dh^-1/4, k Dh^-1/4)`` with no rescaling (so this overflows where
-    ``exp(q . k / sqrt(Dh))`` does: use float64), combined by :func:`naive_linear_attention`. The feature
-    map's statistics (OPRF's ``A``, SADERF's ``Psi``) are its own, computed without gradient.
+    ``exp(q . k / sqrt(Dh))`` does: use float64), combined by
+    [`naive_linear_attention`][rf_attention.naive.naive_linear_attention]. The feature map's statistics
+    (OPRF's ``A``, SADERF's ``Psi``) are its own, computed without gradient.
 
     Args:
         q: ``[B, H, N_q, Dh]``.

@@ -8,7 +8,7 @@ from torch import nn
 
 import rf_features
 import rf_matrices
-from rf_attention.modules import RandomFeatureAttention, SoftmaxAttention
+from rf_attention.modules import MultiheadSelfAttention, RandomFeatureAttention, SoftmaxAttention
 from spectraformer_core import Registry
 
 #: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
@@ -70,6 +70,12 @@ def create(
     of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
     of [`names`][rf_attention.names]. Extra keyword arguments go to the attention (``kernel``,
     ``redraw_interval``, ``attention_dropout``, ``matrix_options``, ...).
+
+    ``seed`` seeds all of the module's randomness except dropout (which draws from the global torch RNG):
+    its random features or hashes and the initial projections, which
+    [`reset_projections`][rf_attention.MultiheadSelfAttention.reset_projections] draws from ``seed``
+    here also for modules that replace their projections after construction. Two modules created with
+    the same name, arguments and seed are equal, whatever the global torch seed.
     """
     key = name.lower() if isinstance(name, str) else name
     if isinstance(key, str) and key not in ATTENTIONS:
@@ -79,15 +85,20 @@ def create(
         factory = functools.partial(RandomFeatureAttention, component=pair[0], weight_matrix=pair[1])
     else:
         factory = ATTENTIONS.get(key)
-    return factory(dim, num_heads, num_features=num_features, causal=causal, dropout=dropout, seed=seed, **kw)
+    module = factory(
+        dim, num_heads, num_features=num_features, causal=causal, dropout=dropout, seed=seed, **kw
+    )
+    if seed is not None and isinstance(module, MultiheadSelfAttention):
+        module.reset_projections(seed)
+    return module
 
 
 @register("softmax")
 def _softmax(
     dim: int, num_heads: int, *, num_features: int = 128, seed: int | None = None, **kw
 ) -> nn.Module:
-    """Exact softmax attention; ``num_features`` and ``seed`` do not apply."""
-    return SoftmaxAttention(dim, num_heads, **kw)
+    """Exact softmax attention; ``num_features`` does not apply, ``seed`` seeds the projections."""
+    return SoftmaxAttention(dim, num_heads, seed=seed, **kw)
 
 
 @register("performer")

@@ -15,6 +15,7 @@ and the real estimate Re(f^(1) f^(2)) is written with the real features ``[cos(b
 
 from __future__ import annotations
 
+import cmath
 import math
 from typing import Any
 
@@ -61,6 +62,30 @@ def gerf_log_features(
     return log_mag, torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
 
 
+def gerf_relative_variance(a: complex, s: int, dim: int, sqnorm: float) -> float:
+    """``Var(Re f^(1) f^(2)) / K^2`` of one GERF row (Eq. 21), ``omega ~ N(0, I_d)``, complex ``A`` allowed.
+
+    With ``Z = f^(1)(omega, x) f^(2)(omega, y)`` and ``u = ||x + s y||^2`` (``sqnorm``), ``E Z = K`` is real
+    for every ``A`` with ``Re A < 1/4``, and (for ``Re A < 1/8``, ``B = sqrt(s (1 - 4A))``)
+    ``E Z^2 / K^2 = (1 - 4A)^d (1 - 8A)^(-d/2) exp(2 s (1 - 4A) u / (1 - 8A) - s u)``,
+    ``E |Z|^2 / K^2 = |1 - 4A|^d (1 - 8 Re A)^(-d/2) exp(2 (Re B)^2 u / (1 - 8 Re A) - s u)``, and
+    ``E (Re Z)^2 = (E |Z|^2 + Re E Z^2) / 2``. Principal roots and powers, as Eq. 21 states.
+    """
+    a = complex(a)
+    if not a.real < 0.125:
+        raise ValueError(f"a: expected Re A < 1/8 (finite variance), got {a!r}")
+    one_4a, one_8a = 1 - 4 * a, 1 - 8 * a
+    b = (s * one_4a) ** 0.5
+    log_square = dim * cmath.log(one_4a) - dim / 2 * cmath.log(one_8a) + 2 * s * one_4a * sqnorm / one_8a
+    log_modulus = dim * math.log(abs(one_4a)) - dim / 2 * math.log(1 - 8 * a.real)
+    log_modulus += 2 * b.real**2 * sqnorm / (1 - 8 * a.real)
+    log_modulus -= s * sqnorm
+    if log_modulus > 700:  # beyond float range: |E Z^2| <= E |Z|^2, so the variance is as large
+        return math.inf
+    ratio = cmath.exp(log_square - s * sqnorm - log_modulus).real  # Re E Z^2 / E |Z|^2, in [-1, 1]
+    return math.exp(log_modulus) * (1 + ratio) / 2 - 1
+
+
 @register("gerf")
 class GERF(FeatureMap):
     """Generalized exponential random features with a fixed ``A`` (Eq. 21, Likhosherstov et al. 2022).
@@ -72,13 +97,20 @@ class GERF(FeatureMap):
     """
 
     def __init__(self, dim: int, *, a: float = 0.0, s: int = 1, **kw: Any) -> None:
-        super().__init__(dim, **kw)
         if s not in (1, -1):
             raise ValueError(f"s: expected +1 or -1, got {s!r}")
+        if isinstance(a, complex):
+            raise ValueError(
+                f"a: expected a real A (a complex A never lowers the variance and doubles the features; "
+                f"see gerf_relative_variance), got {a!r}"
+            )
         if not a < 0.25:
             raise ValueError(f"a: expected A < 1/4 (so that 1 - 4A > 0), got {a!r}")
+        # set before FeatureMap.__init__, which chooses the weight matrix's rule from them
         self.a, self.s = float(a), s
         self.features_per_row = 1 if s == 1 else 2
+        self.positive, self.even_in_omega = s == 1, s == -1
+        super().__init__(dim, **kw)
 
     def log_features(self, projection, sqnorm, stats, is_query):
         """GERF features with this map's ``(A, s)``."""
@@ -124,6 +156,8 @@ class PosRFHyp(FeatureMap):
     """
 
     features_per_row = 2
+    positive = True
+    even_in_omega = True
 
     def log_features(self, projection, sqnorm, stats, is_query):
         """The ``+omega`` and ``-omega`` components side by side."""
@@ -167,6 +201,8 @@ class OPRF(FeatureMap):
     from the graph. Given the inputs, the estimate is unbiased for every ``A``.
     """
 
+    positive = True
+
     def running_statistics_defaults(self):
         """``A = 0`` (PosRF) until the first update."""
         return {"a": torch.zeros(())}
@@ -188,13 +224,17 @@ def saderf_psi(
     key_mask: torch.Tensor | None,
     eps: float = 1e-12,
 ) -> torch.Tensor:
-    """SADERF's diagonal ``Psi_ll = (sum_j (k_j)_l^2 / sum_i (q_i)_l^2)^(1/4)`` (Eq. 23), ``(..., d)``.
+    """SADERF's diagonal ``Psi`` (Eq. 23), optimal over all (non-padded) query-key pairs, ``(..., d)``.
 
-    Sums run over the non-padded queries and keys of each batch element and head; ``eps`` keeps empty or
-    all-zero coordinates finite.
+    ``Psi`` minimizes ``L = sum_{i,j} ||Psi q_i + Psi^-1 k_j||^2`` over the ``n_q`` queries and ``n_k`` keys
+    left after padding. ``Psi q_i . Psi^-1 k_j = q_i . k_j``, so per coordinate ``l``
+    ``L = n_k psi_l^2 sum_i q_il^2 + n_q psi_l^-2 sum_j k_jl^2 + const``, minimized at
+    ``psi_l = (mean_j k_jl^2 / mean_i q_il^2)^(1/4)``: Eq. 23's ratio of sums when ``n_q = n_k`` (the
+    paper's self-attention), the ratio of means otherwise. ``eps`` keeps empty or all-zero coordinates
+    finite.
     """
-    q_sq = masked_mean(q.pow(2), query_mask) * q.shape[-2]
-    k_sq = masked_mean(k.pow(2), key_mask) * k.shape[-2]
+    q_sq = masked_mean(q.pow(2), query_mask)
+    k_sq = masked_mean(k.pow(2), key_mask)
     return ((k_sq + eps) / (q_sq + eps)) ** 0.25
 
 

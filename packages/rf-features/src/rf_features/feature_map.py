@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -48,6 +49,10 @@ class FeatureMap(nn.Module):
 
     #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
     features_per_row: int = 1
+    #: True when every feature is positive (so are the kernel estimates, given non-negative row weights).
+    positive: bool = False
+    #: True when the estimate of a row is the same for omega and -omega (TrigRF's cos, PosRF-Hyp's cosh).
+    even_in_omega: bool = False
 
     def __init__(
         self,
@@ -80,8 +85,18 @@ class FeatureMap(nn.Module):
                 )
             self.weight_matrix = weight_matrix
         else:
-            self.weight_matrix = rf_matrices.create(
-                weight_matrix, num_features, dim, seed=seed, **(matrix_options or {})
+            options = dict(matrix_options or {})
+            is_sgq = issubclass(rf_matrices.WEIGHT_MATRICES.get(weight_matrix), rf_matrices.SGQ)
+            if is_sgq and options.get("rule", "stiefel") == "stiefel":
+                # the equal-weight rule needs both nodes of a pair unless the estimate is even in omega
+                options.setdefault("antipodal", not self.even_in_omega)
+            self.weight_matrix = rf_matrices.create(weight_matrix, num_features, dim, seed=seed, **options)
+        if self.positive and self.weight_matrix.signed_weights:
+            warnings.warn(
+                f"weight_matrix: {self.weight_matrix!r} has quadrature weights that can be negative, so "
+                f"the estimates of the positive component {type(self).__name__} (and attention "
+                "normalizers) can be zero or negative; sgq's default rule='stiefel' keeps them positive",
+                stacklevel=3,
             )
         self.dim = self.weight_matrix.dim
         defaults = self.running_statistics_defaults()
@@ -250,11 +265,12 @@ class FeatureMap(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         query_padding_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The data-dependent parameters :meth:`forward` would use for ``(q, k)``, without gradient.
+        """The data-dependent parameters `forward` would use for ``(q, k)``, without gradient.
 
-        ``"batch"`` mode: :meth:`statistics` of this call; ``"running"`` mode: the running averages (updated
-        after use in training, as :meth:`forward` does). With :meth:`weighted_log_features` this computes
-        the features of any part of ``q`` or ``k`` (chunked attention) with the statistics of the whole.
+        ``"batch"`` mode: [`statistics`][rf_features.FeatureMap.statistics] of this call; ``"running"`` mode:
+        the running averages (updated after use in training, as [`forward`][rf_features.FeatureMap.forward]
+        does). With [`weighted_log_features`][rf_features.FeatureMap.weighted_log_features] this computes the
+        features of any part of ``q`` or ``k`` (chunked attention) with the statistics of the whole.
         """
         self._check_inputs(q, k)
         key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)

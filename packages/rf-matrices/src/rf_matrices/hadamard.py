@@ -46,13 +46,13 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
         # applied the axes are back in their original order (H_n = H_f1 x ... x H_fr, Sylvester order).
         y = (y.view(y.shape[0], n // f, f) @ factor).transpose(1, 2).reshape(y.shape[0], n)
         bits -= step
-    return (y * n**-0.5).reshape(*lead, n)
+    return (y * float(n) ** -0.5).reshape(*lead, n)
 
 
 @functools.cache
 def _sylvester(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The unnormalized (+-1) Sylvester Hadamard matrix ``(n, n)`` (symmetric)."""
-    return (hadamard_matrix(n, dtype=dtype) * n**0.5).round().to(device)
+    return (hadamard_matrix(n, dtype=dtype) * float(n) ** 0.5).round().to(device)
 
 
 def hadamard_matrix(n: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -62,4 +62,4 @@ def hadamard_matrix(n: int, *, dtype: torch.dtype = torch.float64) -> torch.Tens
     h = torch.ones(1, 1, dtype=dtype)
     while h.shape[0] < n:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-    return h * n**-0.5
+    return h * float(n) ** -0.5

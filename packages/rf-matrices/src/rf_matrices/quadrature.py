@@ -1,9 +1,11 @@
-"""Quadrature weight matrices: Smolyak sparse-grid Gauss-Hermite rules, SGQ (Section 3.1.7)."""
+"""Quadrature weight matrices: degree-3 cubature rules for ``N(0, I)``, SGQ (Section 3.1.7)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -61,7 +63,7 @@ def smolyak_gauss_hermite(dim: int, degree: int) -> tuple[torch.Tensor, torch.Te
     return _merge(torch.cat(points), torch.cat(weights))
 
 
-def _compositions(total: int, dim: int):
+def _compositions(total: int, dim: int) -> Iterator[tuple[list[int], list[int]]]:
     """Multi-indices ``k >= 0`` of ``dim`` entries summing to ``total``, as (support, nonzero values)."""
     if total == 0:
         yield [], []
@@ -72,7 +74,7 @@ def _compositions(total: int, dim: int):
                 yield list(support), list(parts)
 
 
-def _positive_parts(total: int, size: int):
+def _positive_parts(total: int, size: int) -> Iterator[tuple[int, ...]]:
     if size == 1:
         yield (total,)
         return
@@ -92,37 +94,59 @@ def _merge(points: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, t
     return points[first[keep]], merged[keep]
 
 
+#: The cubature rules `SGQ` builds; the first is the default.
+RULES = ("stiefel", "spherical-radial", "smolyak")
+
+
+def haar_stiefel(rows: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """A Haar-distributed ``(rows, dim)`` matrix with orthonormal columns (``rows >= dim``), float64.
+
+    The Q factor of the reduced QR of a Gaussian matrix, the signs of R's diagonal moved into Q (Mezzadri
+    2007): the first ``dim`` columns of a Haar orthogonal ``rows x rows`` matrix.
+    """
+    g = torch.randn(rows, dim, generator=generator, dtype=torch.float64, device=generator.device)
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(torch.diagonal(r)).unsqueeze(-2)
+
+
 @register("sgq")
 class SGQ(DenseWeightMatrix):
-    """Sparse-grid quadrature rows with quadrature weights (Section 3.1.7, Dao et al. 2017).
+    """Rows that are the nodes of a degree-3 cubature rule for ``N(0, I / sigma^2)`` (Section 3.1.7).
 
-    The rows are the nodes of the Smolyak sparse-grid Gauss-Hermite rule for ``N(0, I / sigma^2)`` (see
-    [`smolyak_gauss_hermite`][rf_matrices.smolyak_gauss_hermite]) and
-    [`component_weights`][rf_matrices.SGQ.component_weights] its weights: ``1 - d/3`` (negative for ``d > 3``)
-    on the origin and ``1/6`` on ``+-sqrt(3) e_i`` at the default degree 3.
+    Every rule has exactly ``num_features`` nodes and integrates every polynomial of total degree <= 3
+    exactly (the folded ``stiefel`` rule: every even one); a count a rule cannot have is refused with the
+    nearest counts it can. Three rules:
 
-    One rule has a fixed number of nodes (``2d + 1`` at degree 3). To reach the requested ``s`` the rule is
-    repeated: ``c = max(1, round((s - 1) / (2d)))`` copies share one origin node, the other weights divided by
-    ``c``, and ``num_features`` reports the count actually used (``1 + 2dc``, at least ``2d + 1``).
-    Copies of one fixed rule would all be the same, so each copy is
+    - ``rule="stiefel"`` (the default): equal weights ``1/s`` (so
+      [`component_weights`][rf_matrices.SGQ.component_weights] is None and every kernel estimate of a positive
+      component function stays positive). With ``antipodal=True`` the nodes are ``sqrt(s/2) [0; U; -U]`` (the
+      origin only for odd ``s``), ``U`` a Haar-random ``(s // 2, d)`` matrix with orthonormal columns: odd
+      moments vanish by symmetry and ``W.T @ W / s = I`` exactly, so the rule is exact for degree 3; for
+      ``s = 2d`` it is the 2d-point rule ``+-sqrt(d) e_i``, randomly rotated (Stroud 1971). ``s >= 2d``. With
+      ``antipodal=False`` (the default) the nodes are ``sqrt(s) U``, ``U`` of shape ``(s, d)``: the same rule
+      folded, one node per antipodal pair, which gives the same estimate for integrands even in omega
+      (TrigRF's ``cos(omega.(x - y))``, PosRF-Hyp's ``cosh``) at half the rows, and is exact for every even
+      polynomial of degree <= 3. ``s >= d``. ``rf_features`` picks ``antipodal`` from the component function.
+      The nodes are not exactly Gaussian (rows of an orthonormal frame, scaled), so estimates carry a bias
+      that shrinks as ``s`` grows.
+    - ``rule="spherical-radial"``: ``c`` copies of the stochastic spherical-radial rule (Genz and Monahan
+      1998) sharing the origin: each copy ``+-rho R e_i`` with a Haar rotation ``R``, ``rho ~ chi(d + 2)``,
+      weights ``1 / (2 c rho^2)``, and the origin ``1 - sum``, which is negative whenever the copies'
+      ``rho^2 < d`` on average. Unbiased for every integrand. ``s = 1 + 2dc``.
+    - ``rule="smolyak"``: ``c`` copies of the Smolyak sparse grid of
+      [`smolyak_gauss_hermite`][rf_matrices.smolyak_gauss_hermite] sharing its origin, each rotated by a Haar
+      rotation (``rotate=True``). At degree 3 the grid is ``0, +-sqrt(3) e_i`` with weights ``1 - d/3``
+      (negative for ``d > 3``) and ``1/6``: ``create("sgq", 2 * d + 1, d, rule="smolyak", rotate=False)`` is
+      exactly the paper's ``W_SGQ``. ``s = 1 + c * (nodes of the grid - 1)``.
 
-    - rotated by an independent Haar rotation (``rotate=True``): still exact for total degree <= 3, since
-      the Gaussian is rotation invariant; and
-    - at degree 3, with ``radius="random"`` (the default), stretched from radius ``sqrt(3)`` to an independent
-      ``rho ~ chi(d + 2)``, with weights ``1 / (2 rho^2)`` on the ``2d`` nodes and ``1 - d / rho^2`` on the
-      origin: the stochastic spherical-radial rule of Genz and Monahan (1998), of which the sparse grid is the
-      ``rho = sqrt(3)`` member. Every copy stays exact for degree <= 3, and the estimate becomes unbiased for
-      every integrand, so its error falls as ``s`` grows, as a Monte Carlo estimate's does (finite variance
-      for ``d >= 3``). With ``radius="fixed"`` the sparse-grid nodes are kept: the estimate is then biased by
-      the rule's degree-5 error, which no number of copies removes.
-
-    ``create("sgq", 2 * d + 1, d, rotate=False, radius="fixed")`` is exactly the paper's ``W_SGQ``.
+    `signed_weights` is True for the last two at ``d > 3`` (for ``spherical-radial``, always):
+    their quadrature weights can be negative, and so can the kernel estimates built from them.
 
     Args:
-        degree: total polynomial degree the rule integrates exactly (odd; 3 as in the paper, and the only
-            one ``radius="random"`` takes).
-        rotate: rotate each copy by an independent Haar rotation.
-        radius: ``"random"`` or ``"fixed"``, as above.
+        rule: one of `RULES`.
+        antipodal: ``rule="stiefel"`` only: keep both nodes of each antipodal pair.
+        degree: ``rule="smolyak"`` only: the odd total degree the grid integrates exactly.
+        rotate: ``rule="smolyak"`` only: rotate each copy by an independent Haar rotation.
     """
 
     def __init__(
@@ -130,72 +154,110 @@ class SGQ(DenseWeightMatrix):
         num_features: int,
         dim: int,
         *,
+        rule: str = "stiefel",
+        antipodal: bool = False,
         degree: int = 3,
         rotate: bool = True,
-        radius: str = "random",
-        **kw,
+        **kw: Any,
     ) -> None:
         check_positive_int("num_features", num_features)
-        points, weights = smolyak_gauss_hermite(check_positive_int("dim", dim), degree)
-        if radius not in ("random", "fixed"):
-            raise ValueError(f"radius: expected 'random' or 'fixed', got {radius!r}")
-        if radius == "random" and degree != 3:
-            raise ValueError(f"degree: radius='random' needs degree=3, got degree={degree}")
-        away = points.abs().sum(dim=-1) > 0
-        self._nodes, self._node_weights = points[away], weights[away]
-        copies = max(1, round((num_features - 1) / len(self._nodes)))
-        if copies > 1 and not rotate and radius == "fixed":
+        check_positive_int("dim", dim)
+        if rule not in RULES:
+            raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
+        if degree != 3 and rule != "smolyak":
             raise ValueError(
-                f"num_features: {num_features} needs {copies} copies of the {len(points)}-point rule, "
-                "which would all be equal without rotate=True or radius='random'"
+                f"degree: rule={rule!r} is a degree-3 rule, got degree={degree}; use rule='smolyak'"
             )
-        self.requested_features, self.degree, self.rotate, self.radius, self.copies = (
-            num_features,
-            degree,
-            rotate,
-            radius,
-            copies,
-        )
-        super().__init__(1 + copies * len(self._nodes), dim, **kw)
+        if antipodal and rule != "stiefel":
+            raise ValueError(f"antipodal: only rule='stiefel' has this option (rule={rule!r} is symmetric)")
+        if not rotate and rule != "smolyak":
+            raise ValueError(
+                f"rotate: rule={rule!r} is random by construction; rotate=False needs rule='smolyak'"
+            )
+        self.rule, self.antipodal, self.degree, self.rotate = rule, antipodal, degree, rotate
+        if rule == "stiefel":
+            self.copies, self.signed_weights = 0, False
+            label = f"rule='stiefel', antipodal={antipodal}"
+            _check_count(num_features, dim, label, 2 * dim if antipodal else dim, None)
+        else:
+            points, weights = smolyak_gauss_hermite(dim, 3 if rule == "spherical-radial" else degree)
+            away = points.abs().sum(dim=-1) > 0
+            self._nodes, self._node_weights = points[away], weights[away]
+            label = f"rule={rule!r}" + (f", degree={degree}" if rule == "smolyak" else "")
+            self.copies = _check_count(num_features, dim, label, 1 + len(self._nodes), len(self._nodes))
+            if self.copies > 1 and not rotate:
+                raise ValueError(
+                    f"rotate: num_features={num_features} needs {self.copies} copies of the rule, which "
+                    "would all be equal with rotate=False"
+                )
+            self.signed_weights = rule == "spherical-radial" or bool((weights < 0).any())
+        super().__init__(num_features, dim, **kw)
 
-    def _copies(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Nodes ``(c, n, d)`` and their weights ``(c, n)`` of the rotated and stretched copies."""
-        g = self.generator
-        nodes = self._nodes.to(g.device).expand(self.copies, -1, -1)
-        weights = self._node_weights.to(g.device).expand(self.copies, -1)
+    def sample(self) -> torch.Tensor:
+        """``(s, d)`` unit-bandwidth nodes."""
+        return self._sample_with_weights()[0]
+
+    def _sample_with_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Nodes ``(s, d)`` and their weights ``(s,)`` (None for the equal-weight ``stiefel`` rule)."""
+        g, s = self.generator, self.num_features
+        if self.rule == "stiefel":
+            if not self.antipodal:
+                return haar_stiefel(s, self.dim, g) * math.sqrt(s), None
+            frame = haar_stiefel(s // 2, self.dim, g) * math.sqrt(s / 2)
+            origin = torch.zeros(s % 2, self.dim, dtype=torch.float64, device=g.device)
+            return torch.cat((origin, frame, -frame)), None
+        nodes = self._nodes.to(g.device).expand(self.copies, -1, -1)  # (c, n, d)
+        weights = self._node_weights.to(g.device).expand(self.copies, -1)  # (c, n)
         if self.rotate:
             nodes = nodes @ haar_orthogonal(self.copies, self.dim, g).mT
-        if self.radius == "random":
+        if self.rule == "spherical-radial":  # radius sqrt(3) -> rho, weight 1/6 -> 1 / (2 rho^2)
             rho2 = chi_samples(self.copies, self.dim + 2, g).pow(2).unsqueeze(-1)  # (c, 1)
             nodes = nodes * (rho2 / 3).sqrt().unsqueeze(-1)
             weights = weights * (3 / rho2)
-        return nodes, weights / self.copies
-
-    def sample(self) -> torch.Tensor:
-        """``(s, d)`` nodes: the origin, then the nodes of each copy."""
-        return self._sample_with_weights()[0]
-
-    def _sample_with_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        nodes, weights = self._copies()
-        weights = weights.reshape(-1)
-        origin = torch.zeros(1, self.dim, dtype=torch.float64, device=nodes.device)
+        weights = (weights / self.copies).reshape(-1)
+        origin = torch.zeros(1, self.dim, dtype=torch.float64, device=g.device)
         return (
             torch.cat((origin, nodes.reshape(-1, self.dim))),
             torch.cat(((1 - weights.sum()).reshape(1), weights)),
         )
 
+    quadrature_weights: torch.Tensor  # (s,), absent for "stiefel"
+
     def _resample(self) -> None:
         nodes, weights = self._sample_with_weights()
-        self._set_state(weight=nodes / self.sigma, quadrature_weights=weights)
+        if weights is None:
+            self._set_state(weight=nodes / self.sigma)
+        else:
+            self._set_state(weight=nodes / self.sigma, quadrature_weights=weights)
 
     @property
-    def component_weights(self) -> torch.Tensor:
-        """Quadrature weights ``(s,)`` summing to 1; the origin's is negative for ``d > 3``."""
-        return self.quadrature_weights
+    def component_weights(self) -> torch.Tensor | None:
+        """None for ``stiefel`` (every node weighs ``1/s``), else the weights ``(s,)``, summing to 1."""
+        return None if self.rule == "stiefel" else self.quadrature_weights
 
     def extra_repr(self) -> str:
         """The sizes and options shown by ``repr``."""
-        return (
-            f"{super().extra_repr()}, degree={self.degree}, copies={self.copies}, "
-            f"rotate={self.rotate}, radius={self.radius!r}"
-        )
+        options = {"stiefel": f"antipodal={self.antipodal}", "spherical-radial": f"copies={self.copies}"}
+        detail = options.get(self.rule, f"degree={self.degree}, copies={self.copies}, rotate={self.rotate}")
+        return f"{super().extra_repr()}, rule={self.rule!r}, {detail}"
+
+
+def _check_count(num_features: int, dim: int, label: str, smallest: int, step: int | None) -> int:
+    """The number of copies ``c`` with ``num_features = 1 + c * step`` (``step`` None: any count >= smallest).
+
+    Raises a ``ValueError`` with the nearest valid counts when the rule cannot have ``num_features`` nodes.
+    """
+    if step is None and num_features >= smallest:
+        return 0
+    if step is not None and num_features >= smallest and (num_features - 1) % step == 0:
+        return (num_features - 1) // step
+    if step is None or num_features < smallest:
+        valid = [smallest]
+    else:
+        below = 1 + (num_features - 1) // step * step
+        valid = [below, below + step]
+    form = f"at least {smallest} rows" if step is None else f"1 + c * {step} rows (c >= 1 copies)"
+    raise ValueError(
+        f"num_features: sgq with {label} and dim={dim} has {form}, got {num_features}; "
+        f"nearest valid count{'s' if len(valid) > 1 else ''}: {', '.join(map(str, valid))}"
+    )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from rf_matrices.weight_matrix import WeightMatrix
@@ -10,7 +13,7 @@ from spectraformer_core import Registry
 WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
 
 
-def register(name: str, *, override: bool = False):
+def register(name: str, *, override: bool = False) -> Callable[[type[WeightMatrix]], type[WeightMatrix]]:
     """Class decorator adding a [`WeightMatrix`][rf_matrices.WeightMatrix] subclass under ``name``.
 
     Example:
@@ -35,7 +38,7 @@ def create(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-    **kw,
+    **kw: Any,
 ) -> WeightMatrix:
     """Build the weight matrix registered as ``name`` (or the class itself), ``(num_features, dim)``.
 

@@ -6,6 +6,7 @@ SORF (Eq. 15), FastFood (Eq. 13) and the learnable FastFood_L (Section 3.1.8).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ class BlockTransform(WeightMatrix):
     #: Largest padded dimension for which the automatic choice takes the dense product.
     DENSE_MAX_DIM = 512
 
-    def __init__(self, num_features: int, dim: int, *, fast_transform: bool | None = None, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, *, fast_transform: bool | None = None, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self.padded_dim = next_power_of_two(self.dim)
         self.num_blocks = math.ceil(self.num_features / self.padded_dim)
@@ -83,7 +84,9 @@ class SORF(BlockTransform):
     [`BlockTransform`][rf_matrices.BlockTransform]).
     """
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    signs: torch.Tensor  # (3, blocks, d') Rademacher diagonals D1, D2, D3
+
+    def __init__(self, num_features: int, dim: int, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self._resample()
 
@@ -114,8 +117,12 @@ class FastFood(BlockTransform):
 
     #: names of the diagonals trained by gradient descent (none for the fixed FastFood).
     learnable_diagonals: tuple[str, ...] = ()
+    binary: torch.Tensor  # (blocks, d') B
+    gaussian: torch.Tensor  # (blocks, d') G
+    scale: torch.Tensor  # (blocks, d') S
+    permutation: torch.Tensor  # (blocks, d') Pi
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self._resample()
 
@@ -160,7 +167,7 @@ class FastFoodL(FastFood):
 
     redrawable = False
 
-    def __init__(self, num_features: int, dim: int, *, learn_gb: bool = False, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, *, learn_gb: bool = False, **kw: Any) -> None:
         self.learnable_diagonals = ("scale", "gaussian", "binary") if learn_gb else ("scale",)
         super().__init__(num_features, dim, **kw)
 

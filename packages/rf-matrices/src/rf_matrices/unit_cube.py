@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rf_matrices.registry import register
@@ -47,7 +49,7 @@ class MM(DenseWeightMatrix):
     singular and only the mean and the per-coordinate variances are matched.
     """
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, **kw: Any) -> None:
         if num_features == 1:
             raise ValueError("num_features: mm needs at least 2 rows to match a mean and a variance, got 1")
         super().__init__(num_features, dim, **kw)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -11,7 +14,8 @@ from spectraformer_core import check_positive_int, make_generator
 def chi_samples(count: int, dof: int, generator: torch.Generator) -> torch.Tensor:
     """``count`` float64 draws from the chi(``dof``) distribution, as norms of Gaussian vectors."""
     g = torch.randn(count, dof, generator=generator, dtype=torch.float64, device=generator.device)
-    return g.norm(dim=-1)
+    norms: torch.Tensor = g.norm(dim=-1)
+    return norms
 
 
 def haar_orthogonal(count: int, dim: int, generator: torch.Generator) -> torch.Tensor:
@@ -22,7 +26,8 @@ def haar_orthogonal(count: int, dim: int, generator: torch.Generator) -> torch.T
     """
     g = torch.randn(count, dim, dim, generator=generator, dtype=torch.float64, device=generator.device)
     q, r = torch.linalg.qr(g)
-    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    return q * signs
 
 
 class WeightMatrix(nn.Module):
@@ -47,6 +52,8 @@ class WeightMatrix(nn.Module):
 
     #: False for matrices whose entries are learned (``redraw`` leaves them alone).
     redrawable: bool = True
+    #: True for rules whose ``component_weights`` can be negative (so can the kernel estimates built on them).
+    signed_weights: bool = False
 
     def __init__(
         self,
@@ -60,7 +67,8 @@ class WeightMatrix(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self._factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        self._device_arg = device
+        self._dtype_arg = dtype or torch.get_default_dtype()
         self.num_features = check_positive_int("num_features", num_features)
         self.dim = check_positive_int("dim", dim)
         if not sigma > 0:
@@ -76,7 +84,8 @@ class WeightMatrix(nn.Module):
     def matrix(self) -> torch.Tensor:
         """The dense ``W``, ``(s, d)``, in the matrix's dtype and device."""
         eye = torch.eye(self.dim, dtype=self._float_dtype(), device=self._device())
-        return self(eye).mT
+        projected: torch.Tensor = self(eye)
+        return projected.mT
 
     def redraw(self, seed: int | None = None) -> None:
         """Draw the random state afresh: from ``seed`` if given, else the next draw of the generator.
@@ -93,11 +102,11 @@ class WeightMatrix(nn.Module):
     def _resample(self) -> None:
         raise NotImplementedError
 
-    def get_extra_state(self) -> dict:
+    def get_extra_state(self) -> dict[str, torch.Tensor]:
         """The generator's state, kept in the ``state_dict`` so a restored matrix redraws as the saved one."""
         return {"generator_state": self.generator.get_state()}
 
-    def set_extra_state(self, state: dict) -> None:
+    def set_extra_state(self, state: dict[str, torch.Tensor]) -> None:
         """Restore the generator's state saved by `get_extra_state`."""
         self.generator.set_state(state["generator_state"])
 
@@ -113,9 +122,9 @@ class WeightMatrix(nn.Module):
                 current.copy_(value)
                 continue
             if value.is_floating_point():
-                value = value.to(**self._factory)
+                value = value.to(device=self._device_arg, dtype=self._dtype_arg)
             else:
-                value = value.to(device=self._factory["device"])
+                value = value.to(device=self._device_arg)
             if name in learnable:
                 self.register_parameter(name, nn.Parameter(value))
             else:
@@ -134,7 +143,7 @@ class WeightMatrix(nn.Module):
     def _device(self) -> torch.device:
         return next(self._tensors()).device
 
-    def _tensors(self):
+    def _tensors(self) -> Iterator[torch.Tensor]:
         yield from self.parameters()
         yield from self.buffers()
 
@@ -150,7 +159,7 @@ class DenseWeightMatrix(WeightMatrix):
     float64.
     """
 
-    def __init__(self, num_features: int, dim: int, **kw) -> None:
+    def __init__(self, num_features: int, dim: int, **kw: Any) -> None:
         super().__init__(num_features, dim, **kw)
         self._resample()
 
@@ -160,6 +169,8 @@ class DenseWeightMatrix(WeightMatrix):
 
     def _resample(self) -> None:
         self._set_state(weight=self.sample() / self.sigma)
+
+    weight: torch.Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T``: ``(..., d)`` -> ``(..., s)``."""

@@ -2,8 +2,11 @@
 
 Importing this package registers ``nystromformer``, ``skyformer``, ``linformer``, ``bigbird``, ``reformer``
 and ``informer`` in [`rf_attention.create`][rf_attention.create].
+[`StepDraws`][rf_attention.baselines.StepDraws] is how the random ones draw: once per training step,
+repeated in eval.
 """
 
+from rf_attention.baselines._common import StepDraws
 from rf_attention.baselines.bigbird import BigBirdAttention
 from rf_attention.baselines.informer import InformerAttention
 from rf_attention.baselines.linformer import LinformerAttention
@@ -19,5 +22,6 @@ __all__ = [
     "ReformerAttention",
     "SharedQueryKeyValue",
     "SkyformerAttention",
+    "StepDraws",
     "gaussian_kernel_attention",
 ]

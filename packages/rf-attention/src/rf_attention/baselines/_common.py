@@ -7,7 +7,6 @@ import math
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from spectraformer_core import make_generator
 
@@ -93,7 +92,7 @@ def without_autocast(attend: Callable) -> Callable:
     """Run an ``attend(q, k, v, key_padding_mask)`` method with autocast off on ``q``'s device.
 
     The baselines compute softmax sums, pseudo-inverses and kernel products in float32 for half-precision
-    inputs (:func:`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
+    inputs (`compute_dtype`); under ``torch.autocast`` every matmul would be cast back to the low
     precision and mixed-dtype results would meet (as the paper's code does, which disables autocast
     around every attention).
     """
@@ -104,22 +103,6 @@ def without_autocast(attend: Callable) -> Callable:
             return attend(self, q, k, v, key_padding_mask)
 
     return wrapped
-
-
-@torch.no_grad()
-def seed_projections(module: nn.Module, generator: torch.Generator) -> None:
-    """Draw every ``nn.Linear`` of ``module.qkv`` and ``module.proj`` afresh from ``generator``.
-
-    PyTorch's default initialization, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weights and biases, so
-    two modules created with the same seed are equal whatever the global torch seed.
-    """
-    for part in (module.qkv, module.proj):
-        for linear in part.modules():
-            if isinstance(linear, nn.Linear):
-                bound = linear.in_features**-0.5
-                linear.weight.uniform_(-bound, bound, generator=generator)
-                if linear.bias is not None:
-                    linear.bias.uniform_(-bound, bound, generator=generator)
 
 
 class StepDraws:

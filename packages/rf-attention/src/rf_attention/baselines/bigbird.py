@@ -13,7 +13,6 @@ from rf_attention.baselines._common import (
     compute_dtype,
     key_validity,
     masked_softmax,
-    seed_projections,
     uniform,
     without_autocast,
 )
@@ -36,7 +35,7 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
       block attend to every key;
     - ``random_blocks`` blocks drawn per head and query block, uniformly among those not already
       attended (fewer when not enough remain), afresh at every training step and kept in eval
-      (:class:`~rf_attention.baselines._common.StepDraws`).
+      ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     A key block reached twice (window and global) counts once, so with a window covering the sequence
     this is exact softmax attention. Padded keys are masked everywhere; a query without real keys gets 0.
@@ -72,7 +71,7 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         check_int("num_features", num_features, 1)
         self.block_size = check_int(
             "block_size", max(1, num_features // 2) if block_size is None else block_size, 1
@@ -83,7 +82,6 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
         self.global_blocks = check_int("global_blocks", global_blocks, 0)
         self.random_blocks = check_int("random_blocks", random_blocks, 0)
         self.init_draws(seed)
-        seed_projections(self, self.generator)
 
     def global_block_indices(self, num_blocks: int, device: torch.device) -> torch.Tensor:
         """The global blocks: the first ``ceil(g / 2)`` and the last ``floor(g / 2)``, sorted, no repeats."""

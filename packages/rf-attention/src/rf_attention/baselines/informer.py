@@ -13,7 +13,6 @@ from rf_attention.baselines._common import (
     compute_dtype,
     key_validity,
     masked_softmax,
-    seed_projections,
     uniform,
     without_autocast,
 )
@@ -46,7 +45,7 @@ class InformerAttention(StepDraws, MultiheadSelfAttention):
     wherever the padding is (the code knows no padding). As in the code, one set of draws serves the
     whole batch and every head (mapped onto each sequence's real keys), afresh at every training step and
     kept in eval
-    (:class:`~rf_attention.baselines._common.StepDraws`). With ``u = N`` every query is active: exact
+    ([`StepDraws`][rf_attention.baselines.StepDraws]). With ``u = N`` every query is active: exact
     softmax attention.
 
     No causal form: the top-``u`` ranking compares every query with every other, so a position's output
@@ -76,7 +75,7 @@ class InformerAttention(StepDraws, MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         check_int("num_features", num_features, 1)
         self.max_seq_len = check_int("max_seq_len", max_seq_len, 2)
         self.factor = math.ceil(num_features / math.log(max_seq_len))
@@ -87,7 +86,6 @@ class InformerAttention(StepDraws, MultiheadSelfAttention):
             None if num_sampled_keys is None else check_int("num_sampled_keys", num_sampled_keys, 1)
         )
         self.init_draws(seed)
-        seed_projections(self, self.generator)
 
     def log_budget(self, n: int) -> int:
         """``factor * ceil(ln n)``, the paper's ``c ln L``."""

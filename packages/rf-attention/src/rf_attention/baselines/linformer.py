@@ -11,7 +11,6 @@ from rf_attention.baselines._common import (
     check_int,
     compute_dtype,
     key_validity,
-    seed_projections,
     without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
@@ -59,7 +58,7 @@ class LinformerAttention(MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         self.projected_length = check_int("num_features", num_features, 1)
         self.max_seq_len = check_int("max_seq_len", max_seq_len, 1)
         generator = make_generator(seed, None)
@@ -70,7 +69,6 @@ class LinformerAttention(MultiheadSelfAttention):
         else:
             self.F = nn.Parameter(torch.empty(num_heads, num_features, max_seq_len))
             nn.init.normal_(self.F, std=0.02, generator=generator)
-        seed_projections(self, generator)
 
     @without_autocast
     def attend(self, q, k, v, key_padding_mask):

@@ -14,7 +14,6 @@ from rf_attention.baselines._common import (
     iterative_pinv,
     key_validity,
     masked_softmax,
-    seed_projections,
     without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
@@ -96,7 +95,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         self.num_landmarks = check_int(
             "num_landmarks", num_features if num_landmarks is None else num_landmarks, 1
         )
@@ -105,7 +104,6 @@ class NystromformerAttention(MultiheadSelfAttention):
             raise ValueError(f"conv_kernel_size: expected an odd integer or None, got {conv_kernel_size}")
         self.conv_kernel_size = conv_kernel_size
         generator = make_generator(seed, None)
-        seed_projections(self, generator)
         if conv_kernel_size is None:
             self.conv = None
         else:

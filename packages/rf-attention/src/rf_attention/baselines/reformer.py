@@ -14,7 +14,6 @@ from rf_attention.baselines._common import (
     compute_dtype,
     key_validity,
     masked_softmax,
-    seed_projections,
     without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
@@ -66,7 +65,7 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
     for large ``nb`` (HF factorizes ``nb`` into two rotations above ``2 max(sqrt(N / c), c)`` buckets, for
     ``N`` beyond about ``c^2``), keys normalized by ``max(||q||, 1e-12)`` (HF: ``sqrt(||q||^2 + 1e-6 Dh)``),
     and the rotations drawn afresh at every training step and kept in eval
-    (:class:`~rf_attention.baselines._common.StepDraws`; HF draws at every call).
+    ([`StepDraws`][rf_attention.baselines.StepDraws]; HF draws at every call).
 
     The module's projection is `SharedQueryKeyValue` (one map for queries and keys);
     [`attend`][rf_attention.ReformerAttention.attend] uses ``q`` as the keys and ignores ``k``.
@@ -109,8 +108,9 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
             raise ValueError(f"n_buckets: expected 1, an even integer or None, got {n_buckets}")
         self.n_buckets = n_buckets
         self.qkv = SharedQueryKeyValue(dim, bias=kw.get("bias", True))
+        if seed is not None:
+            self.reset_projections(seed)  # after replacing qkv: the shared map is seeded too
         self.init_draws(seed)
-        seed_projections(self, self.generator)
 
     def bucket_count(self, num_chunks: int) -> int:
         """Buckets per round: ``n_buckets``, or the power of two in ``(chunks, 2 chunks]`` (at least 2)."""
@@ -146,19 +146,17 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
             ``(B, H, L, Dv)``.
         """
         b, h, rounds, length = buckets.shape
-        d, dv = q.shape[-1], v.shape[-1]
+        dv = v.shape[-1]
         num_chunks = rounds * length // size  # chunks of all rounds, in one sequence
         with torch.no_grad():
             position = torch.arange(length, device=q.device)
             order = (buckets * length + position).argsort(dim=-1)  # (B, H, R, L)
-        sorted_q = (
-            q[:, :, None].expand(-1, -1, rounds, -1, -1).gather(3, order[..., None].expand(-1, -1, -1, -1, d))
-        )
-        sorted_v = (
-            v[:, :, None]
-            .expand(-1, -1, rounds, -1, -1)
-            .gather(3, order[..., None].expand(-1, -1, -1, -1, dv))
-        )
+
+        def in_order(x: torch.Tensor) -> torch.Tensor:  # (B, H, L, D) -> (B, H, R, L, D), each round sorted
+            index = order[..., None].expand(-1, -1, -1, -1, x.shape[-1])
+            return x[:, :, None].expand(-1, -1, rounds, -1, -1).gather(3, index)
+
+        sorted_q, sorted_v = in_order(q), in_order(v)
         sorted_valid = valid[:, None, None, :].expand(-1, h, rounds, -1).gather(3, order)
 
         def chunks(x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,6 @@ from rf_attention.baselines._common import (
     compute_dtype,
     iterative_pinv,
     key_validity,
-    seed_projections,
     uniform,
     without_autocast,
 )
@@ -69,7 +68,7 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
     of Nystromformer (6 iterations, scaled per matrix here). Departures: the landmarks are drawn without
     replacement (the code draws with replacement) and from the real tokens wherever the padding is (the
     code assumes padding at the end); with ``m >= 2N`` every point is a landmark. Landmarks are drawn
-    afresh at every training step and kept in eval (:class:`~rf_attention.baselines._common.StepDraws`).
+    afresh at every training step and kept in eval ([`StepDraws`][rf_attention.baselines.StepDraws]).
 
     No causal form (landmarks come from the whole sequence).
 
@@ -96,7 +95,7 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
         seed: int | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__(dim, num_heads, **kw)
+        super().__init__(dim, num_heads, seed=seed, **kw)
         self.num_landmarks = check_int(
             "num_landmarks", num_features if num_landmarks is None else num_landmarks, 1
         )
@@ -105,7 +104,6 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
             raise ValueError(f"ridge: expected a number >= 0, got {ridge!r}")
         self.ridge = float(ridge)
         self.init_draws(seed)
-        seed_projections(self, self.generator)
 
     def landmark_indices(self, valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Landmark indices ``(B, m)`` into the ``2N`` points ``[q; k]``, drawn from ``generator``.

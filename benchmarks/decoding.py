@@ -1,0 +1,146 @@
+"""Decoding: per-token latency and state memory of causal attention against the context length.
+
+For each attention and context length ``L``, a causal module (``eval()``, float32, batch 1) is given the
+state of an ``L``-token context, then ``--tokens`` single-token ``step`` calls are timed (median, after
+``--warmup`` steps; ``--rounds`` times from the same state, the fastest median kept: the machine may be
+shared). RF attention's state comes from ``prefill`` of the ``L`` tokens (O(L)); softmax's KV
+cache is filled with the context's projected keys and values, which is what its ``prefill`` stores, without
+running its O(L^2) causal forward pass (the per-token cost depends only on what the cache holds). The
+cache is allocated for ``L + warmup + tokens`` positions so that no timed step grows it. Memory is the
+bytes the state holds: ``m x Dv`` sums for RF attention (the same at every ``L``), ``2 L dim`` floats for
+the cache.
+
+    uv run --frozen --group bench python benchmarks/decoding.py --plot docs/img/decoding.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import rf_attention
+from attention_scaling import machine
+from rf_attention.decoding import KVCache
+
+DEFAULT_CONTEXTS = [1024, 4096, 16384, 65536]
+DEFAULT_ATTENTIONS = ["softmax", "performer", "oprf-fastfoodl"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--help`` lists them)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=DEFAULT_CONTEXTS)
+    parser.add_argument("--attentions", nargs="+", default=DEFAULT_ATTENTIONS)
+    parser.add_argument("--dim", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--features", type=int, default=128, help="random features m")
+    parser.add_argument("--tokens", type=int, default=20, help="timed steps per point")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="repeats per point; the fastest median is kept")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
+    return parser.parse_args(argv)
+
+
+def context_state(module: rf_attention.MultiheadSelfAttention, x: torch.Tensor, capacity: int):
+    """The decoding state after the context ``x (1, L, dim)`` (see the module docstring)."""
+    if not isinstance(module, rf_attention.SoftmaxAttention):
+        return module.prefill(x)[1]
+    b, n, _ = x.shape
+    _, k, v = module.qkv(x).view(b, n, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
+    return KVCache.empty(k, v, capacity=capacity).append(k, v)
+
+
+@torch.no_grad()
+def measure_point(name: str, context: int, args: argparse.Namespace) -> dict:
+    """Median seconds per ``step`` and state bytes of ``name`` after ``context`` tokens."""
+    module = rf_attention.create(name, args.dim, args.heads, num_features=args.features, causal=True, seed=0)
+    module.eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, context, args.dim, generator=g)
+    state = context_state(module, x, context + args.warmup + args.tokens)
+    tokens = torch.randn(args.warmup + args.tokens, 1, 1, args.dim, generator=g)
+    medians = []
+    for _ in range(args.rounds):  # each round continues the same context by the same tokens
+        times, current = [], copy.deepcopy(state)
+        for i, token in enumerate(tokens):
+            start = time.perf_counter()
+            _, current = module.step(token, current)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    return {"attention": name, "context": context, "seconds": min(medians), "bytes": current.nbytes()}
+
+
+def table(results: list[dict], attentions: list[str]) -> str:
+    """Markdown: ms per token and state memory per context, and the speed-up over softmax."""
+    rf = [a for a in attentions if a != "softmax"]
+    by = {(r["attention"], r["context"]): r for r in results}
+    header = ["context", *(f"{a} ms/token" for a in attentions)]
+    header += [f"{a} speed-up" for a in rf if "softmax" in attentions]
+    header += [f"{a} state" for a in attentions]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for context in sorted({r["context"] for r in results}):
+        row = [f"{context:,}"]
+        row += [f"{by[(a, context)]['seconds'] * 1e3:.3f}" for a in attentions]
+        if "softmax" in attentions:
+            soft = by[("softmax", context)]["seconds"]
+            row += [f"{soft / by[(a, context)]['seconds']:.1f}x" for a in rf]
+        row += [_size(by[(a, context)]["bytes"]) for a in attentions]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+
+
+def plot(results: list[dict], attentions: list[str], path: Path, title: str) -> None:
+    """Per-token latency and state memory against the context, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in attentions:
+        points = sorted((r["context"], r["seconds"], r["bytes"]) for r in results if r["attention"] == name)
+        contexts = [p[0] for p in points]
+        axes[0].plot(contexts, [p[1] * 1e3 for p in points], marker="o", label=name)
+        axes[1].plot(contexts, [p[2] / 2**20 for p in points], marker="o", label=name)
+    for ax, label in zip(axes, ("ms per token (median)", "state memory (MiB)"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure every (attention, context) point, print the table, optionally plot."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = []
+    for context in args.contexts:
+        for name in args.attentions:
+            results.append(measure_point(name, context, args))
+            print(f"{name:>16} L={context:>6}: {results[-1]['seconds'] * 1e3:.3f} ms/token", flush=True)
+    width = f"dim {args.dim}, {args.heads} heads, m = {args.features}, batch 1, float32"
+    print(f"\n{machine()}\n{width}\n")
+    print(table(results, args.attentions))
+    if args.plot:
+        plot(results, args.attentions, args.plot, f"decoding, {width}; {machine()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Exact variances of the unbiased layers over their random projections (Prop. 1, Prop. 2).
+
+The complex-exponential estimator is log-normal: its second moment is ``e^{2 sigma^2}`` with
+``2 sigma^2 = s ||x~ + w~||^2``, so a sample of a few thousand draws sees almost none of its mass once
+``2 sigma^2`` exceeds ~6, and sampled MSEs underestimate the variance by many orders of magnitude. These
+closed forms replace sampled figures. All of them assume i.i.d. ``N(0, I)`` projection rows
+(``weight_matrix="base"``, ``sigma = 1``); orthogonal or quadrature rows have other variances.
+
+Per projection and node (features at ``x~``, ``w~``, frequency ``s``; ``xi ~ N(0, sigma^2)``,
+``sigma^2 = s ||x~ + w~||^2 / 2``, ``H = s (||x~||^2 + ||w~||^2) / 2``, ``Y^c = e^xi cos(xi - H)``,
+``Y^s = e^xi sin(xi - H)``):
+
+- ``E[(Y^c)^2] = (e^{2 sigma^2} + cos(4 sigma^2 - 2H)) / 2``, ``E[(Y^s)^2] = (e^{2 sigma^2} - cos(...)) / 2``
+  (Prop. 1), and ``E[Y^c Y^s] = sin(4 sigma^2 - 2H) / 2`` (the same computation: ``Y^c Y^s =
+  e^{2 xi} sin(2 xi - 2H) / 2`` and ``E e^{(2 + 2i) xi} = e^{4 i sigma^2}``).
+- Product features (EUGen, Prop. 2): per row, ``X_n = prod_{i<=n} (g_i . x)(g_i . w)`` has
+  ``E[X_n X_n'] = M^{min(n, n')} t^{|n - n'|}`` with ``M = ||x||^2 ||w||^2 + 2 t^2`` (Isserlis, independent
+  factors), the degrees sharing ``G^(1..min)``.
+
+Lower bound (the guide's): with ``lambda`` free, ``||x/lambda + lambda w||^2 >= 2 ||x|| ||w|| + 2 t``, so
+``log E|Y_k|^2 = 2 sigma_k^2 >= 2 s_k |u| (1 / |cos theta| - 1)`` with ``u = t / q`` and ``theta`` the angle
+between ``[x; 1]`` and ``[w; b]`` (`log_second_moment_bound`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rf_matrices import Base
+
+
+def atom_second_moments(
+    sigma2: torch.Tensor, big_h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(E[(Y^c)^2], E[(Y^s)^2], E[Y^c Y^s])`` of one projection (Prop. 1 and the cross moment)."""
+    growth = torch.exp(2 * sigma2)
+    phase = 4 * sigma2 - 2 * big_h
+    return (growth + phase.cos()) / 2, (growth - phase.cos()) / 2, phase.sin() / 2
+
+
+def node_log_variance(
+    x: torch.Tensor, w: torch.Tensor, freq: torch.Tensor, w_c: torch.Tensor, w_s: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """``log Var(w_c C + w_s S)`` for every input and weight row, ``(N, L)``, float64.
+
+    ``C`` and ``S`` average ``rows`` i.i.d. projections of the estimators of ``cos(s x . w)`` and
+    ``sin(s x . w)`` at frequency ``freq`` (Eqs. 8-9; features evaluated at ``x`` ``(N, D)`` and ``w``
+    ``(L, D)`` as given, already scaled). Computed in log space: the variance overflows float64 at
+    ``2 sigma^2 > 709``.
+    """
+    x, w = x.to(torch.float64), w.to(torch.float64)
+    s = float(freq)
+    nx, nw = x.pow(2).sum(-1, keepdim=True), w.pow(2).sum(-1).unsqueeze(0)
+    dot = x @ w.mT
+    sigma2 = s / 2 * (nx + nw + 2 * dot)
+    big_h = s / 2 * (nx + nw)
+    w_c, w_s = float(w_c), float(w_s)
+    phase = 4 * sigma2 - 2 * big_h
+    mean = w_c * torch.cos(s * dot) + w_s * torch.sin(s * dot)
+    # second moment e^{2 sigma^2} (w_c^2 + w_s^2) / 2 + bounded terms; factor e^{2 sigma^2} out
+    bounded = (w_c**2 - w_s**2) / 2 * phase.cos() + w_c * w_s * phase.sin() - mean**2
+    inner = (w_c**2 + w_s**2) / 2 + torch.exp(-2 * sigma2) * bounded
+    return 2 * sigma2 + torch.log(inner.clamp_min(0)) - math.log(rows)
+
+
+def product_block_variance(coef: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rows: int) -> torch.Tensor:
+    """Variance of ``sum_{n>=1} c_n (1/m) <phi_n(x), phi_n(w)>`` (EUGen, shared projections), ``(N, L)``.
+
+    Args:
+        coef: ``c_0..c_K`` (``c_0`` is deterministic and ignored).
+        x: ``(N, D)`` inputs as the block sees them (augmented).
+        w: ``(L, D)`` weight rows as the block sees them.
+        rows: ``m``, the rows of each projection.
+    """
+    x, w = x.to(torch.float64), w.to(torch.float64)
+    c = torch.as_tensor(coef, dtype=torch.float64)
+    t = x @ w.mT
+    big_m = x.pow(2).sum(-1, keepdim=True) * w.pow(2).sum(-1).unsqueeze(0) + 2 * t**2
+    second = torch.zeros_like(t)
+    mean = torch.zeros_like(t)
+    for n in range(1, c.numel()):
+        mean = mean + c[n] * t**n
+        for k in range(1, c.numel()):
+            second = second + c[n] * c[k] * big_m ** min(n, k) * t ** abs(n - k)
+    return (second - mean**2).clamp_min(0) / rows
+
+
+def check_gaussian_rows(matrices) -> None:
+    """Raise a ``ValueError`` unless every projection matrix has i.i.d. ``N(0, I)`` rows."""
+    for m in matrices:
+        if type(m) is not Base or m.sigma != 1.0:
+            raise ValueError(
+                f"weight_matrix: the closed forms assume i.i.d. N(0, I) rows ('base', sigma=1), got "
+                f"{type(m).__name__} with sigma={getattr(m, 'sigma', None)}"
+            )
+
+
+@torch.no_grad()
+def ralimp_log_variance(layer, x: torch.Tensor) -> torch.Tensor:
+    """``log Var y`` of a `ralimp.RaLiMP` with its ``Psi(W)`` readout, ``(N, l)``.
+
+    Exact: the polynomial block (Prop. 2, shared projections) plus every node of every atom (Prop. 1 with the
+    cross moment), independent blocks; at the layer's current ``W, b``, poles, node coefficients, ``tau`` and
+    balance. ``x`` is ``(N, in_features)``.
+    """
+    if layer.readout is not None:
+        raise ValueError("layer: has a fitted readout (init='lstsq'); its output is not Psi(W) Phi(x)")
+    check_gaussian_rows([*layer.poly_matrices, *layer.freq_matrices])
+    u = torch.cat([x.to(torch.float64), torch.ones_like(x[..., :1], dtype=torch.float64)], -1)
+    b = torch.zeros_like(layer.weight[:, 0]) if layer.bias is None else layer.bias
+    v = torch.cat([layer.weight, b.unsqueeze(-1)], -1).to(torch.float64)
+    logs = []
+    if layer.poly_degree:
+        rows = layer.poly_matrices[0].num_features
+        logs.append(product_block_variance(layer.poly_coef.double(), u, v, rows).log())
+    if layer.num_atoms:
+        scale, tau = float(layer.scale), float(layer.tau)
+        xs, ws = u / (scale * tau), v * (scale / tau)
+        w_c, w_s = layer._channel_coefficients(torch.float64)
+        q = layer.pole_widths().double()
+        for index, mat in enumerate(layer.freq_matrices):
+            j, k = divmod(index, layer.num_freqs)
+            freq = layer.nodes[k].double() / q[j]
+            logs.append(node_log_variance(xs, ws, freq, w_c[j, k], w_s[j, k], mat.num_features))
+    return torch.logsumexp(torch.stack(logs), 0)
+
+
+@torch.no_grad()
+def eugen_variance(layer, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``Var y`` of a `ralimp.EUGen` at its ``Psi(W)`` initialization from ``linear``, ``(N, l)``.
+
+    The block sees ``x+ = [x; 1; ||x||]`` and ``w+ = [w; b; 0]`` (EUGen's augmentation).
+    """
+    check_gaussian_rows(layer.matrices)
+    x = x.to(torch.float64)
+    u = torch.cat([x, torch.ones_like(x[..., :1]), x.norm(dim=-1, keepdim=True)], -1)
+    w = linear.weight.detach().to(torch.float64)
+    b = torch.zeros_like(w[:, 0]) if linear.bias is None else linear.bias.detach().to(torch.float64)
+    v = torch.cat([w, b.unsqueeze(-1), torch.zeros_like(b).unsqueeze(-1)], -1)
+    return product_block_variance(torch.tensor(layer.fit.poly), u, v, layer.num_random_features)
+
+
+def expected_relative_mse(
+    mean: torch.Tensor, log_variance: torch.Tensor, target: torch.Tensor, *, log: bool = False
+) -> float:
+    """``E ||y - f||^2 / ||f||^2`` over the projections: ``(||E y - f||^2 + sum Var y) / ||f||^2``, float.
+
+    ``mean`` is ``E y``, ``log_variance`` the log of ``Var y`` (both shaped as ``target``). ``log=True``
+    returns the natural log instead (the value itself overflows float64 beyond ``1e308``).
+    """
+    bias = (mean.double() - target.double()).pow(2).sum()
+    energy = target.double().pow(2).sum()
+    total = torch.logsumexp(torch.stack([bias.log(), torch.logsumexp(log_variance.double().flatten(), 0)]), 0)
+    value = total - energy.log()
+    return float(value) if log else float(torch.exp(value))
+
+
+def log_second_moment_bound(
+    node: torch.Tensor | float, t: torch.Tensor, q: float, cos_theta: torch.Tensor
+) -> torch.Tensor:
+    """``2 s_k |u| (1/|cos theta| - 1)``, ``u = t / q``: a lower bound of ``log E|Y_k|^2``, any tau, balance.
+
+    ``E|Y|^2 = E[(Y^c)^2 + (Y^s)^2] = e^{2 sigma^2}`` (Eq. 13) with ``2 sigma^2 = (s_k / q') ||x / lambda +
+    lambda w||^2 / tau^2`` and ``q' tau^2 = q``; ``||a / lambda + lambda b||^2 >= 2 ||a|| ||b|| + 2 a . b``
+    for every ``lambda``, and ``||a|| ||b|| = |t| / |cos theta|`` with ``t = a . b``. Rescaling the inputs
+    (``x -> c x``, ``W -> W / c``) leaves ``t`` and ``theta`` unchanged.
+    """
+    u = torch.as_tensor(t, dtype=torch.float64).abs() / q
+    return 2 * torch.as_tensor(node, dtype=torch.float64) * u * (1 / torch.as_tensor(cos_theta).abs() - 1)

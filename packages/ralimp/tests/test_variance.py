@@ -1,0 +1,122 @@
+"""ralimp.variance: the closed forms against Monte Carlo where Monte Carlo can see them (2 sigma^2 < ~6)."""
+
+import math
+
+import pytest
+import torch
+
+import ralimp
+from ralimp import variance
+from ralimp.features import complex_exponential_features, product_features
+
+
+def test_node_variance_with_both_channels_matches_monte_carlo():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.tensor([[0.4, -0.3, 0.5]], dtype=torch.float64)
+    w = torch.tensor([[0.2, 0.6, -0.1]], dtype=torch.float64)
+    s, w_c, w_s, rows, draws = 1.3, 0.7, -0.4, 4, 200_000
+    two_sigma2 = s * float((x + w).pow(2).sum())
+    assert 0.5 < two_sigma2 < 2  # where 2e5 draws see the whole distribution
+    omega = torch.randn(draws, rows, 3, generator=gen, dtype=torch.float64)
+    freq = torch.full((rows,), s, dtype=torch.float64)
+    xr, xi = complex_exponential_features(x.expand(draws, 1, 3), omega, freq)
+    wr, wi = complex_exponential_features(w.expand(draws, 1, 3), omega, freq)
+    c = (xr * wr - xi * wi).mean(-1).squeeze(-1)
+    sn = (xr * wi + xi * wr).mean(-1).squeeze(-1)
+    sample = w_c * c + w_s * sn
+    exact = math.exp(float(variance.node_log_variance(x, w, torch.tensor(s), w_c, w_s, rows)))
+    assert float(sample.var()) == pytest.approx(exact, rel=0.05)
+    assert float(sample.mean()) == pytest.approx(
+        w_c * math.cos(s * float(x @ w.T)) + w_s * math.sin(s * float(x @ w.T)),
+        abs=4 * math.sqrt(exact / draws),
+    )
+
+
+def test_product_block_variance_with_shared_projections_matches_monte_carlo():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.tensor([[0.5, -0.4, 0.3, 1.0]], dtype=torch.float64)
+    w = torch.tensor([[0.3, 0.2, -0.6, 0.1]], dtype=torch.float64)
+    coef = torch.tensor([0.1, 0.5, 0.3, -0.2], dtype=torch.float64)
+    rows, draws = 3, 100_000
+    mats = [torch.randn(draws, rows, 4, generator=gen, dtype=torch.float64) for _ in range(3)]
+    fx = product_features(x.expand(draws, 1, 4), mats)
+    fw = product_features(w.expand(draws, 1, 4), mats)
+    sample = sum(coef[n] * (fx[n - 1] * fw[n - 1]).mean(-1).squeeze(-1) for n in range(1, 4))
+    exact = float(variance.product_block_variance(coef, x, w, rows))
+    assert float(sample.var()) == pytest.approx(exact, rel=0.05)
+
+
+def test_ralimp_layer_variance_matches_the_spread_over_projection_draws():
+    # One layer with draws * m rows per projection is draws independent layers of m rows: row r of every
+    # matrix belongs to group r // m, and each group's share of Psi(W) Phi(x) (times draws) is one layer's.
+    gen = torch.Generator().manual_seed(2)
+    linear = torch.nn.Linear(3, 2, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(2, 3, generator=gen, dtype=torch.float64) * 0.3)
+        linear.bias.copy_(torch.tensor([0.1, -0.2], dtype=torch.float64))
+    x = torch.randn(3, 3, generator=gen, dtype=torch.float64) * 0.3
+    m, draws = 2, 20_000
+    layer = ralimp.RaLiMP.from_linear(
+        linear, "gelu", poly_features=m * draws, freq_features=m * draws, seed=0
+    )
+    with torch.no_grad():
+        phi, psi = layer.feature_map(x)[:, 1:], layer.weight_features()[:, 1:]
+        group = (torch.arange(phi.shape[-1]) % (m * draws)) // m
+        shares = torch.zeros(3, 2, draws, dtype=torch.float64)
+        shares.index_add_(-1, group, phi.unsqueeze(1) * psi.unsqueeze(0))
+        outputs = layer.poly_coef[0] + draws * shares
+        torch.testing.assert_close(outputs.mean(-1), layer(x))
+        small = ralimp.RaLiMP.from_linear(linear, "gelu", poly_features=m, freq_features=m, seed=0)
+        exact = variance.ralimp_log_variance(small, x).exp()
+        t = linear(x)
+        torch.testing.assert_close(outputs.var(-1), exact, rtol=0.1, atol=0)
+        mean_error = (outputs.mean(-1) - small.expected_output(t)).abs()
+    assert bool((mean_error < 4 * (exact / draws).sqrt()).all())
+
+
+def test_eugen_variance_matches_the_spread_over_projection_draws():
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(3, 2, dtype=torch.float64)
+    x = torch.randn(3, 3, generator=gen, dtype=torch.float64) * 0.5
+    layer = ralimp.EUGen.from_linear(linear, "gelu", num_features=3, seed=0)
+    outputs = []
+    with torch.no_grad():
+        for seed in range(6000):
+            for index, mat in enumerate(layer.matrices):
+                mat.redraw(seed=seed * 10 + index)
+            layer.load_linear(linear.weight, linear.bias)
+            outputs.append(layer(x))
+    exact = variance.eugen_variance(layer, linear, x)
+    torch.testing.assert_close(torch.stack(outputs).var(0), exact, rtol=0.1, atol=0)
+
+
+def test_the_bound_holds_for_every_balance_and_tau():
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(200, 64, generator=gen, dtype=torch.float64)
+    b = torch.randn(200, 64, generator=gen, dtype=torch.float64) / 8
+    t = (a * b).sum(-1)
+    cos = t / (a.norm(dim=-1) * b.norm(dim=-1))
+    s_k, q = 2.29, 1.7
+    bound = variance.log_second_moment_bound(s_k, t, q, cos)
+    for lam in (0.3, 1.0, 2.8, 10.0):
+        for tau in (0.5, 1.0, 3.0):
+            # q' = q / tau^2 in the layer's units: 2 sigma^2 = (s_k / q') ||a / (lam tau) + lam b / tau||^2
+            two_sigma2 = s_k / (q / tau**2) * (a / (lam * tau) + lam * b / tau).pow(2).sum(-1)
+            assert bool((two_sigma2 >= bound - 1e-9).all())
+    # tight: at the best balance and t < 0 the bound is attained
+    best = (a.norm(dim=-1) / b.norm(dim=-1)).sqrt()
+    two_sigma2 = s_k / q * (a / best[:, None] + best[:, None] * b).pow(2).sum(-1)
+    negative = t < 0
+    torch.testing.assert_close(two_sigma2[negative], bound[negative])
+
+
+def test_variance_rejects_orthogonal_rows_and_fitted_readouts():
+    linear = torch.nn.Linear(3, 2, dtype=torch.float64)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"weight_matrix: the closed forms assume i\.i\.d\. N"):
+        variance.ralimp_log_variance(
+            ralimp.RaLiMP.from_linear(linear, "gelu", weight_matrix="orf", seed=0), x
+        )
+    fitted = ralimp.RaLiMP.from_linear(linear, "gelu", sample=x.repeat(50, 1), init="lstsq", seed=0)
+    with pytest.raises(ValueError, match="layer: has a fitted readout"):
+        variance.ralimp_log_variance(fitted, x)

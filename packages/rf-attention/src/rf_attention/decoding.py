@@ -1,0 +1,264 @@
+"""Token-by-token decoding: the recurrent state of causal RF attention and the KV cache of softmax attention.
+
+Causal kernelized attention (Eq. 7 with the sums over ``j <= i``) is a recurrence: after ``t`` tokens,
+everything later queries need is the ``m x Dv`` numerator state ``sum_j phi_k_j^T v_j``, the normalizer
+``sum_j phi_k_j`` and the running stabilizer, whatever ``t`` is (O(1) memory and time per token). The
+stabilization is the one of [`rf_attention`][rf_attention.rf_attention] in causal mode: key ``j``'s
+features are ``phi_k_j exp(c_j)`` with ``c_j`` its largest log-feature
+(``FeatureMap.forward_with_key_scales``), and the sums are kept relative to the running maximum
+``M = max_{j <= t} c_j``, rescaled by ``exp(M_old - M_new) <= 1`` when it grows. Exact softmax
+attention has no such state: it keeps every key and value ([`KVCache`][rf_attention.decoding.KVCache],
+O(t) per token).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rf_attention._kernels import guarded_denominator
+
+#: New tokens per block when ``recurrent_attention`` is given many at once.
+DEFAULT_BLOCK_SIZE = 128
+
+
+@dataclass
+class RecurrentState:
+    """Sums over the keys seen so far, relative to the running stabilizer ``M`` (recurrent Eq. 7).
+
+    Attributes:
+        numerator: ``(..., m, Dv)``: ``sum_j exp(c_j - M) phi_k_j^T v_j``.
+        normalizer: ``(..., m)``: ``sum_j exp(c_j - M) phi_k_j``.
+        magnitude: ``(..., m)``: ``sum_j exp(c_j - M) |phi_k_j|``, the scale of the normalizer's guard.
+        reference: ``(...)``: ``M = max_j c_j``, ``-inf`` while no (non-padding) key has been seen.
+        length: tokens seen, padding included (the position of the next token).
+    """
+
+    numerator: torch.Tensor
+    normalizer: torch.Tensor
+    magnitude: torch.Tensor
+    reference: torch.Tensor
+    length: int = 0
+
+    @classmethod
+    def empty(
+        cls,
+        lead: tuple[int, ...],
+        num_features: int,
+        value_dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> RecurrentState:
+        """The state before any token, for leading shape ``lead`` (``(B, H)``)."""
+        zeros = torch.zeros(*lead, num_features, dtype=dtype, device=device)
+        return cls(
+            numerator=torch.zeros(*lead, num_features, value_dim, dtype=dtype, device=device),
+            normalizer=zeros,
+            magnitude=zeros.clone(),
+            reference=torch.full(lead, -math.inf, dtype=dtype, device=device),
+        )
+
+    def nbytes(self) -> int:
+        """Bytes held by the state (independent of ``length``)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def check_fits(self, lead: tuple[int, ...], num_features: int, value_dim: int) -> None:
+        """A ``ValueError`` unless the state belongs to inputs of leading shape ``lead`` and these widths."""
+        expected = (*lead, num_features, value_dim)
+        if tuple(self.numerator.shape) != expected:
+            raise ValueError(
+                f"state: expected a RecurrentState of numerator shape {expected} (batch, heads, features, "
+                f"value dim), got {tuple(self.numerator.shape)}"
+            )
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.numerator, self.normalizer, self.magnitude, self.reference
+
+
+def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def accumulate_keys(
+    state: RecurrentState, phi_k: torch.Tensor, key_log_scale: torch.Tensor, v: torch.Tensor
+) -> RecurrentState:
+    """The state after keys ``phi_k (..., T, m)`` with log-scales ``(..., T)`` and values ``v (..., T, Dv)``.
+
+    Padded keys have zero features and log-scale ``-inf``; they change nothing but ``length``.
+    """
+    reference = torch.maximum(state.reference, key_log_scale.amax(dim=-1))
+    safe = _finite_or_zero(reference)
+    decay = torch.exp(state.reference - safe)  # 0 for an empty state (reference -inf)
+    weighted = phi_k * torch.exp(key_log_scale - safe.unsqueeze(-1)).unsqueeze(-1)
+    return RecurrentState(
+        numerator=state.numerator * decay[..., None, None] + weighted.mT @ v,
+        normalizer=state.normalizer * decay.unsqueeze(-1) + weighted.sum(dim=-2),
+        magnitude=state.magnitude * decay.unsqueeze(-1) + weighted.abs().sum(dim=-2),
+        reference=reference,
+        length=state.length + phi_k.shape[-2],
+    )
+
+
+def _attend_block(
+    state: RecurrentState,
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    key_log_scale: torch.Tensor,
+    v: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, RecurrentState]:
+    """Outputs of ``T`` new positions (queries see the state and the new keys ``j <= i``), and the new state.
+
+    Query ``i`` uses the reference ``R_i = max(M, max_{j <= i} c_j)``: the state weighs
+    ``exp(M - R_i) <= 1``, new key ``j`` weighs ``exp(c_j - R_i) <= 1``.
+    """
+    t = phi_q.shape[-2]
+    reference = torch.maximum(state.reference.unsqueeze(-1), torch.cummax(key_log_scale, dim=-1).values)
+    safe = _finite_or_zero(reference)  # positions that have seen only padding: zero weights, zero output
+    carry = torch.exp(state.reference.unsqueeze(-1) - safe).unsqueeze(-1)  # (..., T, 1)
+    lower = torch.ones(t, t, dtype=torch.bool, device=phi_q.device).tril()
+    weights = torch.exp((key_log_scale.unsqueeze(-2) - safe.unsqueeze(-1)).masked_fill(~lower, -math.inf))
+    scores = (phi_q @ phi_k.mT) * weights
+    num = carry * (phi_q @ state.numerator) + scores @ v
+    den = carry * (phi_q @ state.normalizer.unsqueeze(-1)) + scores.sum(-1, keepdim=True)
+    abs_q = phi_q.abs()
+    bound = carry * (abs_q @ state.magnitude.unsqueeze(-1)) + ((abs_q @ phi_k.abs().mT) * weights).sum(
+        -1, keepdim=True
+    )
+    out = num / guarded_denominator(den, bound, eps)[0]
+    return out, accumulate_keys(state, phi_k, key_log_scale, v)
+
+
+def recurrent_attention(
+    state: RecurrentState,
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    key_log_scale: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    eps: float | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> tuple[torch.Tensor, RecurrentState]:
+    """Causal linear attention of ``T`` new tokens that continue ``state`` (recurrent Eq. 7).
+
+    Position ``i`` of the new tokens attends to every key in ``state`` and to the new keys ``j <= i``,
+    exactly as in the causal forward pass over the whole sequence (same stabilization, same normalizer
+    guard). ``T = 1`` is one decoding step, O(m Dv) whatever the context.
+
+    Args:
+        state: the keys so far
+            ([`RecurrentState.empty`][rf_attention.decoding.RecurrentState.empty] for none).
+        phi_q: ``(..., T, m)`` query features, each row stabilized by its own constant.
+        phi_k: ``(..., T, m)`` key features divided by ``exp(key_log_scale)``; zero rows at padding.
+        key_log_scale: ``(..., T)``, ``-inf`` at padding (``FeatureMap.forward_with_key_scales``).
+        v: ``(..., T, Dv)``.
+        eps: relative guard of the normalizer, as in [`linear_attention`][rf_attention.linear_attention]
+            (``|D| <= eps |phi_q| . sum_j |phi_k_j|`` becomes ``sign(D)`` times that bound; for positive
+            features only ``D == 0``, a row without keys, changes); default: the state dtype's epsilon.
+        block_size: new tokens handled per block (``block x block`` products).
+
+    Returns:
+        ``(out (..., T, Dv) in the state's dtype, the state after the T tokens)``.
+    """
+    acc = state.numerator.dtype
+    eps = torch.finfo(acc).eps if eps is None else eps
+    phi_q, phi_k, key_log_scale, v = phi_q.to(acc), phi_k.to(acc), key_log_scale.to(acc), v.to(acc)
+    if phi_q.shape[-2] == 1:  # one token: it sees the state updated with its own key
+        state = accumulate_keys(state, phi_k, key_log_scale, v)
+        bound = phi_q.abs() @ state.magnitude.unsqueeze(-1)
+        den = guarded_denominator(phi_q @ state.normalizer.unsqueeze(-1), bound, eps)[0]
+        return (phi_q @ state.numerator) / den, state
+    outs = []
+    for start in range(0, phi_q.shape[-2], block_size):
+        part = slice(start, start + block_size)
+        out, state = _attend_block(
+            state, phi_q[..., part, :], phi_k[..., part, :], key_log_scale[..., part], v[..., part, :], eps
+        )
+        outs.append(out)
+    return torch.cat(outs, dim=-2), state
+
+
+@dataclass
+class KVCache:
+    """The keys and values of exact softmax attention seen so far, in buffers that grow by doubling.
+
+    Attributes:
+        keys: ``(B, H, capacity, Dh)``; the first ``length`` positions are filled.
+        values: ``(B, H, capacity, Dv)``.
+        padding: bool ``(B, capacity)``, True at padded positions.
+        length: tokens seen, padding included.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    padding: torch.Tensor
+    length: int = 0
+
+    @classmethod
+    def empty(cls, like_k: torch.Tensor, like_v: torch.Tensor, capacity: int = 16) -> KVCache:
+        """An empty cache for keys like ``like_k (B, H, *, Dh)`` and values like ``like_v (B, H, *, Dv)``."""
+        b, h = like_k.shape[:2]
+        return cls(
+            keys=like_k.new_empty(b, h, capacity, like_k.shape[-1]),
+            values=like_v.new_empty(b, h, capacity, like_v.shape[-1]),
+            padding=torch.zeros(b, capacity, dtype=torch.bool, device=like_k.device),
+        )
+
+    def nbytes(self) -> int:
+        """Bytes allocated (O(length): the capacity is at most twice ``length`` once it exceeds 16)."""
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.padding))
+
+    def check_fits(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A ``ValueError`` unless new keys ``k (B, H, T, Dh)`` and values ``v`` can extend this cache."""
+        for name, new, held in (("keys", k, self.keys), ("values", v, self.values)):
+            if new.shape[:2] != held.shape[:2] or new.shape[-1] != held.shape[-1] or new.dtype != held.dtype:
+                raise ValueError(
+                    f"state: expected a KVCache for {name} of shape (B, H, *, D) = "
+                    f"{(*new.shape[:2], '*', new.shape[-1])} and dtype {new.dtype}, got "
+                    f"{(*held.shape[:2], '*', held.shape[-1])} {held.dtype}"
+                )
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None = None) -> KVCache:
+        """Add ``T`` positions (``k (B, H, T, Dh)``, ``v``, ``padding (B, T)`` or None), in place."""
+        self.check_fits(k, v)
+        stop = self.length + k.shape[-2]
+        if stop > self.keys.shape[-2]:
+            capacity = max(stop, 2 * self.keys.shape[-2])
+            self.keys = _grown(self.keys, capacity, self.length, dim=-2)
+            self.values = _grown(self.values, capacity, self.length, dim=-2)
+            self.padding = _grown(self.padding, capacity, self.length, dim=-1)
+        self.keys[..., self.length : stop, :] = k
+        self.values[..., self.length : stop, :] = v
+        self.padding[:, self.length : stop] = False if padding is None else padding
+        self.length = stop
+        return self
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """Softmax attention of the last ``T`` positions' queries ``q (B, H, T, Dh)`` over the cache (Eq. 6).
+
+        Query ``i`` (position ``length - T + i``) sees the cached keys up to its own position that are not
+        padding; a query that sees none gives zeros (as
+        [`softmax_attention`][rf_attention.softmax_attention]).
+        """
+        keys, values = self.keys[..., : self.length, :], self.values[..., : self.length, :]
+        t, padding = q.shape[-2], self.padding[:, : self.length]
+        if t == 1 and not bool(padding.any()):
+            return F.scaled_dot_product_attention(q, keys, values)
+        positions = torch.arange(self.length, device=q.device)
+        allowed = positions <= positions[-t:].unsqueeze(-1)  # (T, length)
+        allowed = allowed & ~padding[:, None, None, :]  # (B, 1, T, length)
+        empty = ~allowed.any(dim=-1, keepdim=True)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed | empty)
+        return out.masked_fill(empty, 0.0)
+
+
+def _grown(buffer: torch.Tensor, capacity: int, filled: int, dim: int) -> torch.Tensor:
+    shape = list(buffer.shape)
+    shape[dim] = capacity
+    grown = buffer.new_zeros(shape)
+    grown.narrow(dim, 0, filled).copy_(buffer.narrow(dim, 0, filled))
+    return grown

@@ -1,0 +1,180 @@
+"""Token-by-token decoding (prefill, step) against the causal forward pass and a plain quadratic formula."""
+
+import pytest
+import torch
+
+import rf_attention
+import rf_features
+from rf_attention import naive
+from rf_attention.decoding import KVCache, RecurrentState
+
+DIM, HEADS, FEATURES = 32, 2, 32
+RF_NAMES = [f"{c}-{m}" for c in rf_features.names() for m in ("orf", "fastfoodl")]
+NAMES = ["softmax", *RF_NAMES]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Token-by-token loops of tiny ops: one thread is fastest, and robust on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def randn(*shape, seed=0, scale=1.0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale
+
+
+def trained(name, *, logit_gain=1.0):
+    """A causal module whose running statistics (OPRF's A, SADERF's Psi) were updated by training calls."""
+    module = rf_attention.create(name, DIM, HEADS, num_features=FEATURES, causal=True, seed=0)
+    with torch.no_grad():
+        module.qkv.weight[: 2 * DIM] *= logit_gain  # larger q, k: larger attention logits
+        module.train()
+        for i in range(3):
+            module(randn(2, 40, DIM, seed=10 + i, scale=2.0))
+    module.eval()
+    fm = getattr(module, "feature_map", None)
+    for buffer in fm.running_statistics_defaults() if fm is not None else {}:
+        default = fm.running_statistics_defaults()[buffer]
+        assert not torch.allclose(getattr(fm, f"running_{buffer}"), default), buffer  # statistics moved
+    return module
+
+
+def decode(module, x, state=None):
+    outs = []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            y, state = module.step(x[:, t : t + 1], state)
+            outs.append(y)
+    return torch.cat(outs, dim=1), state
+
+
+def float32_gain(name):
+    """Logit gain of the float32 comparisons: large logits, except for signed (TrigRF) features.
+
+    TrigRF's normalizer cancels at large logits (its relative variance is unbounded, Section 3.2.2): the
+    condition number ``|phi_q| . sum |phi_k| / |D|`` reaches 1e4 at gain 3, and float32 rounding of any
+    two summation orders differs by that much. The float64 test below covers large logits for it too.
+    """
+    return 1.0 if name.startswith("trigrf") else 3.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_token_by_token_outputs_equal_the_causal_forward(name):
+    module = trained(name, logit_gain=float32_gain(name))
+    x = randn(2, 150, DIM, seed=1)  # crosses the causal forward's chunk boundary (128)
+    with torch.no_grad():
+        full = module(x)
+    steps, _ = decode(module, x)
+    torch.testing.assert_close(steps, full)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(name):
+    module = trained(name)
+    x = randn(3, 30, DIM, seed=2)
+    padding = torch.zeros(3, 30, dtype=torch.bool)
+    padding[1, :6] = True
+    padding[2, :19] = True  # all of the prefill but one token is padding
+    with torch.no_grad():
+        full = module(x, key_padding_mask=padding)
+        head, state = module.prefill(x[:, :20], key_padding_mask=padding[:, :20])
+    tail, _ = decode(module, x[:, 20:], state)
+    real = ~padding
+    torch.testing.assert_close(head[real[:, :20]], full[:, :20][real[:, :20]])
+    torch.testing.assert_close(tail, full[:, 20:])
+
+
+def plain_causal_reference(module, x):
+    """The module's projections around rf_attention.naive's quadratic causal formula (unstabilized)."""
+    b, n, _ = x.shape
+    q, k, v = module.qkv(x).view(b, n, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+    if isinstance(module, rf_attention.SoftmaxAttention):
+        out = naive.naive_softmax_attention(q, k, v, causal=True)
+    else:
+        out = naive.naive_rf_attention(q, k, v, module.feature_map, causal=True)
+    return module.proj(out.transpose(1, 2).reshape(b, n, DIM))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decoding_equals_the_naive_quadratic_formula_in_float64(name):
+    module = trained(name, logit_gain=3.0).double()
+    x = randn(2, 40, DIM, seed=3, dtype=torch.float64)
+    with torch.no_grad():
+        head, state = module.prefill(x[:, :13])
+        tail, _ = decode(module, x[:, 13:], state)
+        expected = plain_causal_reference(module, x)
+    torch.testing.assert_close(torch.cat([head, tail], dim=1), expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["softmax", "posrf-orf", "trigrf-orf"])
+def test_decoding_in_bfloat16_follows_the_bfloat16_forward(name):
+    module = trained(name).to(torch.bfloat16)
+    x = randn(2, 24, DIM, seed=4).to(torch.bfloat16)
+    with torch.no_grad():
+        full = module(x)
+    steps, _ = decode(module, x)
+    assert steps.dtype == torch.bfloat16
+    torch.testing.assert_close(steps.float(), full.float(), rtol=0, atol=3e-2)
+
+
+def test_the_recurrent_state_has_the_same_size_after_any_number_of_tokens():
+    module = trained("oprf-orf")
+    _, short = decode(module, randn(1, 4, DIM))
+    _, long = decode(module, randn(1, 200, DIM))
+    assert isinstance(long, RecurrentState)
+    assert long.length == 200
+    assert short.nbytes() == long.nbytes()
+    assert long.numerator.shape == (1, HEADS, FEATURES, DIM // HEADS)
+
+
+def test_the_softmax_cache_keeps_every_position():
+    module = trained("softmax")
+    _, cache = decode(module, randn(1, 40, DIM))
+    assert isinstance(cache, KVCache)
+    assert cache.length == 40
+    assert cache.keys.shape[-2] >= 40
+
+
+def test_step_needs_a_causal_module():
+    module = rf_attention.create("posrf-orf", DIM, HEADS, num_features=8)
+    with pytest.raises(ValueError, match=r"step: .*causal=False"):
+        module.step(randn(1, 1, DIM))
+    with pytest.raises(ValueError, match=r"prefill: .*causal=False"):
+        module.prefill(randn(1, 3, DIM))
+
+
+@pytest.mark.parametrize("name", ["softmax", "posrf-orf"])
+def test_step_refuses_a_state_of_another_kind_or_batch(name):
+    module = trained(name)
+    _, state = module.prefill(randn(2, 5, DIM))
+    with pytest.raises(ValueError, match="state: expected"):
+        module.step(randn(3, 1, DIM), state)
+    with pytest.raises(ValueError, match="state: expected"):
+        module.step(randn(2, 1, DIM), "not a state")
+
+
+def test_a_step_sees_earlier_tokens_only_through_the_state():
+    module = trained("saderf-orf")
+    x = randn(1, 12, DIM, seed=5)
+    _, state = module.prefill(x[:, :11])
+    y, _ = module.step(x[:, 11:], state)
+    changed = x.clone()
+    changed[:, :11] += randn(1, 11, DIM, seed=6)
+    _, other_state = module.prefill(changed[:, :11])
+    y_other, _ = module.step(x[:, 11:], other_state)
+    assert not torch.allclose(y, y_other)  # the state carries the prefix, nothing else does
+
+
+@pytest.mark.parametrize("name", ["softmax", "oprf-orf", "trigrf-orf"])
+def test_a_step_of_several_tokens_equals_the_forward(name):
+    module = trained(name)
+    x = randn(2, 40, DIM, seed=7)
+    with torch.no_grad():
+        full = module(x)
+        head, state = module.prefill(x[:, :10])
+        middle, state = module.step(x[:, 10:33], state)  # one block of 23 positions over the state
+        tail, _ = decode(module, x[:, 33:], state)
+    torch.testing.assert_close(torch.cat([head, middle, tail], dim=1), full)

@@ -1,0 +1,243 @@
+"""RF attention inside Hugging Face models built from tiny configs (no download): Llama, GPT-2, ViT."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import rf_attention.hf as rf_hf  # noqa: E402  (registers the names)
+from rf_attention import rf_attention, softmax_attention  # noqa: E402
+
+AttentionInterface = transformers.AttentionInterface
+VOCAB = 61
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def llama(name, **overrides):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention
+        max_position_embeddings=64,
+        **overrides,
+    )
+    config._attn_implementation = name
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def gpt2(name):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    config._attn_implementation = name
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def left_padded_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (3, 9), generator=g)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    mask[2, :8] = 0
+    return ids, mask
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Wrap a registered attention so that every call's inputs and output are kept."""
+    calls = []
+
+    def record(name):
+        original = AttentionInterface._global_mapping[name]
+
+        def recording(module, query, key, value, attention_mask, **kwargs):
+            out, weights = original(module, query, key, value, attention_mask, **kwargs)
+            calls.append({"module": module, "q": query, "k": key, "v": value, "out": out, **kwargs})
+            return out, weights
+
+        monkeypatch.setitem(AttentionInterface._global_mapping, name, recording)
+        return calls
+
+    return record
+
+
+def test_every_random_feature_pair_is_an_attn_implementation():
+    assert {"rf-posrf-orf", "rf-oprf-fastfoodl", "rf-trigrf-sgq", "rf-performer"} <= set(rf_hf.REGISTERED)
+    assert all(name in AttentionInterface._global_mapping for name in rf_hf.REGISTERED)
+    assert "rf-softmax" not in rf_hf.REGISTERED
+
+
+def expected_causal(call, padding):
+    """Our functional attention on the q, k, v HF passed (keys repeated for GQA), heads last."""
+    q, k, v = call["q"], call["k"], call["v"]
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    q = q * (call["scaling"] * q.shape[-1] ** 0.5)
+    out = rf_attention(
+        q,
+        k,
+        v,
+        call["module"].rf_feature_map,
+        causal=True,
+        key_padding_mask=padding,
+        query_padding_mask=padding,
+    )
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize(("build", "name"), [(llama, "rf-posrf-orf"), (gpt2, "rf-oprf-fastfoodl")])
+def test_causal_model_with_padding_runs_our_attention_on_its_q_k_v(build, name, recorder):
+    model = build(name)
+    calls = recorder(name)
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.isfinite(logits).all()
+    assert len(calls) == 2  # one per layer
+    for call in calls:
+        torch.testing.assert_close(call["out"], expected_causal(call, padding=mask == 0))
+    maps = [call["module"].rf_feature_map for call in calls]
+    assert not torch.equal(maps[0].weight_matrix.matrix(), maps[1].weight_matrix.matrix())  # seeds per layer
+
+
+def positions(mask):
+    """Position ids that start at 0 on each row's first real token (as ``generate`` computes them).
+
+    Random features are not rotation invariant, so with RoPE the logits of RF attention depend on absolute
+    positions a little (softmax only sees relative ones): compare rows at equal positions.
+    """
+    return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+def test_padding_changes_nothing_for_the_real_tokens():
+    model = llama("rf-saderf-orf")
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+        alone = model(input_ids=ids[1:2, 3:]).logits  # row 1 without its 3 padding tokens
+    torch.testing.assert_close(padded[1:2, 3:], alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rf-posrf-orf", "rf-oprf-orf", "rf-trigrf-orf"])
+def test_cached_generation_equals_the_full_forward(name):
+    model = llama(name)
+    ids, mask = left_padded_batch(seed=1)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=4,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        full_mask = torch.cat([mask, torch.ones(3, 4, dtype=torch.long)], dim=1)
+        full = model(
+            input_ids=out.sequences, attention_mask=full_mask, position_ids=positions(full_mask)
+        ).logits
+    n = ids.shape[1]
+    for step, logits in enumerate(out.logits):  # step 0: the prompt; later: one query over the cache
+        torch.testing.assert_close(logits, full[:, n - 1 + step], rtol=1e-4, atol=1e-5)
+
+
+def test_vit_runs_our_non_causal_attention(recorder):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=8,
+    )
+    config._attn_implementation = "rf-posrf-orf"
+    model = transformers.ViTModel(config).eval()
+    calls = recorder("rf-posrf-orf")
+    with torch.no_grad():
+        hidden = model(pixel_values=torch.randn(2, 3, 16, 16)).last_hidden_state
+    assert torch.isfinite(hidden).all()
+    for call in calls:
+        expected = rf_attention(call["q"], call["k"], call["v"], call["module"].rf_feature_map)
+        torch.testing.assert_close(call["out"], expected.transpose(1, 2))
+
+
+def test_many_features_approach_the_models_softmax_attention(recorder):
+    rf_hf.register(["posrf-orf"], num_features=4096, seed=0)
+    try:
+        model = llama("rf-posrf-orf")
+        calls = recorder("rf-posrf-orf")
+        ids, _ = left_padded_batch()
+        with torch.no_grad():
+            model(input_ids=ids)
+        for call in calls:
+            k, v = (t.repeat_interleave(2, dim=1) for t in (call["k"], call["v"]))
+            exact = softmax_attention(call["q"], k, v, causal=True).transpose(1, 2)
+            assert float((call["out"] - exact).norm() / exact.norm()) < 0.05
+    finally:
+        rf_hf.register(["posrf-orf"])
+
+
+def test_uptraining_recipe_keeps_the_pretrained_weights_and_adds_feature_maps(tmp_path):
+    pretrained = llama("sdpa")
+    pretrained.save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="rf-oprf-fastfoodl")
+    assert rf_hf.attach_feature_maps(model) == 2
+    kept = pretrained.state_dict()
+    new = {k for k in model.state_dict() if k not in kept}
+    assert new
+    assert all(".rf_feature_map." in k for k in new)
+    for key, value in kept.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    learnable = [n for n, p in model.named_parameters() if ".rf_feature_map." in n and p.requires_grad]
+    assert learnable  # FastFood_L's scales, seen by an optimizer built now
+    model.train()
+    ids, mask = left_padded_batch()
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for n, p in model.named_parameters() if n in learnable)
+    with torch.no_grad():  # an uptraining step changed the learnable maps; save and reload them
+        for n, p in model.named_parameters():
+            if n in learnable:
+                p.add_(0.1)
+    model.eval().save_pretrained(tmp_path / "uptrained")
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "uptrained", attn_implementation="rf-oprf-fastfoodl"
+    )
+    rf_hf.attach_feature_maps(reloaded)
+    assert rf_hf.load_feature_maps(reloaded, tmp_path / "uptrained") > 0
+    for key, value in model.state_dict().items():
+        if torch.is_tensor(value):  # not the generators' states (redraws), which are not saved
+            assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+def test_masks_of_other_patterns_are_refused():
+    n = 6
+    positions = torch.arange(n)
+    window = (positions <= positions[:, None]) & (positions > positions[:, None] - 3)
+    with pytest.raises(ValueError, match="attention_mask: RF attention supports causal"):
+        rf_hf.key_padding_from_mask(window[None, None], n, n, causal=True)
+    causal = (positions <= positions[:, None])[None, None].expand(2, 1, n, n).clone()
+    causal[1, :, :, :2] = False  # two padded keys in row 1
+    padding = rf_hf.key_padding_from_mask(causal, n, n, causal=True)
+    assert padding.tolist() == [[False] * n, [True, True] + [False] * (n - 2)]
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="names: expected random-feature attention names"):
+        rf_hf.register(["softmax"])
+    with pytest.raises(ValueError, match="attn_implementation: expected a registered rf-"):
+        rf_hf.attach_feature_maps(llama("sdpa"))
