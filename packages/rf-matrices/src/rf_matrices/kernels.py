@@ -8,14 +8,17 @@ from rf_matrices.weight_matrix import WeightMatrix
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
-    """``exp(-||x_i - y_j||^2 / (2 sigma^2))``: ``x (..., n, d)``, ``y (..., m, d)`` -> ``(..., n, m)``."""
+    r"""The RBF kernel $\exp(-\lVert x_i - y_j \rVert^2 / (2 \sigma^2))$.
+
+    ``x (..., n, d)``, ``y (..., m, d)`` -> ``(..., n, m)``.
+    """
     return torch.exp(-torch.cdist(x, y).pow(2) / (2 * sigma**2))
 
 
 def trig_kernel_estimate(weight_matrix: WeightMatrix, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """TrigRF estimate of the RBF kernel, ``sum_i a_i cos(omega_i . (x - y))`` (Eq. 10, real part).
+    r"""TrigRF estimate of the RBF kernel, $\sum_i a_i \cos(\omega_i^\top (x - y))$ (Eq. 10, real part).
 
-    ``a_i`` are the matrix's ``component_weights``, or ``1 / s`` for Monte Carlo matrices. This is the
+    $a_i$ are the matrix's ``component_weights``, or ``1 / s`` for Monte Carlo matrices. This is the
     estimate that makes a matrix a weight matrix (Definition 3.1).
 
     Args:

@@ -12,7 +12,10 @@ from rf_matrices.weight_matrix import DenseWeightMatrix, chi_samples, haar_ortho
 
 @register("base")
 class Base(DenseWeightMatrix):
-    """I.i.d. Gaussian rows, ``W = P / sigma`` with ``P_ij ~ N(0, 1)`` (Eq. 12, Rahimi and Recht 2007)."""
+    r"""I.i.d. Gaussian rows, $W = P / \sigma$ with $P_{ij} \sim \mathcal{N}(0, 1)$.
+
+    Eq. 12, Rahimi and Recht 2007.
+    """
 
     def sample(self) -> torch.Tensor:
         """``(s, d)`` standard normal entries."""
@@ -22,7 +25,7 @@ class Base(DenseWeightMatrix):
 
 @register("orf")
 class ORF(DenseWeightMatrix):
-    """Orthogonal random features, ``W = S Q / sigma`` (Eq. 14, Yu et al. 2016).
+    r"""Orthogonal random features, $W = S Q / \sigma$ (Eq. 14, Yu et al. 2016).
 
     Independent Haar-distributed ``d x d`` orthogonal blocks ``Q`` are stacked until ``s`` rows (the last one
     truncated), and every row is rescaled by an independent chi(d) norm ``S_ii``, so each row is distributed

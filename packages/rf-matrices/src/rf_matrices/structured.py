@@ -75,11 +75,11 @@ class BlockTransform(WeightMatrix):
 
 @register("sorf")
 class SORF(BlockTransform):
-    """Structured ORF, ``W = sqrt(d) / sigma * H D1 H D2 H D3`` per block (Eq. 15, Yu et al. 2016).
+    r"""Structured ORF, $W = \frac{\sqrt{d}}{\sigma} H D_1 H D_2 H D_3$ per block (Eq. 15, Yu et al. 2016).
 
-    ``H`` is the normalized Walsh-Hadamard matrix and ``D1, D2, D3`` diagonal Rademacher matrices, so each
-    block is orthogonal times ``sqrt(d')`` and rows have the Gaussian's typical norm ``sqrt(d) / sigma``
-    (exactly ``sqrt(d') / sigma`` before the zero-padded columns are dropped). Applied with three fast
+    $H$ is the normalized Walsh-Hadamard matrix and $D_1, D_2, D_3$ diagonal Rademacher matrices, so each
+    block is orthogonal times $\sqrt{d'}$ and rows have the Gaussian's typical norm $\sqrt{d} / \sigma$
+    (exactly $\sqrt{d'} / \sigma$ before the zero-padded columns are dropped). Applied with three fast
     Walsh-Hadamard transforms (O(s log d) per input row, W never built) or the dense product (see
     [`BlockTransform`][rf_matrices.BlockTransform]).
     """
@@ -105,12 +105,13 @@ class SORF(BlockTransform):
 
 @register("fastfood")
 class FastFood(BlockTransform):
-    """FastFood, ``W = 1 / (sigma sqrt(d')) * S H G Pi H B`` per block (Eq. 13, Le et al. 2013).
+    r"""FastFood, $W = \frac{1}{\sigma \sqrt{d'}} S H G \Pi H B$ per block (Eq. 13, Le et al. 2013).
 
-    With the unnormalized Hadamard ``H`` (entries +-1), a random permutation ``Pi``, diagonal Rademacher
-    ``B``, Gaussian ``G`` and the scaling ``S_ii = s_i / ||G||_F`` with ``s_i ~ chi(d')``: every row of
-    ``H G Pi H B`` has norm ``sqrt(d') ||G||_F``, so the rows of ``W`` have exactly the chi(d') norms of
-    Gaussian rows. (The paper prints ``||G||_F^(-1/2)``; only the exponent -1 gives Gaussian row norms.)
+    With the unnormalized Hadamard $H$ (entries $\pm 1$), a random permutation $\Pi$, diagonal
+    Rademacher $B$, Gaussian $G$ and the scaling $S_{ii} = s_i / \lVert G \rVert_F$ with $s_i \sim \chi(d')$:
+    every row of $H G \Pi H B$ has norm $\sqrt{d'} \lVert G \rVert_F$, so the rows of $W$ have exactly the
+    $\chi(d')$ norms of Gaussian rows. (The paper prints $\lVert G \rVert_F^{-1/2}$; only the exponent -1
+    gives Gaussian row norms.)
     Applied with two fast Walsh-Hadamard transforms (O(s log d) per input row, W never built) or the dense
     product (see [`BlockTransform`][rf_matrices.BlockTransform]).
     """

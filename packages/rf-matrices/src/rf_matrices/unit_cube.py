@@ -15,7 +15,7 @@ EPS = 1e-10
 
 
 def scrambled_sobol_normal(count: int, dim: int, generator: torch.Generator) -> torch.Tensor:
-    """``count`` scrambled Sobol points in ``[0, 1]^dim`` mapped through ``Phi^-1`` (Eq. 16), float64.
+    r"""``count`` scrambled Sobol points in $[0, 1]^\text{dim}$ mapped through $\Phi^{-1}$ (Eq. 16), float64.
 
     The scrambling seed is drawn from ``generator``, so the points are reproducible from it.
     """
@@ -27,11 +27,11 @@ def scrambled_sobol_normal(count: int, dim: int, generator: torch.Generator) -> 
 
 @register("qmc")
 class QMC(DenseWeightMatrix):
-    """Quasi-Monte Carlo rows ``omega_i = Phi^-1(t_i) / sigma`` (Eq. 16, Avron et al. 2016).
+    r"""Quasi-Monte Carlo rows $\omega_i = \Phi^{-1}(t_i) / \sigma$ (Eq. 16, Avron et al. 2016).
 
-    ``t_1..t_s`` are the first ``s`` points of an Owen-scrambled Sobol sequence in ``d`` dimensions (one point
-    per row; seeded by the generator) and ``Phi^-1`` the standard normal quantile, applied per coordinate.
-    The Sobol sequence is balanced when ``s`` is a power of two. ``d`` is at most 21201.
+    $t_1, \dots, t_s$ are the first $s$ points of an Owen-scrambled Sobol sequence in $d$ dimensions (one
+    point per row; seeded by the generator) and $\Phi^{-1}$ the standard normal quantile, applied per
+    coordinate. The Sobol sequence is balanced when ``s`` is a power of two. ``d`` is at most 21201.
     """
 
     def sample(self) -> torch.Tensor:
