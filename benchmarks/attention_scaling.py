@@ -21,13 +21,13 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+import app_common as ac
 
 DEFAULT_ATTENTIONS = [
     "softmax",
@@ -134,16 +134,18 @@ def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     before = reset_peak(device)
     attend(q, k, v).sum().backward()
     peak_mib = (peak(device) - before) / 2**20
-    times = []
-    for _ in range(args.repeats):
+
+    def clear_grads() -> None:
         for t in (q, k, v):
             t.grad = None
-        synchronize(device)
-        start = time.perf_counter()
-        attend(q, k, v).sum().backward()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+
+    seconds = ac.median_seconds(
+        lambda: attend(q, k, v).sum().backward(),
+        repeats=args.repeats,
+        warmup=0,
+        device=device,
+        setup=clear_grads,
+    )
     return {
         "attention": name,
         "n": n,
@@ -202,30 +204,16 @@ def matmul_rate(size: int = 2048, repeats: int = 5, device: torch.device | None 
     """Measured float32 matmul GFLOP/s of this machine (``size x size`` by ``size x size``)."""
     device = device or torch.device("cpu")
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times) / 1e9
+    return 2 * size**3 / ac.median_seconds(lambda: a @ b, repeats=repeats, device=device) / 1e9
 
 
 def machine(device: str = "cpu") -> str:
-    """CPU (or GPU) model, cores, threads and library versions."""
+    """The device's name (``app_common.device_name``), cores, threads and library versions."""
+    name = ac.device_name(torch.device(device))
     if device.startswith("cuda"):
-        return f"{torch.cuda.get_device_name(device)}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}"
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        return f"{name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}"
     return (
-        f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+        f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
         f"PyTorch {torch.__version__}, Python {platform.python_version()}"
     )
 
