@@ -30,7 +30,7 @@ def create(
 ) -> FeatureMap:
     """The feature map of component function ``name`` (or the class) over ``weight_matrix``.
 
-    Example:
+    Examples:
         >>> fm = create("oprf", weight_matrix="sgq", num_features=128, dim=32, seed=0)
 
     Extra keyword arguments go to the class: ``kernel``, ``matrix_options``, and GERF's ``a`` and ``s``.
