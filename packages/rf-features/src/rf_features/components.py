@@ -48,7 +48,8 @@ def gerf_log_features(
     if isinstance(a, torch.Tensor):
         a = a[..., None, None]
     one_minus_4a = 1 - 4 * a
-    log_d = dim / 4 * (torch.log(one_minus_4a) if isinstance(a, torch.Tensor) else math.log(one_minus_4a))
+    log_1m4a = torch.log(one_minus_4a) if isinstance(one_minus_4a, torch.Tensor) else math.log(one_minus_4a)
+    log_d = dim / 4 * log_1m4a
     b = one_minus_4a**0.5
     log_mag = log_d - s * sqnorm / 2
     if omega_sqnorm is not None:
@@ -112,7 +113,9 @@ class GERF(FeatureMap):
         self.positive, self.even_in_omega = s == 1, s == -1
         super().__init__(dim, **kw)
 
-    def log_features(self, projection, sqnorm, stats, is_query):
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GERF features with this map's ``(A, s)``."""
         omega_sqnorm = self.omega_sqnorm(projection.dtype) if self.a != 0 else None
         return gerf_log_features(projection, sqnorm, omega_sqnorm, self.a, self.s, self.dim)
@@ -131,7 +134,7 @@ class TrigRF(GERF):
     relative variance as the kernel value goes to 0 (Section 3.2.2).
     """
 
-    def __init__(self, dim: int, **kw) -> None:
+    def __init__(self, dim: int, **kw: Any) -> None:
         super().__init__(dim, a=0.0, s=-1, **kw)
 
 
@@ -142,7 +145,7 @@ class PosRF(GERF):
     Choromanski et al. 2021. GERF with $A = 0, s = +1$; estimates the softmax kernel directly.
     """
 
-    def __init__(self, dim: int, **kw) -> None:
+    def __init__(self, dim: int, **kw: Any) -> None:
         super().__init__(dim, a=0.0, s=1, **kw)
 
 
@@ -160,7 +163,9 @@ class PosRFHyp(FeatureMap):
     positive = True
     even_in_omega = True
 
-    def log_features(self, projection, sqnorm, stats, is_query):
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The ``+omega`` and ``-omega`` components side by side."""
         base = -sqnorm / 2 - 0.5 * math.log(2)
         return torch.cat((base + projection, base - projection), dim=-1), None
@@ -204,15 +209,23 @@ class OPRF(FeatureMap):
 
     positive = True
 
-    def running_statistics_defaults(self):
+    def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
         """``A = 0`` (PosRF) until the first update."""
         return {"a": torch.zeros(())}
 
-    def statistics(self, q, k, query_mask, key_mask):
+    def statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
         """``{"a": A}`` with ``A (...)`` from [`oprf_optimal_a`][rf_features.oprf_optimal_a]."""
         return {"a": oprf_optimal_a(mean_pair_sqnorm(q, k, query_mask, key_mask), self.dim)}
 
-    def log_features(self, projection, sqnorm, stats, is_query):
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GERF features with ``s = +1`` and the data-dependent ``A``."""
         omega_sqnorm = self.omega_sqnorm(projection.dtype)
         return gerf_log_features(projection, sqnorm, omega_sqnorm, stats["a"], 1, self.dim)
@@ -251,17 +264,25 @@ class SADERF(OPRF):
     $\exp(-\lVert q \rVert^2/2 - \lVert k \rVert^2/2)$ of the original inputs.
     """
 
-    def running_statistics_defaults(self):
+    def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
         """``Psi = I`` and ``A = 0`` until the first update."""
         return {"psi": torch.ones(self.dim), "a": torch.zeros(())}
 
-    def statistics(self, q, k, query_mask, key_mask):
+    def statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
         """``{"psi": Psi (..., d), "a": A (...)}``."""
         psi = saderf_psi(q, k, query_mask, key_mask)
         tq, tk = q * psi.unsqueeze(-2), k / psi.unsqueeze(-2)
         return {"psi": psi, "a": oprf_optimal_a(mean_pair_sqnorm(tq, tk, query_mask, key_mask), self.dim)}
 
-    def transform(self, q, k, stats):
+    def transform(
+        self, q: torch.Tensor, k: torch.Tensor, stats: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(Psi q, Psi^-1 k)``."""
         psi = stats["psi"].unsqueeze(-2)
         return q * psi, k / psi

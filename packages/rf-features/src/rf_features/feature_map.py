@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -63,7 +64,7 @@ class FeatureMap(nn.Module):
         num_features: int = 128,
         seed: int | None = None,
         kernel: str = "softmax",
-        matrix_options: dict | None = None,
+        matrix_options: dict[str, Any] | None = None,
         statistics_mode: str = "batch",
         momentum: float = 0.1,
     ) -> None:
