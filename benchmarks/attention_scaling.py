@@ -100,13 +100,21 @@ def build(name: str, n: int, args: argparse.Namespace):
     return lambda q, k, v: module.attend(q, k, v, None)
 
 
+def feature_map_of(name: str):
+    """The ``rf_features`` feature map an RF attention name builds (None for softmax and the baselines)."""
+    import rf_attention
+
+    module = rf_attention.create(name, 8, 1, num_features=32, seed=0, **baseline_options(name, 64))
+    return getattr(module, "feature_map", None)
+
+
 def flops(name: str, n: int, args: argparse.Namespace) -> float:
     """Analytic forward+backward FLOPs (backward counted as twice the forward's matmuls)."""
     b, h, d, m = args.batch, args.heads, args.head_dim, args.features
     if name == "softmax":
         forward = 4 * b * h * n * n * d  # q k^T and p v
-    elif "-" in name or name == "performer":
-        width = 2 * m if name.startswith(("trigrf", "posrf-hyp")) else m
+    elif (features := feature_map_of(name)) is not None:
+        width = features.features_per_row * m
         forward = 4 * b * h * n * d * m + 4 * b * h * n * width * d  # projections; phi_k^T v and phi_q (kv)
     else:
         return float("nan")

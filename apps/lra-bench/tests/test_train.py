@@ -244,3 +244,17 @@ def test_bfloat16_autocast_run_trains(tmp_path, data, helpers):
     assert record["config"]["dtype"] == "bfloat16"
     assert record["steps"] == 3
     assert json.dumps(record)  # the record is plain JSON
+
+
+@pytest.mark.parametrize(
+    ("attention", "applies"), [("softmax", True), ("performer", False), ("nystromformer", False)]
+)
+def test_attention_dropout_goes_only_to_attentions_that_state_support_for_it(attention, applies):
+    from lra_bench.config import ModelConfig
+    from lra_bench.model import create_attention
+
+    module, applied = create_attention(ModelConfig(attention=attention, attention_dropout=0.2), seed=0)
+    assert module.supports_attention_dropout is applies
+    assert applied is applies
+    if applies:
+        assert module.attention_dropout == 0.2

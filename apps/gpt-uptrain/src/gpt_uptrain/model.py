@@ -18,7 +18,6 @@ which are ``rf_attention``'s ``qkv`` and ``proj`` (HF's ``c_attn`` and ``c_proj`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -34,10 +33,8 @@ import rf_attention
 from gpt_uptrain import hf
 from spectraformer_core import check_int
 
-#: The activation of GPT-2's MLP (HF's ``gelu_new``): the function the replacement layers fit (issue 17.5).
+#: The activation of GPT-2's MLP (HF's ``gelu_new``), as ``ralimp`` registers it: the replacements fit it.
 GELU_TANH = "gelu_tanh"
-if GELU_TANH not in ralimp.ACTIVATIONS:  # ralimp may register it itself
-    ralimp.ACTIVATIONS.register(GELU_TANH)(functools.partial(F.gelu, approximate="tanh"))
 
 #: Options of the replacement layers at any budget, the paper's GPT-2 settings (ralimp.txt, App. "GPT-2"):
 #: RaLiMP a degree-2 polynomial and one trainable atom ``(A, B, p, q)`` at 2 Gauss-Laguerre frequencies x

@@ -24,7 +24,7 @@ def create_attention(config: ModelConfig, *, seed: int) -> tuple[nn.Module, bool
 
     ``rf_attention.create(config.attention, ...)`` with the output dropout, the feature count and
     ``seed`` (every layer draws its own random features). An attention that computes attention
-    probabilities says so with an ``attention_dropout`` attribute (``SoftmaxAttention``); it gets
+    probabilities says so (``supports_attention_dropout``, ``SoftmaxAttention``); it gets
     ``config.attention_dropout``. Kernelized attentions have no probabilities to drop.
 
     Raises:
@@ -38,7 +38,7 @@ def create_attention(config: ModelConfig, *, seed: int) -> tuple[nn.Module, bool
         dropout=config.dropout,
         seed=seed,
     )
-    applies = hasattr(attention, "attention_dropout")
+    applies = getattr(attention, "supports_attention_dropout", False)
     if applies:
         attention.attention_dropout = config.attention_dropout
     return attention, applies and config.attention_dropout > 0

@@ -99,10 +99,10 @@ class DiscretizedFit:
 
     def __init__(
         self,
-        poly,
-        atoms,
-        node_cos,
-        node_sin,
+        poly: list[float] | torch.Tensor,
+        atoms: list[tuple[float, float, float, float]] | torch.Tensor,
+        node_cos: list[list[float]] | torch.Tensor,
+        node_sin: list[list[float]] | torch.Tensor,
         interval: tuple[float, float] = DEFAULT_INTERVAL,
         max_error: float | None = None,
         rms_error: float | None = None,

@@ -32,8 +32,10 @@ def linear_attention(
 
     Non-causal: ``phi_q (phi_k^T v) / (phi_q (phi_k^T 1))``. Causal: the sums run over keys ``j <= i``,
     computed by chunked prefix sums: within a chunk of ``chunk_size`` positions an explicit masked
-    ``chunk x chunk`` product, across chunks a running ``m x Dv`` state carried from chunk to chunk (no
-    ``N x N`` matrix, no state per position; memory ``O(N (m + Dv))`` plus the chunk states autograd keeps).
+    ``chunk x chunk`` product, across chunks a running ``m x (Dv + 1)`` state (no ``N x N`` matrix, no
+    state per position). Runs through the same chunked autograd functions as
+    [`rf_attention`][rf_attention.rf_attention], with the given features as the "feature map"; the
+    inputs and the ``[phi_k, key_log_scale]`` pair are what autograd keeps.
 
     Args:
         phi_q: ``(..., N_q, m)`` query features.

@@ -41,6 +41,9 @@ class MultiheadSelfAttention(nn.Module):
 
     #: False for attentions without a causal form (``create(..., causal=True)`` then raises).
     supports_causal: bool = True
+    #: True for attentions that compute attention probabilities and drop them with ``attention_dropout``
+    #: (kernelized attentions have none to drop).
+    supports_attention_dropout: bool = False
 
     def __init__(
         self,
@@ -194,6 +197,8 @@ class SoftmaxAttention(MultiheadSelfAttention):
         attention_dropout: dropout on the attention probabilities (training only).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
+
+    supports_attention_dropout = True
 
     def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw: Any) -> None:
         super().__init__(dim, num_heads, **kw)
