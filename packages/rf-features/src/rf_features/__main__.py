@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -48,7 +49,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def pair_errors(component, matrix, s, q, k, args, **options) -> list[float]:
+def pair_errors(
+    component: str,
+    matrix: str,
+    s: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    args: argparse.Namespace,
+    **options: Any,
+) -> list[float]:
     """``relative_mse`` of the pair's estimate on ``q, k``, one per seed."""
     errors = []
     for seed in range(args.seeds):

@@ -48,7 +48,8 @@ def gerf_log_features(
     if isinstance(a, torch.Tensor):
         a = a[..., None, None]
     one_minus_4a = 1 - 4 * a
-    log_d = dim / 4 * (torch.log(one_minus_4a) if isinstance(a, torch.Tensor) else math.log(one_minus_4a))
+    log_1m4a = torch.log(one_minus_4a) if isinstance(one_minus_4a, torch.Tensor) else math.log(one_minus_4a)
+    log_d = dim / 4 * log_1m4a
     b = one_minus_4a**0.5
     log_mag = log_d - s * sqnorm / 2
     if omega_sqnorm is not None:
@@ -112,7 +113,9 @@ class GERF(FeatureMap):
         self.positive, self.even_in_omega = s == 1, s == -1
         super().__init__(dim, **kw)
 
-    def log_features(self, projection, sqnorm, stats, is_query):
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GERF features with this map's ``(A, s)``."""
         omega_sqnorm = self.omega_sqnorm(projection.dtype) if self.a != 0 else None
         return gerf_log_features(projection, sqnorm, omega_sqnorm, self.a, self.s, self.dim)
@@ -124,54 +127,57 @@ class GERF(FeatureMap):
 
 @register("trigrf")
 class TrigRF(GERF):
-    """Trigonometric random features ``[cos(omega.x), sin(omega.x)] exp(||x||^2 / 2)`` (Eq. 18 and Eq. 8).
+    r"""Trigonometric random features $[\cos \omega^\top x, \sin \omega^\top x] \, e^{\lVert x \rVert^2 / 2}$.
 
-    The cos/sin pair estimates the Gaussian kernel (Rahimi and Recht 2007); the factor ``exp(||x||^2 / 2)``
-    turns it into the softmax kernel. GERF with ``A = 0, s = -1``. Unbounded relative variance as the kernel
-    value goes to 0 (Section 3.2.2).
+    Eq. 18 and Eq. 8. The cos/sin pair estimates the Gaussian kernel (Rahimi and Recht 2007); the factor
+    $\exp(\lVert x \rVert^2 / 2)$ turns it into the softmax kernel. GERF with $A = 0, s = -1$. Unbounded
+    relative variance as the kernel value goes to 0 (Section 3.2.2).
     """
 
-    def __init__(self, dim: int, **kw) -> None:
+    def __init__(self, dim: int, **kw: Any) -> None:
         super().__init__(dim, a=0.0, s=-1, **kw)
 
 
 @register("posrf")
 class PosRF(GERF):
-    """Positive random features ``exp(omega.x - ||x||^2 / 2)`` (Eq. 19, Choromanski et al. 2021; FAVOR+).
+    r"""Positive random features $\exp(\omega^\top x - \lVert x \rVert^2 / 2)$ (Eq. 19; FAVOR+).
 
-    GERF with ``A = 0, s = +1``; estimates the softmax kernel directly.
+    Choromanski et al. 2021. GERF with $A = 0, s = +1$; estimates the softmax kernel directly.
     """
 
-    def __init__(self, dim: int, **kw) -> None:
+    def __init__(self, dim: int, **kw: Any) -> None:
         super().__init__(dim, a=0.0, s=1, **kw)
 
 
 @register("posrf-hyp")
 class PosRFHyp(FeatureMap):
-    """Hyperbolic positive random features, ``exp(+-omega.x - ||x||^2 / 2) / sqrt(2)`` (Eq. 20).
+    r"""Hyperbolic positive random features, $\exp(\pm \omega^\top x - \lVert x \rVert^2 / 2) / \sqrt{2}$.
 
-    Two components per row (``l = 2`` in Eq. 11): PosRF with the antithetic pair ``{omega, -omega}``, so the
-    estimate is ``E[cosh(omega.(x + y))] exp(-||x||^2/2 - ||y||^2/2) = exp(x.y)``. (Eq. 20 prints
-    ``-||x||^2``, the Gaussian-kernel version, which ``kernel="gaussian"`` gives.)
+    Eq. 20. Two components per row ($l = 2$ in Eq. 11): PosRF with the antithetic pair
+    $\{\omega, -\omega\}$, so the estimate is
+    $\mathbb{E}[\cosh(\omega^\top (x + y))] \, e^{-\lVert x \rVert^2/2 - \lVert y \rVert^2/2} = e^{x^\top y}$.
+    (Eq. 20 prints $-\lVert x \rVert^2$, the Gaussian-kernel version, which ``kernel="gaussian"`` gives.)
     """
 
     features_per_row = 2
     positive = True
     even_in_omega = True
 
-    def log_features(self, projection, sqnorm, stats, is_query):
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The ``+omega`` and ``-omega`` components side by side."""
         base = -sqnorm / 2 - 0.5 * math.log(2)
         return torch.cat((base + projection, base - projection), dim=-1), None
 
 
 def oprf_optimal_a(sum_sqnorm: torch.Tensor, dim: int) -> torch.Tensor:
-    """The variance-optimal ``A`` of OPRF (Eq. 22) for ``u = ||x + y||^2``.
+    r"""The variance-optimal $A$ of OPRF (Eq. 22) for $u = \lVert x + y \rVert^2$.
 
-    ``A = (1 - 1/p*) / 8`` with ``p* = (sqrt((2u + d)^2 + 8du) - 2u - d) / (4u)``, evaluated in the
-    cancellation-free form ``p* = 2d / (sqrt((2u + d)^2 + 8du) + 2u + d)`` (``p* -> 1``, ``A -> 0`` as
-    ``u -> 0``). It minimizes the second moment ``(1-4A)^d (1-8A)^(-d/2) exp(2(1-4A)u / (1-8A))`` over
-    ``A < 1/8``.
+    $A = (1 - 1/p^*) / 8$ with $p^* = (\sqrt{(2u + d)^2 + 8du} - 2u - d) / (4u)$, evaluated in the
+    cancellation-free form $p^* = 2d / (\sqrt{(2u + d)^2 + 8du} + 2u + d)$ ($p^* \to 1$, $A \to 0$ as
+    $u \to 0$). It minimizes the second moment $(1-4A)^d (1-8A)^{-d/2} \exp(2(1-4A)u / (1-8A))$ over
+    $A < 1/8$.
     """
     u = sum_sqnorm.clamp_min(0)
     p = 2 * dim / (torch.sqrt((2 * u + dim) ** 2 + 8 * dim * u) + 2 * u + dim)
@@ -203,15 +209,23 @@ class OPRF(FeatureMap):
 
     positive = True
 
-    def running_statistics_defaults(self):
+    def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
         """``A = 0`` (PosRF) until the first update."""
         return {"a": torch.zeros(())}
 
-    def statistics(self, q, k, query_mask, key_mask):
+    def statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
         """``{"a": A}`` with ``A (...)`` from [`oprf_optimal_a`][rf_features.oprf_optimal_a]."""
         return {"a": oprf_optimal_a(mean_pair_sqnorm(q, k, query_mask, key_mask), self.dim)}
 
-    def log_features(self, projection, sqnorm, stats, is_query):
+    def log_features(
+        self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GERF features with ``s = +1`` and the data-dependent ``A``."""
         omega_sqnorm = self.omega_sqnorm(projection.dtype)
         return gerf_log_features(projection, sqnorm, omega_sqnorm, stats["a"], 1, self.dim)
@@ -224,12 +238,13 @@ def saderf_psi(
     key_mask: torch.Tensor | None,
     eps: float = 1e-12,
 ) -> torch.Tensor:
-    """SADERF's diagonal ``Psi`` (Eq. 23), optimal over all (non-padded) query-key pairs, ``(..., d)``.
+    r"""SADERF's diagonal $\Psi$ (Eq. 23), optimal over all (non-padded) query-key pairs, ``(..., d)``.
 
-    ``Psi`` minimizes ``L = sum_{i,j} ||Psi q_i + Psi^-1 k_j||^2`` over the ``n_q`` queries and ``n_k`` keys
-    left after padding. ``Psi q_i . Psi^-1 k_j = q_i . k_j``, so per coordinate ``l``
-    ``L = n_k psi_l^2 sum_i q_il^2 + n_q psi_l^-2 sum_j k_jl^2 + const``, minimized at
-    ``psi_l = (mean_j k_jl^2 / mean_i q_il^2)^(1/4)``: Eq. 23's ratio of sums when ``n_q = n_k`` (the
+    $\Psi$ minimizes $L = \sum_{i,j} \lVert \Psi q_i + \Psi^{-1} k_j \rVert^2$ over the $n_q$ queries and
+    $n_k$ keys left after padding. $(\Psi q_i)^\top \Psi^{-1} k_j = q_i^\top k_j$, so per coordinate $l$
+    $L = n_k \psi_l^2 \sum_i q_{il}^2 + n_q \psi_l^{-2} \sum_j k_{jl}^2 + \text{const}$, minimized at
+    $\psi_l = (\operatorname{mean}_j k_{jl}^2 / \operatorname{mean}_i q_{il}^2)^{1/4}$: Eq. 23's ratio of
+    sums when $n_q = n_k$ (the
     paper's self-attention), the ratio of means otherwise. ``eps`` keeps empty or all-zero coordinates
     finite.
     """
@@ -240,26 +255,34 @@ def saderf_psi(
 
 @register("saderf")
 class SADERF(OPRF):
-    """Simplified asymmetric dense-exponential random features (Eq. 23, Likhosherstov et al. 2023).
+    r"""Simplified asymmetric dense-exponential random features (Eq. 23, Likhosherstov et al. 2023).
 
-    Queries become ``Psi q`` and keys ``Psi^-1 k`` with the diagonal ``Psi`` of
-    [`saderf_psi`][rf_features.saderf_psi], which leaves ``q . k`` (so the softmax kernel) unchanged and
-    balances their per-coordinate scales; then OPRF (GERF with the optimal ``A`` of Eq. 22, from the norms of
-    the *transformed* inputs) is applied. ``kernel="gaussian"`` multiplies by ``exp(-||q||^2/2 - ||k||^2/2)``
-    of the original inputs.
+    Queries become $\Psi q$ and keys $\Psi^{-1} k$ with the diagonal $\Psi$ of
+    [`saderf_psi`][rf_features.saderf_psi], which leaves $q^\top k$ (so the softmax kernel) unchanged and
+    balances their per-coordinate scales; then OPRF (GERF with the optimal $A$ of Eq. 22, from the norms of
+    the *transformed* inputs) is applied. ``kernel="gaussian"`` multiplies by
+    $\exp(-\lVert q \rVert^2/2 - \lVert k \rVert^2/2)$ of the original inputs.
     """
 
-    def running_statistics_defaults(self):
+    def running_statistics_defaults(self) -> dict[str, torch.Tensor]:
         """``Psi = I`` and ``A = 0`` until the first update."""
         return {"psi": torch.ones(self.dim), "a": torch.zeros(())}
 
-    def statistics(self, q, k, query_mask, key_mask):
+    def statistics(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
         """``{"psi": Psi (..., d), "a": A (...)}``."""
         psi = saderf_psi(q, k, query_mask, key_mask)
         tq, tk = q * psi.unsqueeze(-2), k / psi.unsqueeze(-2)
         return {"psi": psi, "a": oprf_optimal_a(mean_pair_sqnorm(tq, tk, query_mask, key_mask), self.dim)}
 
-    def transform(self, q, k, stats):
+    def transform(
+        self, q: torch.Tensor, k: torch.Tensor, stats: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(Psi q, Psi^-1 k)``."""
         psi = stats["psi"].unsqueeze(-2)
         return q * psi, k / psi

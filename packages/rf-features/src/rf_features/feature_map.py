@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,14 +20,15 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class FeatureMap(nn.Module):
-    """A random feature map ``phi`` built from a component function ``f`` and a weight matrix ``W``.
+    r"""A random feature map $\phi$ built from a component function $f$ and a weight matrix $W$.
 
     ``forward(q, k)`` returns ``(phi_q, phi_k)`` with ``phi_q @ phi_k.mT`` an unbiased estimate (for Monte
-    Carlo matrices) of the softmax kernel ``exp(q @ k.mT)`` (``kernel="softmax"``) or of the Gaussian kernel
-    ``exp(-||q_i - k_j||^2 / 2)`` (``kernel="gaussian"``), with no hidden rescaling. Following Eq. 11, the
-    ``l`` components of each row ``omega_i`` are laid out as ``[f_1(omega_1..s), ..., f_l(omega_1..s)]``, and
-    the row's component weight ``a_i`` (``1/s``, or the matrix's quadrature weight, possibly negative)
-    enters as ``sign(a_i) sqrt|a_i|`` on the query side and ``sqrt|a_i|`` on the key side.
+    Carlo matrices) of the softmax kernel $\exp(q_i^\top k_j)$ (``kernel="softmax"``) or of the Gaussian
+    kernel $\exp(-\lVert q_i - k_j \rVert^2 / 2)$ (``kernel="gaussian"``), with no hidden rescaling.
+    Following Eq. 11, the $l$ components of each row $\omega_i$ are laid out as
+    $[f_1(\omega_{1..s}), \dots, f_l(\omega_{1..s})]$, and the row's component weight $a_i$ ($1/s$, or the
+    matrix's quadrature weight, possibly negative) enters as $\operatorname{sign}(a_i) \sqrt{|a_i|}$
+    on the query side and $\sqrt{|a_i|}$ on the key side.
 
     Subclasses implement [`log_features`][rf_features.FeatureMap.log_features] for the softmax kernel and may
     override [`statistics`][rf_features.FeatureMap.statistics] (data-dependent parameters such as OPRF's
@@ -62,7 +64,7 @@ class FeatureMap(nn.Module):
         num_features: int = 128,
         seed: int | None = None,
         kernel: str = "softmax",
-        matrix_options: dict | None = None,
+        matrix_options: dict[str, Any] | None = None,
         statistics_mode: str = "batch",
         momentum: float = 0.1,
     ) -> None:

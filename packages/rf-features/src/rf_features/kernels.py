@@ -11,7 +11,7 @@ __all__ = ["gaussian_kernel", "relative_mse", "softmax_kernel"]
 
 
 def softmax_kernel(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The softmax kernel ``exp(q @ k.mT)`` (Eq. 6 without the ``1/sqrt(d)``).
+    r"""The softmax kernel $\exp(q_i^\top k_j)$ (Eq. 6 without the $1/\sqrt{d}$).
 
     ``q (..., n_q, d)``, ``k (..., n_k, d)`` -> ``(..., n_q, n_k)``.
     """

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rf_features.feature_map import FeatureMap
 from rf_matrices import WeightMatrix
 from spectraformer_core import Registry
@@ -9,7 +12,7 @@ from spectraformer_core import Registry
 COMPONENTS: Registry[type[FeatureMap]] = Registry("component function")
 
 
-def register(name: str, *, override: bool = False):
+def register(name: str, *, override: bool = False) -> Callable[[type[FeatureMap]], type[FeatureMap]]:
     """Class decorator adding a [`FeatureMap`][rf_features.FeatureMap] subclass under ``name``."""
     return COMPONENTS.register(name, override=override)
 
@@ -26,11 +29,11 @@ def create(
     num_features: int = 128,
     dim: int,
     seed: int | None = None,
-    **kw,
+    **kw: Any,
 ) -> FeatureMap:
     """The feature map of component function ``name`` (or the class) over ``weight_matrix``.
 
-    Example:
+    Examples:
         >>> fm = create("oprf", weight_matrix="sgq", num_features=128, dim=32, seed=0)
 
     Extra keyword arguments go to the class: ``kernel``, ``matrix_options``, and GERF's ``a`` and ``s``.

@@ -16,7 +16,7 @@ WEIGHT_MATRICES: Registry[type[WeightMatrix]] = Registry("weight matrix")
 def register(name: str, *, override: bool = False) -> Callable[[type[WeightMatrix]], type[WeightMatrix]]:
     """Class decorator adding a [`WeightMatrix`][rf_matrices.WeightMatrix] subclass under ``name``.
 
-    Example:
+    Examples:
         >>> @register("rademacher")
         ... class Rademacher(DenseWeightMatrix): ...
     """

@@ -56,11 +56,12 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.T
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
-    """Moore-Penrose pseudo-inverse of each matrix ``a (..., m, m)`` by the order-7 hyperpower iteration.
+    r"""Moore-Penrose pseudo-inverse of each matrix ``a (..., m, m)`` by the order-7 hyperpower iteration.
 
     Xiong et al. 2021 (Nystromformer), Eq. 16, after Razavi et al. 2014:
-    ``Z_{j+1} = Z_j (13 I - A Z_j (15 I - A Z_j (7 I - A Z_j))) / 4``, started from
-    ``Z_0 = A^T / (||A||_1 ||A||_inf)``, which converges to ``A^+`` (also for singular ``A``). The scale is
+    $Z_{j+1} = \frac{1}{4} Z_j (13 I - A Z_j (15 I - A Z_j (7 I - A Z_j)))$, started from
+    $Z_0 = A^\top / (\lVert A \rVert_1 \lVert A \rVert_\infty)$, which converges to $A^+$ (also for singular
+    $A$). The scale is
     taken per matrix, as in the paper (the LRA benchmark code takes one maximum over the whole batch).
     """
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)

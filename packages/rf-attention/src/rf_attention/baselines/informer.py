@@ -25,14 +25,15 @@ MEASURE_CHUNK = 1024
 
 @register("informer")
 class InformerAttention(StepDraws, MultiheadSelfAttention):
-    """Informer's ProbSparse self-attention: full attention for the ``u`` most active queries, O(N (u + U)).
+    r"""Informer's ProbSparse self-attention: full attention for the ``u`` most active queries, O(N (u + U)).
 
     Zhou et al. 2021, "Informer: Beyond efficient Transformer for long sequence time-series forecasting",
     AAAI, Section 3.1.
 
-    Each query ``q_i`` gets the sparsity measurement of Eq. 4, ``M(q_i) = max_j s_ij - mean_j s_ij`` with
-    ``s_ij = q_i . k_j`` over ``U`` keys drawn uniformly (with replacement) among the real keys; the ``u``
-    queries with the largest ``M`` attend with full softmax attention (Eq. 3), the others output the mean
+    Each query $q_i$ gets the sparsity measurement of Eq. 4,
+    $M(q_i) = \max_j s_{ij} - \operatorname{mean}_j s_{ij}$ with $s_{ij} = q_i^\top k_j$ over $U$ keys drawn
+    uniformly (with replacement) among the real keys; the $u$ queries with the largest $M$ attend with full
+    softmax attention (Eq. 3), the others output the mean
     of the values (as the paper and its code do for self-attention without a causal mask).
 
     The budget follows the code the Spectraformer paper ran (its ``models/attention_informer.py``, from the

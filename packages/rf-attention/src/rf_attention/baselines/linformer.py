@@ -20,18 +20,21 @@ from spectraformer_core import make_generator
 
 @register("linformer")
 class LinformerAttention(MultiheadSelfAttention):
-    """Linformer attention: softmax attention over keys and values projected to length ``k``, O(N k).
+    r"""Linformer attention: softmax attention over keys and values projected to length ``k``, O(N k).
 
     Wang et al. 2020, "Linformer: Self-attention with linear complexity".
 
-    Learned projections ``E, F (k, max_seq_len)`` per head shorten the keys and values along the sequence
+    Learned projections $E, F$ ``(k, max_seq_len)`` per head shorten the keys and values along the sequence
     (Eq. 7):
 
-        softmax(q (E k)^T / sqrt(Dh)) (F v)
+    $$
+    \operatorname{softmax}\bigl(q (E k)^\top / \sqrt{D_h}\bigr) \, (F v)
+    $$
 
-    A sequence of ``N <= max_seq_len`` tokens uses the first ``N`` columns of ``E`` and ``F``.
+    A sequence of $N \le$ ``max_seq_len`` tokens uses the first $N$ columns of $E$ and $F$.
     Following the Skyformer/LRA benchmark code: one projection per head, initialized from
-    ``N(0, 0.02^2)``, padded keys and values set to zero before projecting (so padding changes nothing).
+    $\mathcal{N}(0, 0.02^2)$, padded keys and values set to zero before projecting (so padding changes
+    nothing).
     The paper's option of one projection for keys and values is ``share_kv=True`` (the benchmark code
     shares; the paper's default and ours keep ``E`` and ``F`` apart).
 

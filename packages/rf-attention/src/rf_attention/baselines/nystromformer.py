@@ -49,25 +49,29 @@ def segment_means(x: torch.Tensor, valid: torch.Tensor, num_segments: int) -> to
 
 @register("nystromformer")
 class NystromformerAttention(MultiheadSelfAttention):
-    """Nystromformer attention: a Nystrom approximation of softmax attention with ``m`` landmarks, O(N m).
+    r"""Nystromformer attention: a Nystrom approximation of softmax attention with ``m`` landmarks, O(N m).
 
     Xiong et al. 2021, "Nystromformer: A Nystrom-based algorithm for approximating self-attention", AAAI.
 
-    With ``q, k`` scaled by ``Dh^-1/4`` each and landmarks ``q~, k~ (m, Dh)`` (segment means of the queries
-    and keys, Section 3.3), softmax attention is approximated by (Eq. 14):
+    With $q, k$ scaled by $D_h^{-1/4}$ each and landmarks $\tilde q, \tilde k$ ``(m, Dh)`` (segment means of
+    the queries and keys, Section 3.3), softmax attention is approximated by (Eq. 14):
 
-        softmax(q k~^T) (softmax(q~ k~^T))^+ softmax(q~ k^T) v   [+ depthwise conv of v]
+    $$
+    \operatorname{softmax}(q \tilde k^\top) \, \bigl(\operatorname{softmax}(\tilde q \tilde k^\top)\bigr)^+
+    \operatorname{softmax}(\tilde q k^\top) \, v \quad [+ \text{depthwise conv of } v]
+    $$
 
-    with ``(.)^+`` the iterative Moore-Penrose pseudo-inverse of Eq. 16 (`iterative_pinv`) and a
+    with $(\cdot)^+$ the iterative Moore-Penrose pseudo-inverse of Eq. 16 (`iterative_pinv`) and a
     depthwise convolution of the values over the sequence added as a skip connection (Section 4, as in
-    the authors' LRA code). Padded keys take no part in the landmarks nor in ``softmax(q~ k^T)``.
+    the authors' LRA code). Padded keys take no part in the landmarks nor in
+    $\operatorname{softmax}(\tilde q k^\top)$.
 
     Choices of the Skyformer/LRA benchmark code followed: padded queries and keys are set to zero, only
-    ``softmax(q~ k^T)`` is masked, 6 pseudo-inverse iterations. Departures: landmarks are means over the
-    segment's real tokens (the benchmark code averages zeros in), any ``N`` is accepted (segments of
-    ``floor``/``ceil(N / m)`` tokens; the code needs ``m | N``), the pseudo-inverse is scaled per matrix
-    (as in the paper; the code uses one scale for the batch). The Skyformer LRA configuration has no
-    convolution: pass ``conv_kernel_size=None`` to reproduce it.
+    $\operatorname{softmax}(\tilde q k^\top)$ is masked, 6 pseudo-inverse iterations. Departures: landmarks
+    are means over the segment's real tokens (the benchmark code averages zeros in), any $N$ is accepted
+    (segments of $\lfloor N / m \rfloor$ or $\lceil N / m \rceil$ tokens; the code needs $m \mid N$), the
+    pseudo-inverse is scaled per matrix (as in the paper; the code uses one scale for the batch). The
+    Skyformer LRA configuration has no convolution: pass ``conv_kernel_size=None`` to reproduce it.
 
     No causal form (landmarks average over the whole sequence).
 

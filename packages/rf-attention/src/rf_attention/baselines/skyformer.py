@@ -20,17 +20,20 @@ from rf_attention.registry import register
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``exp(-||a_i - b_j||^2 / 2) = exp(a_i . b_j - ||a_i||^2 / 2 - ||b_j||^2 / 2)``: ``(..., n, m)``."""
+    r"""The Gaussian kernel matrix $\exp(-\lVert a_i - b_j \rVert^2 / 2)$, ``(..., n, m)``.
+
+    Computed as $\exp(a_i^\top b_j - \lVert a_i \rVert^2 / 2 - \lVert b_j \rVert^2 / 2)$.
+    """
     return torch.exp(a @ b.mT - 0.5 * (a * a).sum(-1, keepdim=True) - 0.5 * (b * b).sum(-1).unsqueeze(-2))
 
 
 def gaussian_kernel_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Exact Gaussian-kernel ("kernelized") attention of Chen et al. 2021, Eq. 4, in O(N^2).
+    r"""Exact Gaussian-kernel ("kernelized") attention of Chen et al. 2021, Eq. 4, in O(N^2).
 
-    ``kappa(q / Dh^1/4, k / Dh^1/4) v`` with ``kappa(a, b) = exp(-||a - b||^2 / 2)``, without row
-    normalization; padded keys contribute nothing. The reference
+    $\kappa(q / D_h^{1/4}, k / D_h^{1/4}) \, v$ with $\kappa(a, b) = \exp(-\lVert a - b \rVert^2 / 2)$,
+    without row normalization; padded keys contribute nothing. The reference
     [`SkyformerAttention`][rf_attention.SkyformerAttention] approximates.
 
     Args:
@@ -50,21 +53,23 @@ def gaussian_kernel_attention(
 
 @register("skyformer")
 class SkyformerAttention(StepDraws, MultiheadSelfAttention):
-    """Skyformer attention: Gaussian-kernel attention approximated by the Nystrom method, O(N m).
+    r"""Skyformer attention: Gaussian-kernel attention approximated by the Nystrom method, O(N m).
 
     Chen et al. 2021, "Skyformer: Remodel self-attention with Gaussian kernel and Nystrom method", NeurIPS.
 
-    Softmax is replaced by the Gaussian kernel, ``C = kappa(q / Dh^1/4, k / Dh^1/4) v`` (Eq. 4,
-    `gaussian_kernel_attention`), and the kernel matrix of the ``2N`` points ``[q; k]`` (positive
-    semi-definite) is approximated by the Nystrom method with ``m`` landmark points drawn uniformly from
+    Softmax is replaced by the Gaussian kernel, $C = \kappa(q / D_h^{1/4}, k / D_h^{1/4}) \, v$ (Eq. 4,
+    `gaussian_kernel_attention`), and the kernel matrix of the $2N$ points $[q; k]$ (positive
+    semi-definite) is approximated by the Nystrom method with $m$ landmark points $L$ drawn uniformly from
     them (Section 4, Eq. 6):
 
-        C ~ kappa(q, L) (kappa(L, L) + ridge I)^+ kappa(L, k) v
+    $$
+    C \approx \kappa(q, L) \, (\kappa(L, L) + \text{ridge} \cdot I)^+ \, \kappa(L, k) \, v
+    $$
 
     Following the authors' LRA code (which the Spectraformer paper runs): half of the landmarks are drawn
     from the queries and half from the keys, among real tokens only; padded queries, keys and values are
     set to zero; ``ridge = 0.1``; the landmark matrix is normalized symmetrically by its row sums
-    (``D^-1/2 A D^-1/2``, which leaves the product unchanged) and inverted by the iterative pseudo-inverse
+    ($D^{-1/2} A D^{-1/2}$, which leaves the product unchanged) and inverted by the iterative pseudo-inverse
     of Nystromformer (6 iterations, scaled per matrix here). Departures: the landmarks are drawn without
     replacement (the code draws with replacement) and from the real tokens wherever the padding is (the
     code assumes padding at the end); with ``m >= 2N`` every point is a landmark. Landmarks are drawn
