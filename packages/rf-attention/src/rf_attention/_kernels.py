@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -75,7 +76,8 @@ def _param_grads(
     result = [next(found) if t.requires_grad else None for t in wanted]
     for i, g in enumerate(result[len(inputs) :]):
         if g is not None:
-            totals[i] = g if totals[i] is None else totals[i] + g
+            total = totals[i]
+            totals[i] = g if total is None else total + g
     return tuple(result[: len(inputs)])
 
 
@@ -120,14 +122,26 @@ class NonCausalRFAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, features: FeatureFn, chunk_size: int, eps: float, *params):
-        state = column_max = abs_normalizer = None
+    def forward(
+        ctx: Any,  # torch types the context of a custom Function as Any
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        features: FeatureFn,
+        chunk_size: int,
+        eps: float,
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
+        state: torch.Tensor | None = None
+        column_max: torch.Tensor | None = None
+        abs_normalizer: torch.Tensor | None = None
         for part in _chunks(k.shape[-2], chunk_size):
             log_k, mult_k = features(k[..., part, :], False)
             if key_mask is not None:
                 log_k = log_k.masked_fill(key_mask[..., part, None], -math.inf)
             top = log_k.amax(dim=-2, keepdim=True)
-            if state is None:
+            if state is None or column_max is None:
                 width = (mult_k if mult_k is not None else log_k).shape[-1]
                 state = v.new_zeros(*q.shape[:-2], width, v.shape[-1] + 1)
                 abs_normalizer = v.new_zeros(*q.shape[:-2], 1, width) if mult_k is not None else None
@@ -142,6 +156,8 @@ class NonCausalRFAttention(torch.autograd.Function):
             if abs_normalizer is not None:
                 abs_normalizer = abs_normalizer * decay + phi_k.abs().sum(dim=-2, keepdim=True)
             column_max = new_max
+        assert state is not None, "k has at least one row"
+        assert column_max is not None, "k has at least one row"
         reference = _finite_or_zero(column_max)
         out = v.new_empty(*q.shape[:-1], v.shape[-1])
         den = v.new_empty(*q.shape[:-1], 1)
@@ -160,7 +176,7 @@ class NonCausalRFAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, state, reference, den, guarded, *params = ctx.saved_tensors
         features, chunk_size, key_mask = ctx.features, ctx.chunk_size, ctx.key_mask
         totals: list[torch.Tensor | None] = [None] * len(params)
@@ -179,6 +195,7 @@ class NonCausalRFAttention(torch.autograd.Function):
             grad_state += values.mT @ grad_y
             (dq,) = _param_grads([phi_q], [grad_y @ state.mT], [q_part], params, totals)
             if grad_q is not None:
+                assert dq is not None, "q_part requires grad whenever grad_q is allocated"
                 grad_q[..., part, :] = dq
         for part in _chunks(k.shape[-2], chunk_size):
             k_part = _leaf(k[..., part, :], grad_k is not None)
@@ -192,6 +209,7 @@ class NonCausalRFAttention(torch.autograd.Function):
             grad_phi_k = _with_ones(v[..., part, :]) @ grad_state.mT
             (dk,) = _param_grads([phi_k], [grad_phi_k], [k_part], params, totals)
             if grad_k is not None:
+                assert dk is not None, "k_part requires grad whenever grad_k is allocated"
                 grad_k[..., part, :] = dk
         return grad_q, grad_k, grad_v, None, None, None, None, *totals
 
@@ -244,10 +262,22 @@ class CausalRFAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, features: FeatureFn, chunk_size: int, eps: float, *params):
+    def forward(
+        ctx: Any,  # torch types the context of a custom Function as Any
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        features: FeatureFn,
+        chunk_size: int,
+        eps: float,
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
         previous = q.new_full((*q.shape[:-2], 1), -math.inf)
-        state = abs_normalizer = None
-        states, previouses = [], []
+        state: torch.Tensor | None = None
+        abs_normalizer: torch.Tensor | None = None
+        states: list[torch.Tensor] = []
+        previouses: list[torch.Tensor] = []
         out = v.new_empty(*q.shape[:-1], v.shape[-1])
         den = v.new_empty(*q.shape[:-1], 1)
         guarded = torch.empty(*q.shape[:-1], 1, dtype=torch.bool, device=q.device)
@@ -267,14 +297,14 @@ class CausalRFAttention(torch.autograd.Function):
             bound = None
             if key_signed or query_signed:
                 abs_q = phi_q.abs()
-                past = abs_normalizer if key_signed else _split(state)[1].mT
+                past = abs_normalizer if abs_normalizer is not None else _split(state)[1].mT
                 inside = ((abs_q @ phi_k.abs().mT) * weights).sum(-1, keepdim=True)
                 bound = carry * (abs_q @ past.mT) + inside
             den[..., part, :], guarded[..., part, :] = guarded_denominator(plain_den, bound, eps)
             torch.div(num, den[..., part, :], out=out[..., part, :])
             weighted_k = phi_k * key_weight
             state = state * decay.unsqueeze(-1) + weighted_k.mT @ v_ones
-            if key_signed:
+            if abs_normalizer is not None:
                 abs_normalizer = abs_normalizer * decay.unsqueeze(-1) + weighted_k.abs().sum(-2, keepdim=True)
             previous = end
         ctx.save_for_backward(q, k, v, den, guarded, torch.stack(states), torch.stack(previouses), *params)
@@ -282,7 +312,7 @@ class CausalRFAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, den, guarded, states, previouses, *params = ctx.saved_tensors
         features, chunk_size, key_mask = ctx.features, ctx.chunk_size, ctx.key_mask
         totals: list[torch.Tensor | None] = [None] * len(params)
@@ -317,8 +347,10 @@ class CausalRFAttention(torch.autograd.Function):
                 [phi_q_graph, phi_k_graph], [grad_phi_q, grad_phi_k], [q_part, k_part], params, totals
             )
             if grad_q is not None:
+                assert dq is not None, "q_part requires grad whenever grad_q is allocated"
                 grad_q[..., part, :] = dq
             if grad_k is not None:
+                assert dk is not None, "k_part requires grad whenever grad_k is allocated"
                 grad_k[..., part, :] = dk
         return grad_q, grad_k, grad_v, None, None, None, None, *totals
 

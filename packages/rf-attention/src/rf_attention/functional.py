@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import torch
 import torch.nn.functional as F
 
-from rf_attention._kernels import CausalRFAttention, NonCausalRFAttention
+from rf_attention._kernels import CausalRFAttention, FeatureFn, NonCausalRFAttention
 from rf_features import FeatureMap
 
 #: Query/key block of the causal algorithm.
@@ -97,7 +98,7 @@ def _run_kernel(
     k: torch.Tensor,
     v: torch.Tensor,
     key_mask: torch.Tensor | None,
-    features,
+    features: FeatureFn,
     *,
     causal: bool,
     eps: float | None,
@@ -239,6 +240,10 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"causal: needs as many queries as keys, got {q.shape[-2]} and {k.shape[-2]}")
 
 
+@overload
+def _broadcast_key_mask(mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _broadcast_key_mask(mask: None, k: torch.Tensor) -> None: ...
 def _broadcast_key_mask(mask: torch.Tensor | None, k: torch.Tensor) -> torch.Tensor | None:
     """A ``(B, N_k)`` padding mask broadcast to ``k.shape[:-1]``."""
     if mask is None:

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 import rf_features
 from rf_attention.decoding import RecurrentState, accumulate_keys, recurrent_attention
@@ -97,7 +100,7 @@ class HFRandomFeatureAttention:
         parameter = next(module.parameters(), None)
         fm.train(module.training)  # a map created during an eval() forward pass must not update statistics
         module.rf_feature_map = fm.to(device=None if parameter is None else parameter.device)
-        module.rf_attention_name = self.name
+        setattr(module, "rf_attention_name", self.name)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
         return module.rf_feature_map
 
     def __call__(
@@ -109,7 +112,7 @@ class HFRandomFeatureAttention:
         attention_mask: torch.Tensor | None,
         dropout: float = 0.0,
         scaling: float | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         """RF attention of ``query (B, H, N_q, Dh)`` over ``key, value (B, H_kv, N_k, Dh)``.
 
@@ -260,7 +263,7 @@ def register(
     return list(pairs)
 
 
-def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None) -> int:
+def attach_feature_maps(model: PreTrainedModel, attn_implementation: str | None = None) -> int:
     """Create every attention layer's feature map now (seeded ``seed + layer index``), on its device.
 
     Call it after loading and before building the optimizer, so that learnable weight matrices

@@ -61,7 +61,7 @@ class MultiheadSelfAttention(nn.Module):
         if causal and not self.supports_causal:
             raise ValueError(f"causal: {type(self).__name__} has no causal form; use causal=False")
         self.dim, self.num_heads, self.head_dim, self.causal = dim, num_heads, dim // num_heads, causal
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.qkv: nn.Module = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
         if seed is not None:
@@ -204,19 +204,25 @@ class SoftmaxAttention(MultiheadSelfAttention):
         super().__init__(dim, num_heads, **kw)
         self.attention_dropout = attention_dropout
 
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """[`softmax_attention`][rf_attention.softmax_attention]."""
         dropout_p = self.attention_dropout if self.training else 0.0
         return softmax_attention(
             q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p
         )
 
-    def prefill_heads(self, q, k, v, key_padding_mask):
+    def prefill_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Any]:
         """Causal attention and a [`KVCache`][rf_attention.decoding.KVCache] holding ``k``, ``v``."""
         cache = KVCache.empty(k, v, capacity=max(16, k.shape[-2]))
         return self.attend(q, k, v, key_padding_mask), cache.append(k, v, key_padding_mask)
 
-    def step_heads(self, q, k, v, state):
+    def step_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, Any]:
         """Append ``k, v`` to the cache (a new one for ``state=None``) and attend over it."""
         cache = KVCache.empty(k, v) if state is None else state
         if not isinstance(cache, KVCache):
@@ -264,7 +270,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         seed: int | None = None,
         kernel: str = "softmax",
         redraw_interval: int = 0,
-        matrix_options: dict | None = None,
+        matrix_options: dict[str, Any] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, seed=seed, **kw)
@@ -281,9 +287,12 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             statistics_mode="running" if self.causal else "batch",
         )
         self.redraw_interval = redraw_interval
+        self.training_calls: torch.Tensor
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))
 
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """[`rf_attention`][rf_attention.rf_attention] with this module's feature map."""
         if self.training:
             calls = int(self.training_calls)
@@ -317,7 +326,9 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         acc = _accumulation_dtype(q, v)
         return RecurrentState.empty(q.shape[:2], phi_k.shape[-1], v.shape[-1], dtype=acc, device=q.device)
 
-    def prefill_heads(self, q, k, v, key_padding_mask):
+    def prefill_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Any]:
         """Causal RF attention of the prefix and the recurrent state it leaves."""
         phi_q, phi_k, log_scale = self._features(q, k, key_padding_mask)
         out = linear_attention(
@@ -325,7 +336,9 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         )
         return out, accumulate_keys(self._empty_state(q, v, phi_k), phi_k, log_scale, v)
 
-    def step_heads(self, q, k, v, state):
+    def step_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, Any]:
         """``recurrent_attention`` of the new positions from ``state``."""
         phi_q, phi_k, log_scale = self._features(q, k, None)
         if state is None:

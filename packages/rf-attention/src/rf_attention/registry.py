@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -13,10 +15,13 @@ from spectraformer_core import Registry
 
 #: Attentions registered by name (``softmax``, ``performer``, the baselines, users' own). The
 #: ``"<component>-<matrix>"`` names are not stored: they follow the two registries they combine.
-ATTENTIONS: Registry = Registry("attention")
+#: An attention factory: ``factory(dim, num_heads, **kw) -> module``.
+AttentionFactory = Callable[..., nn.Module]
+
+ATTENTIONS: Registry[AttentionFactory] = Registry("attention")
 
 
-def register(name: str, *, override: bool = False):
+def register(name: str, *, override: bool = False) -> Callable[[AttentionFactory], AttentionFactory]:
     """Decorator adding an attention class (or factory) under ``name``.
 
     The factory is called as ``factory(dim, num_heads, *, num_features, causal, dropout, seed, **kw)``
@@ -25,14 +30,14 @@ def register(name: str, *, override: bool = False):
     return ATTENTIONS.register(name, override=override)
 
 
-def _all_names() -> Registry:
+def _all_names() -> Registry[None]:
     """The registered attentions and every ``"<component>-<matrix>"`` pair, listed by component."""
 
     def family(name: str) -> str:
         pair = split_pair(name)
         return f"{pair[0]}-<matrix>" if pair else "named"
 
-    merged = Registry("attention", family=family)
+    merged: Registry[None] = Registry("attention", family=family)
     pairs = [f"{c}-{m}" for c in rf_features.names() for m in rf_matrices.names()]
     for name in [*ATTENTIONS.names(), *pairs]:
         merged.register(name, override=True)(None)
@@ -62,7 +67,7 @@ def create(
     causal: bool = False,
     dropout: float = 0.0,
     seed: int | None = None,
-    **kw,
+    **kw: Any,
 ) -> nn.Module:
     """A multi-head self-attention module ``(B, N, dim) -> (B, N, dim)`` by name.
 
@@ -82,7 +87,9 @@ def create(
         pair = split_pair(key)
         if pair is None:
             raise ValueError(_all_names().unknown_name_message(name))
-        factory = functools.partial(RandomFeatureAttention, component=pair[0], weight_matrix=pair[1])
+        factory: AttentionFactory = functools.partial(
+            RandomFeatureAttention, component=pair[0], weight_matrix=pair[1]
+        )
     else:
         factory = ATTENTIONS.get(key)
     module = factory(
@@ -95,13 +102,13 @@ def create(
 
 @register("softmax")
 def _softmax(
-    dim: int, num_heads: int, *, num_features: int = 128, seed: int | None = None, **kw
+    dim: int, num_heads: int, *, num_features: int = 128, seed: int | None = None, **kw: Any
 ) -> nn.Module:
     """Exact softmax attention; ``num_features`` does not apply, ``seed`` seeds the projections."""
     return SoftmaxAttention(dim, num_heads, seed=seed, **kw)
 
 
 @register("performer")
-def _performer(dim: int, num_heads: int, **kw) -> nn.Module:
+def _performer(dim: int, num_heads: int, **kw: Any) -> nn.Module:
     """FAVOR+ (Choromanski et al. 2021): positive random features with orthogonal rows, ``posrf-orf``."""
     return RandomFeatureAttention(dim, num_heads, component="posrf", weight_matrix="orf", **kw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -89,7 +90,12 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.de
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device).to(device)
 
 
-def without_autocast(attend: Callable) -> Callable:
+_Module = TypeVar("_Module")
+#: ``attend(self, q, k, v, key_padding_mask) -> out`` of an attention module.
+_Attend = Callable[[_Module, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def without_autocast(attend: _Attend[_Module]) -> _Attend[_Module]:
     """Run an ``attend(q, k, v, key_padding_mask)`` method with autocast off on ``q``'s device.
 
     The baselines compute softmax sums, pseudo-inverses and kernel products in float32 for half-precision
@@ -99,7 +105,13 @@ def without_autocast(attend: Callable) -> Callable:
     """
 
     @functools.wraps(attend)
-    def wrapped(self, q, k, v, key_padding_mask):
+    def wrapped(
+        self: _Module,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         with torch.autocast(q.device.type, enabled=False):
             return attend(self, q, k, v, key_padding_mask)
 
@@ -138,11 +150,11 @@ class StepDraws:
             self.draw_seed = self.next_draw_seed()
         return torch.Generator().manual_seed(self.draw_seed)
 
-    def get_extra_state(self) -> dict:
+    def get_extra_state(self) -> dict[str, Any]:
         """The generator's state and the current draw seed."""
         return {"generator_state": self.generator.get_state(), "draw_seed": self.draw_seed}
 
-    def set_extra_state(self, state: dict) -> None:
+    def set_extra_state(self, state: dict[str, Any]) -> None:
         """Restore what `get_extra_state` saved."""
         if not {"generator_state", "draw_seed"} <= state.keys():
             raise ValueError(

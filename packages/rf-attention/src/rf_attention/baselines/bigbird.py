@@ -120,7 +120,9 @@ class BigBirdAttention(StepDraws, MultiheadSelfAttention):
         return index, ok
 
     @without_autocast
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Block-sparse attention on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
         b, h, n, d = q.shape

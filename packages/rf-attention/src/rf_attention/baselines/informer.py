@@ -128,7 +128,9 @@ class InformerAttention(StepDraws, MultiheadSelfAttention):
         return torch.cat(parts, dim=-1).masked_fill(~valid[:, None, :], -torch.inf)
 
     @without_autocast
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """ProbSparse attention on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
         n, d = q.shape[-2:]

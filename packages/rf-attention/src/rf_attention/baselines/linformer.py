@@ -74,7 +74,9 @@ class LinformerAttention(MultiheadSelfAttention):
             nn.init.normal_(self.F, std=0.02, generator=generator)
 
     @without_autocast
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Eq. 7 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         n = q.shape[-2]
         if n > self.max_seq_len:

@@ -116,7 +116,9 @@ class NystromformerAttention(MultiheadSelfAttention):
             nn.init.kaiming_uniform_(self.conv, a=5**0.5, generator=generator)
 
     @without_autocast
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Eq. 14 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
         valid = key_validity(key_padding_mask, q)
@@ -130,6 +132,7 @@ class NystromformerAttention(MultiheadSelfAttention):
         kernel_3, _ = masked_softmax(q_land @ k.mT, valid[:, None, None, :])  # (B, H, m, N)
         out = (kernel_1 @ iterative_pinv(kernel_2, self.pinv_iterations)) @ (kernel_3 @ v)
         if self.conv is not None:
+            assert self.conv_kernel_size is not None, "conv exists only with a kernel size"
             out = out + F.conv2d(
                 v,
                 self.conv.to(dtype),

@@ -178,7 +178,9 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
         return torch.einsum("bhlr,bhrld->bhld", mix, out)
 
     @without_autocast
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """LSH attention on ``q, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``; ``k`` is not used (keys = ``q``)."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
         b, h, n, _ = q.shape

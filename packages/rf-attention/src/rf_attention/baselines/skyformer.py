@@ -128,7 +128,9 @@ class SkyformerAttention(StepDraws, MultiheadSelfAttention):
         return torch.cat(picks, dim=-1)
 
     @without_autocast
-    def attend(self, q, k, v, key_padding_mask):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Nystrom approximation of Eq. 4 on ``q, k, v (B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
         out_dtype, dtype = v.dtype, compute_dtype(v)
         valid = key_validity(key_padding_mask, q)
