@@ -6,6 +6,7 @@ import abc
 import copy
 import math
 from collections.abc import Callable
+from typing import Self
 
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ def check_input(x: object, dim: int) -> torch.Tensor:
     return x
 
 
-def resolve_activation(activation: str | Callable) -> tuple[str | None, Callable]:
+def resolve_activation(activation: str | Callable[[torch.Tensor], torch.Tensor]) -> tuple[str | None, Callable[[torch.Tensor], torch.Tensor]]:
     """``(name or None, elementwise function)`` of a registered name or a callable."""
     if isinstance(activation, str):
         return activation.lower(), ACTIVATIONS.get(activation)
@@ -103,7 +104,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
         bias = None if next_linear.bias is None else next_linear.bias.detach().clone()
         return CompressedLinearization(self.frozen_feature_map(), w_hat.to(next_linear.weight.dtype), bias)
 
-    def frozen_feature_map(self) -> Callable[[torch.Tensor], torch.Tensor]:
+    def frozen_feature_map(self) -> FrozenFeatureMap:
         """A snapshot of `feature_map` that no longer depends on this module's parameters."""
         return FrozenFeatureMap(self)
 
@@ -116,13 +117,13 @@ class FeatureLinearization(nn.Module, abc.ABC):
     def from_linear(
         cls,
         linear: nn.Linear,
-        activation: str | Callable = "gelu",
+        activation: str | Callable[[torch.Tensor], torch.Tensor] = "gelu",
         *,
         sample: torch.Tensor | None = None,
         init: str = "psi",
         ridge: float = 1e-6,
         **kw: object,
-    ):
+    ) -> Self:
         """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
 
         Args:
@@ -151,12 +152,13 @@ class FeatureLinearization(nn.Module, abc.ABC):
         bias = None if linear.bias is None else linear.bias.detach()
         layer.load_linear(linear.weight.detach(), bias, sample=sample)
         if init == "lstsq":
+            assert sample is not None  # check_init refuses init="lstsq" without a sample
             with torch.no_grad():
                 target = layer.target_function(activation)(linear(sample.to(linear.weight.dtype)))
             layer.fit_readout(sample, target, ridge=ridge)
         return layer
 
-    def target_function(self, activation: str | Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+    def target_function(self, activation: str | Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
         """The elementwise function ``init="lstsq"`` fits: the activation itself, not its surrogate."""
         return resolve_activation(activation)[1]
 
@@ -215,7 +217,7 @@ class CompressedLinearization(nn.Module):
         bias: ``b'`` or None.
     """
 
-    def __init__(self, feature_map: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, feature_map: FrozenFeatureMap, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.features = feature_map
         self.weight = nn.Parameter(weight)

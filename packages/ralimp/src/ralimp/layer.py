@@ -31,7 +31,7 @@ from ralimp.discretized import (
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.quadrature import gauss_laguerre
 from ralimp.rational import DEFAULT_INTERVAL, RationalFunction
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
