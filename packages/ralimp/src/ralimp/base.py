@@ -5,13 +5,29 @@ from __future__ import annotations
 import abc
 import copy
 import math
-from collections.abc import Callable
-from typing import Self
+from collections.abc import Callable, Iterable, Sequence
+from typing import Self, TypedDict, cast
 
 import torch
 from torch import nn
 
 from ralimp.activations import ACTIVATIONS
+from rf_matrices import WeightMatrix
+
+Elementwise = Callable[[torch.Tensor], torch.Tensor]
+"""An elementwise function of a tensor (an activation, a fit)."""
+
+
+class Factory(TypedDict):
+    """The ``device`` and ``dtype`` keywords every layer passes to its tensor constructors."""
+
+    device: torch.device | str | None
+    dtype: torch.dtype | None
+
+
+def weight_matrices(matrices: Iterable[WeightMatrix]) -> Sequence[WeightMatrix]:
+    """``nn.ModuleList(matrices)``, typed as the sequence of projections it holds."""
+    return cast("Sequence[WeightMatrix]", nn.ModuleList(matrices))
 
 
 def check_input(x: object, dim: int) -> torch.Tensor:
@@ -23,7 +39,9 @@ def check_input(x: object, dim: int) -> torch.Tensor:
     return x
 
 
-def resolve_activation(activation: str | Callable[[torch.Tensor], torch.Tensor]) -> tuple[str | None, Callable[[torch.Tensor], torch.Tensor]]:
+def resolve_activation(
+    activation: str | Elementwise,
+) -> tuple[str | None, Elementwise]:
     """``(name or None, elementwise function)`` of a registered name or a callable."""
     if isinstance(activation, str):
         return activation.lower(), ACTIVATIONS.get(activation)
@@ -117,7 +135,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
     def from_linear(
         cls,
         linear: nn.Linear,
-        activation: str | Callable[[torch.Tensor], torch.Tensor] = "gelu",
+        activation: str | Elementwise = "gelu",
         *,
         sample: torch.Tensor | None = None,
         init: str = "psi",
@@ -158,7 +176,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
             layer.fit_readout(sample, target, ridge=ridge)
         return layer
 
-    def target_function(self, activation: str | Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def target_function(self, activation: str | Elementwise) -> Elementwise:
         """The elementwise function ``init="lstsq"`` fits: the activation itself, not its surrogate."""
         return resolve_activation(activation)[1]
 
@@ -217,7 +235,9 @@ class CompressedLinearization(nn.Module):
         bias: ``b'`` or None.
     """
 
-    def __init__(self, feature_map: FrozenFeatureMap, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, feature_map: FrozenFeatureMap, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.features = feature_map
         self.weight = nn.Parameter(weight)

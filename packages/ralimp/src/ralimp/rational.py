@@ -11,8 +11,8 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from typing import Any
 from importlib import resources
+from typing import Any
 
 import torch
 import torch.nn.functional as F

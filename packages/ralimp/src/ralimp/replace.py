@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from ralimp.activations import activation_name
+from ralimp.base import Elementwise
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
@@ -39,13 +40,13 @@ def names(pattern: str | None = None) -> list[str]:
 def create(
     kind: str | type,
     linear: nn.Linear,
-    activation: str | Callable,
+    activation: str | Elementwise,
     *,
     budget: int | None,
     count: str = "paper",
     sample: torch.Tensor | None = None,
     init: str = "psi",
-    **overrides: object,
+    **overrides: Any,
 ) -> nn.Module:
     """The layer of kind ``kind`` replacing ``activation(linear(x))`` that spends ``budget`` exactly.
 
@@ -185,7 +186,7 @@ def replace_mlp(
     init: str = "psi",
     count: str = "paper",
     max_calibration_rows: int = 4096,
-    **overrides: object,
+    **overrides: Any,
 ) -> list[str]:
     """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by `create`.
 
