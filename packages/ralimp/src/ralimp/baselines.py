@@ -113,7 +113,7 @@ class EUGen(FeatureLinearization):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: Any
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``num_features``: ``m = B`` (``count="paper"``) or ``1 + K m = B`` (``"width"``)."""
         budget, count = check_budget(budget), check_count(count)
@@ -270,7 +270,7 @@ class SNNK(FeatureLinearization):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: Any
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``num_features``: ``m = B`` (``count="paper"``), or ``2 m = B`` (``"width"``)."""
         budget, count = check_budget(budget), check_count(count)
@@ -386,7 +386,7 @@ class LowRank(nn.Module):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: Any
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``rank = B`` under both counting rules."""
         check_count(count)

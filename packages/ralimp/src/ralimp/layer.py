@@ -290,7 +290,7 @@ class RaLiMP(FeatureLinearization):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: Any
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
