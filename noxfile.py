@@ -122,7 +122,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(default=True)
 def typecheck(session: nox.Session) -> None:
-    """mypy, strict, on spectraformer-core, rf-matrices, rf-features and lra-data ([tool.mypy], pyproject)."""
+    """mypy, strict, on the packages listed in [tool.mypy] of the root pyproject."""
     sync(session, "--all-packages", "--group", "typecheck")
     session.run("mypy", *session.posargs)
 

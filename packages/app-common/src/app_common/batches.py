@@ -50,6 +50,7 @@ class StepBatches(Sampler[list[int]]):
             if e != epoch:
                 generator = torch.Generator().manual_seed(stream_seed(self.seed, e))
                 epoch, order = e, torch.randperm(self.n, generator=generator)
+            assert order is not None  # set on the first pass: epoch starts at -1
             batch = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield batch[self.rank * local : (self.rank + 1) * local].tolist()
             step += 1

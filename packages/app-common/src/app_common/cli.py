@@ -24,7 +24,7 @@ def plain_text(text: str | None) -> str:
     if not text:
         return ""
 
-    def role(match: re.Match) -> str:
+    def role(match: re.Match[str]) -> str:
         name = match.group(1).strip()
         return name.rsplit(".", 1)[-1] if match.group(0)[match.group(0).index("`") + 1] == "~" else name
 
@@ -32,7 +32,9 @@ def plain_text(text: str | None) -> str:
     return _CODE.sub(r"\1", _LITERAL.sub(r"\1", text)).replace("::\n", ":\n")
 
 
-def app_parser(prog: str, doc: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+def app_parser(
+    prog: str, doc: str
+) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     """An app's parser and its subcommands: ``doc``'s first paragraph is the description, the rest the epilog.
 
     Args:

@@ -25,9 +25,12 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def flag(name: str) -> str:
@@ -62,7 +65,7 @@ def _is_group(kind: type) -> bool:
     return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
-def _default(f: dataclasses.Field) -> Any:
+def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -70,7 +73,7 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def leaf_fields(cls: type) -> dict[str, tuple[dataclasses.Field, type, bool, Any]]:
+def leaf_fields(cls: type) -> dict[str, tuple[dataclasses.Field[Any], type, bool, Any]]:
     """Every flag-carrying field of ``cls``, nested dataclasses flattened.
 
     Returns ``name -> (field, type, is a tuple, default)``.
@@ -81,7 +84,7 @@ def leaf_fields(cls: type) -> dict[str, tuple[dataclasses.Field, type, bool, Any
     Raises:
         TypeError: two nested fields with one name.
     """
-    found: dict[str, tuple[dataclasses.Field, type, bool, Any]] = {}
+    found: dict[str, tuple[dataclasses.Field[Any], type, bool, Any]] = {}
     types_ = _field_types(cls)
     for f in dataclasses.fields(cls):
         kind, many = types_[f.name]

@@ -33,7 +33,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def autocast(device: torch.device, dtype: str | torch.dtype) -> contextlib.AbstractContextManager:
+def autocast(device: torch.device, dtype: str | torch.dtype) -> contextlib.AbstractContextManager[None]:
     """Mixed precision for the forward pass: ``torch.autocast`` for bfloat16, nothing for float32.
 
     Parameters stay float32 (the optimizer updates float32 weights); matrix products run in ``dtype``.

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from app_common.device import resolve_device
+
+T = TypeVar("T")
 
 _TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -111,11 +114,11 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
-def all_gather_object(obj: object) -> list:
+def all_gather_object(obj: T) -> list[T]:
     """``[obj of rank 0, obj of rank 1, ...]``; ``[obj]`` without a process group."""
     if not dist.is_initialized():
         return [obj]
-    gathered: list = [None] * dist.get_world_size()
+    gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
 

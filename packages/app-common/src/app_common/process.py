@@ -40,6 +40,7 @@ def run_child(target: Callable[..., Any], *args: Any, name: str | None = None) -
     try:
         process.start()
         if received:  # a signal between installing the handler and the start
+            assert process.pid is not None  # started
             os.kill(process.pid, signal.SIGTERM)
         process.join()
     finally:
@@ -47,4 +48,5 @@ def run_child(target: Callable[..., Any], *args: Any, name: str | None = None) -
             signal.signal(signal.SIGTERM, previous)
     if received:
         raise Terminated(128 + signal.SIGTERM)
+    assert process.exitcode is not None  # joined
     return process.exitcode

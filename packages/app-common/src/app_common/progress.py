@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs (no types-tqdm dependency)
 
 
 def progress(
-    iterable: Iterable | None = None,
+    iterable: Iterable[Any] | None = None,
     *,
     total: int | None = None,
     desc: str | None = None,

@@ -26,7 +26,7 @@ def _default(value: Any) -> Any:
     raise TypeError(f"record: {type(value).__name__} value {value!r:.60} is not JSON serializable")
 
 
-def append_jsonl(path: str | Path, record: dict) -> None:
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append ``record`` as one line of JSON to ``path`` (created with its folders if missing).
 
     The line is written with one ``write`` under an exclusive ``flock``, so processes sharing the file
@@ -48,7 +48,7 @@ def append_jsonl(path: str | Path, record: dict) -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def iter_jsonl(path: str | Path) -> Iterator[dict]:
+def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     """The records of a JSON-lines file, in order; blank lines are skipped.
 
     A last line without its newline that does not parse (a writer killed mid-line) is skipped too.
@@ -75,7 +75,7 @@ def iter_jsonl(path: str | Path) -> Iterator[dict]:
         yield record
 
 
-def read_jsonl(path: str | Path, *, missing_ok: bool = False) -> list[dict]:
+def read_jsonl(path: str | Path, *, missing_ok: bool = False) -> list[dict[str, Any]]:
     """All records of a JSON-lines file (see `iter_jsonl`); ``missing_ok``: [] for no file."""
     if missing_ok and not Path(path).is_file():
         return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,11 +60,11 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def write_safetensors(
-    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict | None = None
+    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> Path:
     """Write ``tensors`` as a ``.safetensors`` file (the header padded to 8 bytes); returns the path."""
     codes = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     blobs, offset = [], 0
     for name, tensor in tensors.items():
         tensor = tensor.detach().cpu().contiguous()

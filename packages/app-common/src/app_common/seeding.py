@@ -7,9 +7,11 @@ third-party data code calls implicitly; our own code draws from explicit ``torch
 from __future__ import annotations
 
 import random
+from typing import Any, cast
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 
 def seed_everything(seed: int) -> None:
@@ -21,13 +23,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     """The global random states (Python, numpy, torch CPU, torch CUDA) as plain lists and tensors.
 
     The result holds only types that ``torch.load(..., weights_only=True)`` reads back.
     """
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
+    # numpy's stub types the legacy (default) state as a tuple or a dict; at run time it is always the tuple
+    legacy = cast("tuple[str, NDArray[np.uint32], int, int, float]", np.random.get_state())  # noqa: NPY002
+    kind, keys, pos, has_gauss, cached = legacy
     return {
         "python": [version, list(internal), gauss],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
@@ -36,7 +40,7 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     """Restore the random states saved by [`rng_state`][app_common.rng_state]."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

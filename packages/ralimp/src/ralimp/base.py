@@ -5,12 +5,29 @@ from __future__ import annotations
 import abc
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Self, TypedDict, cast
 
 import torch
 from torch import nn
 
 from ralimp.activations import ACTIVATIONS
+from rf_matrices import WeightMatrix
+
+Elementwise = Callable[[torch.Tensor], torch.Tensor]
+"""An elementwise function of a tensor (an activation, a fit)."""
+
+
+class Factory(TypedDict):
+    """The ``device`` and ``dtype`` keywords every layer passes to its tensor constructors."""
+
+    device: torch.device | str | None
+    dtype: torch.dtype | None
+
+
+def weight_matrices(matrices: Iterable[WeightMatrix]) -> Sequence[WeightMatrix]:
+    """``nn.ModuleList(matrices)``, typed as the sequence of projections it holds."""
+    return cast("Sequence[WeightMatrix]", nn.ModuleList(matrices))
 
 
 def check_input(x: object, dim: int) -> torch.Tensor:
@@ -22,7 +39,9 @@ def check_input(x: object, dim: int) -> torch.Tensor:
     return x
 
 
-def resolve_activation(activation: str | Callable) -> tuple[str | None, Callable]:
+def resolve_activation(
+    activation: str | Elementwise,
+) -> tuple[str | None, Elementwise]:
     """``(name or None, elementwise function)`` of a registered name or a callable."""
     if isinstance(activation, str):
         return activation.lower(), ACTIVATIONS.get(activation)
@@ -103,7 +122,7 @@ class FeatureLinearization(nn.Module, abc.ABC):
         bias = None if next_linear.bias is None else next_linear.bias.detach().clone()
         return CompressedLinearization(self.frozen_feature_map(), w_hat.to(next_linear.weight.dtype), bias)
 
-    def frozen_feature_map(self) -> Callable[[torch.Tensor], torch.Tensor]:
+    def frozen_feature_map(self) -> FrozenFeatureMap:
         """A snapshot of `feature_map` that no longer depends on this module's parameters."""
         return FrozenFeatureMap(self)
 
@@ -116,13 +135,13 @@ class FeatureLinearization(nn.Module, abc.ABC):
     def from_linear(
         cls,
         linear: nn.Linear,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         *,
         sample: torch.Tensor | None = None,
         init: str = "psi",
         ridge: float = 1e-6,
         **kw: object,
-    ):
+    ) -> Self:
         """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
 
         Args:
@@ -151,12 +170,13 @@ class FeatureLinearization(nn.Module, abc.ABC):
         bias = None if linear.bias is None else linear.bias.detach()
         layer.load_linear(linear.weight.detach(), bias, sample=sample)
         if init == "lstsq":
+            assert sample is not None  # check_init refuses init="lstsq" without a sample
             with torch.no_grad():
                 target = layer.target_function(activation)(linear(sample.to(linear.weight.dtype)))
             layer.fit_readout(sample, target, ridge=ridge)
         return layer
 
-    def target_function(self, activation: str | Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+    def target_function(self, activation: str | Elementwise) -> Elementwise:
         """The elementwise function ``init="lstsq"`` fits: the activation itself, not its surrogate."""
         return resolve_activation(activation)[1]
 
@@ -215,7 +235,9 @@ class CompressedLinearization(nn.Module):
         bias: ``b'`` or None.
     """
 
-    def __init__(self, feature_map: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, feature_map: FrozenFeatureMap, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.features = feature_map
         self.weight = nn.Parameter(weight)

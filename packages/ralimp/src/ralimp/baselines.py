@@ -7,13 +7,16 @@ activation, ..., bias, weight_matrix, seed``) and ``from_linear(linear, activati
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 import rf_matrices
 from ralimp.base import (
+    Elementwise,
+    Factory,
     FeatureLinearization,
     augmented,
     check_init,
@@ -21,21 +24,25 @@ from ralimp.base import (
     resolve_activation,
     rms_input_norm,
     seeds,
+    weight_matrices,
     work_dtype,
 )
 from ralimp.budget import BudgetError, check_budget, check_count, exact_share
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.rational import DEFAULT_INTERVAL, activation_fit, fit_rational
+from rf_matrices import WeightMatrix
 from spectraformer_core import check_positive_int
 
 
-def refuse_fixed(name: str, overrides: dict) -> None:
+def refuse_fixed(name: str, overrides: dict[str, Any]) -> None:
     """A `BudgetError` when ``overrides`` sets the size the budget decides."""
     if name in overrides:
         raise BudgetError(f"{name}: set by the budget, got {name}={overrides[name]!r} as well")
 
 
-def _default_linear(out_features: int, in_features: int, bias: bool, factory: dict):
+def _default_linear(
+    out_features: int, in_features: int, bias: bool, factory: Factory
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     linear = nn.Linear(in_features, out_features, bias=bias, **factory)
     return linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
 
@@ -69,7 +76,7 @@ class EUGen(FeatureLinearization):
         in_features: int,
         out_features: int,
         *,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         poly_degree: int = 2,
         num_features: int = 32,
         bias: bool = True,
@@ -83,7 +90,7 @@ class EUGen(FeatureLinearization):
         self.in_features = check_positive_int("in_features", in_features)
         self.out_features = check_positive_int("out_features", out_features)
         self.poly_degree = check_positive_int("poly_degree", poly_degree)
-        factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.activation_name, fn = resolve_activation(activation)
         if self.activation_name is not None:
             self.fit = activation_fit(
@@ -91,7 +98,7 @@ class EUGen(FeatureLinearization):
             )
         else:
             self.fit = fit_rational(fn, interval, num_atoms=0, poly_degree=poly_degree)
-        self.matrices = nn.ModuleList(
+        self.matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(weight_matrix, num_features, in_features + 2, seed=s, **factory)
             for s in seeds(seed, poly_degree)
         )
@@ -106,7 +113,7 @@ class EUGen(FeatureLinearization):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``num_features``: ``m = B`` (``count="paper"``) or ``1 + K m = B`` (``"width"``)."""
         budget, count = check_budget(budget), check_count(count)
@@ -186,12 +193,16 @@ class SNNK(FeatureLinearization):
         dtype: parameter dtype.
     """
 
+    # buffers (``register_buffer``)
+    scale: torch.Tensor
+    freqs: torch.Tensor
+
     def __init__(
         self,
         in_features: int,
         out_features: int,
         *,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         num_features: int = 32,
         variant: str = "fourier",
         num_terms: int = 12,
@@ -211,7 +222,7 @@ class SNNK(FeatureLinearization):
         if not (balance == "auto" or (isinstance(balance, int | float) and balance > 0)):
             raise ValueError(f"balance: expected 'auto' or a positive number, got {balance!r}")
         self.variant, self.balance_option = variant, balance
-        factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.activation_name, self.fn = resolve_activation(activation)
         matrix_seed, draw_seed = seeds(seed, 2)
         self.matrix = rf_matrices.create(
@@ -235,7 +246,7 @@ class SNNK(FeatureLinearization):
 
     @staticmethod
     def fourier_representation(
-        fn: Callable, interval: tuple[float, float], num_terms: int
+        fn: Elementwise, interval: tuple[float, float], num_terms: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(xi_j, F_j)`` with ``f(t) ~ Re sum_j F_j exp(i xi_j t)`` on ``interval``.
 
@@ -259,7 +270,7 @@ class SNNK(FeatureLinearization):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``num_features``: ``m = B`` (``count="paper"``), or ``2 m = B`` (``"width"``)."""
         budget, count = check_budget(budget), check_count(count)
@@ -286,7 +297,7 @@ class SNNK(FeatureLinearization):
         dtype = work_dtype(x.dtype)
         u = augmented(x.to(dtype))
         if self.variant == "relu":
-            return self._features(u, dtype)
+            return cast(torch.Tensor, self._features(u, dtype))  # relu: one tensor, not (re, im)
         re, im = self._features(u / self.scale.to(dtype), dtype)
         return torch.cat([re, im], -1)
 
@@ -306,7 +317,7 @@ class SNNK(FeatureLinearization):
         b = torch.zeros_like(weight[:, :1]) if bias is None else bias.unsqueeze(-1)
         u = torch.cat([weight, b], -1).to(dtype)
         if self.variant == "relu":
-            self.psi_weight.copy_(self._features(u, dtype))
+            self.psi_weight.copy_(cast(torch.Tensor, self._features(u, dtype)))  # relu: one tensor
             return
         lam = (
             (rms_input_norm(self.in_features, sample) / max(float(u.pow(2).sum(-1).mean()) ** 0.5, 1e-12))
@@ -340,7 +351,7 @@ class LowRank(nn.Module):
         in_features: int,
         out_features: int,
         *,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         rank: int = 32,
         bias: bool = True,
         seed: int | None = None,
@@ -352,7 +363,7 @@ class LowRank(nn.Module):
         self.out_features = check_positive_int("out_features", out_features)
         self.rank = check_positive_int("rank", rank)
         self.activation_name, self.fn = resolve_activation(activation)
-        factory = {"device": device, "dtype": dtype}
+        factory: Factory = {"device": device, "dtype": dtype}
         self.down = nn.Linear(in_features, rank, bias=False, **factory)
         self.up = nn.Linear(rank, out_features, bias=bias, **factory)
         if seed is not None:
@@ -375,7 +386,7 @@ class LowRank(nn.Module):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``rank = B`` under both counting rules."""
         check_count(count)
@@ -386,12 +397,12 @@ class LowRank(nn.Module):
     def from_linear(
         cls,
         linear: nn.Linear,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         *,
         sample: torch.Tensor | None = None,
         init: str = "psi",
         ridge: float = 1e-6,
-        **kw,
+        **kw: Any,
     ) -> LowRank:
         """``U V``: the rank-``r`` truncated SVD of ``linear.weight`` (Eckart-Young).
 
@@ -460,7 +471,7 @@ class Dense(nn.Module):
         in_features: int,
         out_features: int,
         *,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         bias: bool = True,
         seed: int | None = None,
         device: torch.device | str | None = None,
@@ -479,7 +490,7 @@ class Dense(nn.Module):
 
     @classmethod
     def budget_options(
-        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: object
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """No options: the dense layer spends no random features, so ``budget`` must be None."""
         check_count(count)
@@ -493,11 +504,11 @@ class Dense(nn.Module):
     def from_linear(
         cls,
         linear: nn.Linear,
-        activation: str | Callable = "gelu",
+        activation: str | Elementwise = "gelu",
         *,
         sample: torch.Tensor | None = None,
         init: str = "psi",
-        **kw,
+        **kw: Any,
     ) -> Dense:
         """A copy of ``linear`` followed by ``activation`` (exact: ``sample`` and ``init`` change nothing)."""
         if not isinstance(linear, nn.Linear):

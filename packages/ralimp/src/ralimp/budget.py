@@ -55,8 +55,8 @@ def ralimp_split(
     poly_degree: int,
     num_atoms: int,
     num_freqs: int,
-    poly_features=None,
-    freq_features=None,
+    poly_features: int | None = None,
+    freq_features: int | None = None,
 ) -> dict[str, int]:
     """``poly_features`` and ``freq_features`` of a RaLiMP that spends ``budget`` exactly.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,7 @@ from ralimp.rational import (
     shipped_fit_key,
     shipped_fits,
 )
-from rf_matrices.weight_matrix import check_positive_int
+from spectraformer_core import check_positive_int
 
 
 def channel_coefficients(
@@ -160,7 +161,7 @@ class DiscretizedFit:
         err = self(t) - fn(t)
         return float(err.abs().max()), float(err.pow(2).mean().sqrt())
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inverse of `from_dict`)."""
         return {
             "poly": self.poly,
@@ -174,7 +175,7 @@ class DiscretizedFit:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> DiscretizedFit:
+    def from_dict(cls, data: dict[str, Any]) -> DiscretizedFit:
         """Rebuild from `to_dict` output."""
         continuous = data.get("continuous")
         return cls(
@@ -330,7 +331,8 @@ def fit_discretized(
     gen = torch.Generator().manual_seed(seed)
     half = (b - a) / 2
     start_q = continuous._atoms[:, 3].clamp_min(q_floor * 1.01)
-    best, best_cost = None, math.inf
+    best: torch.Tensor | None = None
+    best_cost = math.inf
     for start in range(num_starts if num_atoms else 1):
         q0 = (
             start_q
@@ -343,6 +345,7 @@ def fit_discretized(
         cost = float(residual(theta).pow(2).sum())
         if math.isfinite(cost) and cost < best_cost:
             best, best_cost = theta, cost
+    assert best is not None, "no start reached a finite cost"
     q = widths(best)
     coef = _penalized_solve(_node_basis(t, q, nodes, poly_degree), f, penalty)
     poly, trig = coef[: poly_degree + 1], coef[poly_degree + 1 :]

@@ -82,6 +82,7 @@ def markdown(discretized: dict[str, DiscretizedFit]) -> str:
     ]
     for key, fit in discretized.items():
         fn = ACTIVATIONS.get(key.split("/")[0])
+        assert fit.continuous is not None  # every fit of this script is discretized from a continuous one
         old = nodewise_quadrature(fit.continuous, fit.num_freqs).errors(fn)[0]
         widths = ", ".join(f"{q:.3g}" for *_, q in fit.atoms)
         lines.append(
@@ -110,6 +111,7 @@ def plot(discretized: dict[str, DiscretizedFit], names: list[str], path: Path) -
             fit = discretized.get(f"{name}/K2/J{atoms}/N3")
             if fit is None:
                 continue
+            assert fit.continuous is not None  # as in the table above
             line = axes[0, col].plot(t, fit(t), lw=1, ls="--", label=f"J={atoms} (max {fit.max_error:.1e})")
             color = line[0].get_color()
             axes[1, col].semilogy(t, (fit(t) - fn(t)).abs().clamp_min(1e-16), lw=1, color=color)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,8 @@ from torch import nn
 
 import rf_matrices
 from ralimp.base import (
+    Elementwise,
+    Factory,
     FeatureLinearization,
     augmented,
     check_input,
@@ -18,6 +21,7 @@ from ralimp.base import (
     rms_input_norm,
     rms_preactivation,
     seeds,
+    weight_matrices,
     work_dtype,
 )
 from ralimp.budget import check_budget, check_count, ralimp_split
@@ -31,7 +35,8 @@ from ralimp.discretized import (
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.quadrature import gauss_laguerre
 from ralimp.rational import DEFAULT_INTERVAL, RationalFunction
-from rf_matrices.weight_matrix import check_positive_int
+from rf_matrices import WeightMatrix
+from spectraformer_core import check_positive_int
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -88,12 +93,22 @@ class RaLiMP(FeatureLinearization):
         matrix_kw: extra keyword arguments of ``rf_matrices.create``.
     """
 
+    # buffers, or parameters when ``learn_poles`` (``register_buffer``/``register_parameter``)
+    nodes: torch.Tensor
+    gammas: torch.Tensor
+    tau: torch.Tensor
+    scale: torch.Tensor
+    atom_a: torch.Tensor
+    atom_b: torch.Tensor
+    atom_p: torch.Tensor
+    atom_q_raw: torch.Tensor
+
     def __init__(
         self,
         in_features: int,
         out_features: int,
         *,
-        activation: str | Callable | RationalFunction = "gelu",
+        activation: str | Elementwise | RationalFunction = "gelu",
         poly_degree: int = 2,
         poly_features: int = 8,
         num_atoms: int = 1,
@@ -110,7 +125,7 @@ class RaLiMP(FeatureLinearization):
         sample: torch.Tensor | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-        matrix_kw: dict | None = None,
+        matrix_kw: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.in_features = check_positive_int("in_features", in_features)
@@ -127,7 +142,7 @@ class RaLiMP(FeatureLinearization):
             raise ValueError(f"tau_c: expected a positive constant, got {tau_c!r}")
         self.tau_option, self.tau_c, self.balance_option = tau, float(tau_c), balance
         self.interval, self.learn_poles = tuple(interval), learn_poles
-        factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
+        factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
         self.num_freqs = check_positive_int("num_freqs", num_freqs)
         self.fit = self._layer_fit(activation, poly_degree, num_atoms, interval)
@@ -143,11 +158,11 @@ class RaLiMP(FeatureLinearization):
         dim = in_features + 1
         mkw = dict(matrix_kw or {})
         seed_list = seeds(seed, self.poly_degree + self.num_atoms * self.num_freqs)
-        self.poly_matrices = nn.ModuleList(
+        self.poly_matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(weight_matrix, poly_features, dim, seed=s, **factory, **mkw)
             for s in seed_list[: self.poly_degree]
         )
-        self.freq_matrices = nn.ModuleList(
+        self.freq_matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(weight_matrix, freq_features, dim, seed=s, **factory, **mkw)
             for s in seed_list[self.poly_degree :]
         )
@@ -168,7 +183,7 @@ class RaLiMP(FeatureLinearization):
         self.node_cos = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
         self.node_sin = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
         self.readout: nn.Parameter | None = None
-        self._cache: tuple[tuple, torch.Tensor] | None = None
+        self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
         self.load_linear(
             self.weight.detach().clone(),
             None if self.bias is None else self.bias.detach().clone(),
@@ -176,7 +191,13 @@ class RaLiMP(FeatureLinearization):
         )
 
     # ----------------------------------------------------------------------------------------------- init
-    def _layer_fit(self, activation, poly_degree: int, num_atoms: int, interval) -> DiscretizedFit:
+    def _layer_fit(
+        self,
+        activation: str | Elementwise | RationalFunction,
+        poly_degree: int,
+        num_atoms: int,
+        interval: tuple[float, float],
+    ) -> DiscretizedFit:
         """The fit made in the basis this layer computes (``num_freqs`` nodes): its expectation is the fit."""
         if isinstance(activation, DiscretizedFit):
             self.activation_name = None
@@ -227,6 +248,7 @@ class RaLiMP(FeatureLinearization):
             check_input(sample, self.in_features)
         self.weight.copy_(weight)
         if bias is not None:
+            assert self.bias is not None, "bias: this layer was built with bias=False"
             self.bias.copy_(bias)
         rms_t = rms_preactivation(weight, bias, sample)
         tau = (self.tau_c * rms_t) ** 0.5 if self.tau_option == "auto" else float(self.tau_option)
@@ -268,7 +290,7 @@ class RaLiMP(FeatureLinearization):
 
     @classmethod
     def budget_options(
-        cls, budget: int, activation: object = None, *, count: str = "paper", **overrides: object
+        cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +91,7 @@ class RationalFunction:
         err = self(t) - fn(t)
         return float(err.abs().max()), float(err.pow(2).mean().sqrt())
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inverse of [`from_dict`][ralimp.RationalFunction.from_dict])."""
         return {
             "poly": self.poly,
@@ -101,7 +102,7 @@ class RationalFunction:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> RationalFunction:
+    def from_dict(cls, data: dict[str, Any]) -> RationalFunction:
         """Rebuild from [`to_dict`][ralimp.RationalFunction.to_dict] output."""
         return cls(
             data["poly"],
@@ -249,7 +250,7 @@ def levenberg_marquardt(
 
 
 @functools.cache
-def shipped_fits() -> dict:
+def shipped_fits() -> dict[str, Any]:
     """The contents of ``ralimp/fits.json`` (read once)."""
     return json.loads(resources.files("ralimp").joinpath("fits.json").read_text())
 

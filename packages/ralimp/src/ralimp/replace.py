@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from ralimp.activations import activation_name
+from ralimp.base import Elementwise
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
@@ -18,7 +20,31 @@ from spectraformer_core import Registry
 #: ``dense``.
 #: An entry is a class with ``budget_options(budget, activation, *, count, **overrides) -> dict`` (its budget
 #: policy) and ``from_linear(linear, activation, *, sample, init, **kw)``.
-LAYERS: Registry[type[nn.Module]] = Registry("layer kind")
+
+
+class LayerKind(Protocol):
+    """What `LAYERS` holds: a layer class with ``budget_options`` and ``from_linear`` classmethods."""
+
+    def budget_options(
+        self, budget: int | None, activation: object = ..., *, count: str = ..., **overrides: Any
+    ) -> dict[str, int]:
+        """The constructor sizes that spend ``budget`` exactly."""
+        ...
+
+    def from_linear(
+        self,
+        linear: nn.Linear,
+        activation: str | Elementwise = ...,
+        *,
+        sample: torch.Tensor | None = ...,
+        init: str = ...,
+        **kw: Any,
+    ) -> nn.Module:
+        """The layer standing in for ``activation(linear(x))``."""
+        ...
+
+
+LAYERS: Registry[LayerKind] = Registry("layer kind")
 LAYERS.register("ralimp")(RaLiMP)
 LAYERS.register("eugen")(EUGen)
 LAYERS.register("snnk")(SNNK)
@@ -26,7 +52,7 @@ LAYERS.register("lowrank")(LowRank)
 LAYERS.register("dense")(Dense)
 
 
-def register(name: str, *, override: bool = False):
+def register(name: str, *, override: bool = False) -> Callable[[LayerKind], LayerKind]:
     """Class decorator adding a layer kind (``budget_options`` and ``from_linear`` as in `LAYERS`)."""
     return LAYERS.register(name, override=override)
 
@@ -37,15 +63,15 @@ def names(pattern: str | None = None) -> list[str]:
 
 
 def create(
-    kind: str | type,
+    kind: str | LayerKind,
     linear: nn.Linear,
-    activation: str | Callable,
+    activation: str | Elementwise,
     *,
     budget: int | None,
     count: str = "paper",
     sample: torch.Tensor | None = None,
     init: str = "psi",
-    **overrides: object,
+    **overrides: Any,
 ) -> nn.Module:
     """The layer of kind ``kind`` replacing ``activation(linear(x))`` that spends ``budget`` exactly.
 
@@ -73,7 +99,7 @@ def create(
     cls = LAYERS.get(kind)
     check_count(count)
 
-    def policy(value: int | None) -> dict:
+    def policy(value: int | None) -> dict[str, int]:
         return cls.budget_options(value, activation, count=count, **overrides)
 
     try:
@@ -143,8 +169,8 @@ def calibration_inputs(
     """
     captured: dict[str, torch.Tensor] = {}
 
-    def hook_for(name: str):
-        def hook(_module, args, _output):
+    def hook_for(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...], object], None]:
+        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...], _output: object) -> None:
             captured[name] = args[0].detach().reshape(-1, args[0].shape[-1])
 
         return hook
@@ -176,7 +202,7 @@ def calibration_inputs(
 
 def replace_mlp(
     model: nn.Module,
-    kind: str | type = "ralimp",
+    kind: str | LayerKind = "ralimp",
     *,
     budget: int | None,
     last_k: int | None = None,
@@ -185,7 +211,7 @@ def replace_mlp(
     init: str = "psi",
     count: str = "paper",
     max_calibration_rows: int = 4096,
-    **overrides: object,
+    **overrides: Any,
 ) -> list[str]:
     """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by `create`.
 

@@ -25,10 +25,16 @@ between ``[x; 1]`` and ``[w; b]`` (`log_second_moment_bound`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from rf_matrices import Base
+
+if TYPE_CHECKING:
+    from ralimp.baselines import EUGen
+    from ralimp.layer import RaLiMP
 
 
 def atom_second_moments(
@@ -41,7 +47,12 @@ def atom_second_moments(
 
 
 def node_log_variance(
-    x: torch.Tensor, w: torch.Tensor, freq: torch.Tensor, w_c: torch.Tensor, w_s: torch.Tensor, rows: int
+    x: torch.Tensor,
+    w: torch.Tensor,
+    freq: torch.Tensor | float,
+    w_c: torch.Tensor | float,
+    w_s: torch.Tensor | float,
+    rows: int,
 ) -> torch.Tensor:
     """``log Var(w_c C + w_s S)`` for every input and weight row, ``(N, L)``, float64.
 
@@ -87,7 +98,7 @@ def product_block_variance(coef: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     return (second - mean**2).clamp_min(0) / rows
 
 
-def check_gaussian_rows(matrices) -> None:
+def check_gaussian_rows(matrices: Iterable[torch.nn.Module]) -> None:
     """Raise a ``ValueError`` unless every projection matrix has i.i.d. ``N(0, I)`` rows."""
     for m in matrices:
         if type(m) is not Base or m.sigma != 1.0:
@@ -98,7 +109,7 @@ def check_gaussian_rows(matrices) -> None:
 
 
 @torch.no_grad()
-def ralimp_log_variance(layer, x: torch.Tensor) -> torch.Tensor:
+def ralimp_log_variance(layer: RaLiMP, x: torch.Tensor) -> torch.Tensor:
     """``log Var y`` of a `ralimp.RaLiMP` with its ``Psi(W)`` readout, ``(N, l)``.
 
     Exact: the polynomial block (Prop. 2, shared projections) plus every node of every atom (Prop. 1 with the
@@ -128,7 +139,7 @@ def ralimp_log_variance(layer, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def eugen_variance(layer, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def eugen_variance(layer: EUGen, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``Var y`` of a `ralimp.EUGen` at its ``Psi(W)`` initialization from ``linear``, ``(N, l)``.
 
     The block sees ``x+ = [x; 1; ||x||]`` and ``w+ = [w; b; 0]`` (EUGen's augmentation).
