@@ -123,7 +123,7 @@ def docs(session: nox.Session) -> None:
 @nox.session(default=True)
 def typecheck(session: nox.Session) -> None:
     """mypy, strict, on the packages listed in [tool.mypy] of the root pyproject."""
-    sync(session, "--all-packages", "--group", "typecheck")
+    sync(session, "--all-packages", "--all-extras", "--group", "typecheck")
     session.run("mypy", *session.posargs)
 
 
