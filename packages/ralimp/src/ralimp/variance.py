@@ -181,9 +181,10 @@ def expected_relative_mse(
 def log_second_moment_bound(
     node: torch.Tensor | float, t: torch.Tensor, q: float, cos_theta: torch.Tensor
 ) -> torch.Tensor:
-    r"""$2 s_k |u| (1/|\cos\theta| - 1)$, $u = t / q$: lower bound on $\log \mathbb E|Y_k|^2$ (any tau).
+    r"""$2 s_k |u| (1/|\cos\theta| - 1)$, $u = t / q$: lower bound on $\log \mathbb E|Y_k|^2$.
 
-    $\mathbb E|Y|^2 = \mathbb E[(Y^c)^2 + (Y^s)^2] = e^{2\sigma^2}$ (Eq. 13) with
+    It holds for any tau and balance. $\mathbb E|Y|^2 = \mathbb E[(Y^c)^2 + (Y^s)^2] = e^{2\sigma^2}$
+    (Eq. 13) with
     $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$ and $q' \tau^2 = q$;
     $\lVert a / \lambda + \lambda b\rVert^2 \ge 2 \lVert a\rVert \lVert b\rVert + 2\, a \cdot b$ for every
     $\lambda$, and $\lVert a\rVert \lVert b\rVert = |t| / |\cos\theta|$ with $t = a \cdot b$. Rescaling the
