@@ -307,7 +307,7 @@ def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: t
 
 
 def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
-    r"""RMS of $\lVert[x; 1]\rVert$ over ``sample``, else $\sqrt{\mathrm{dim} + 1}$ (standard-normal inputs)."""
+    r"""RMS of $\lVert[x; 1]\rVert$ over ``sample``, else $\sqrt{\mathrm{dim} + 1}$ (standard normal)."""
     if sample is None:
         return math.sqrt(dim + 1)
     x = sample.detach().reshape(-1, dim).to(torch.float64)
