@@ -1,6 +1,6 @@
-"""Rationally linearized MLP layers (RaLiMP) and the EUGen, SNNK and low-rank baselines.
+r"""Rationally linearized MLP layers (RaLiMP) and the EUGen, SNNK and low-rank baselines.
 
-``activation(W x + b) ~ Psi(W) Phi(x)``: the activation is replaced by a rational fit (polynomial plus
+$\sigma(W x + b) \approx \Psi(W) \Phi(x)$: the activation is replaced by a rational fit (polynomial plus
 irreducible-quadratic atoms), the polynomial linearized by product features and each atom by its Laplace
 representation at Gauss-Laguerre nodes with complex-exponential random features:
 

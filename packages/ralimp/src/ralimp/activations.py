@@ -19,7 +19,10 @@ ACTIVATIONS.register("gelu")(F.gelu)
 
 @ACTIVATIONS.register("gelu_tanh")
 def gelu_tanh(t: torch.Tensor) -> torch.Tensor:
-    """GPT-2's GELU, ``t/2 (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3)))`` (``nn.GELU(approximate="tanh")``)."""
+    r"""GPT-2's GELU, $\frac t2 (1 + \tanh(\sqrt{2/\pi} (t + 0.044715 t^3)))$.
+
+    As ``nn.GELU(approximate="tanh")``.
+    """
     return F.gelu(t, approximate="tanh")
 
 

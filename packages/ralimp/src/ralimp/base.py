@@ -182,10 +182,10 @@ class FeatureLinearization(nn.Module, abc.ABC):
 
     @torch.no_grad()
     def fit_readout(self, sample: torch.Tensor, target: torch.Tensor, *, ridge: float = 1e-6) -> None:
-        """Set the readout to the ridge least-squares fit of ``target`` on ``Phi(sample)``.
+        r"""Set the readout to the ridge least-squares fit of ``target`` ($Y$) on $\Phi(X)$, $X$ = ``sample``.
 
-        ``Psi = argmin ||Phi(X) Psi^T - Y||^2 + ridge N ||D Psi^T||^2`` with ``D`` the RMS of each feature
-        column (so the ridge is relative and scale-free), solved in float64.
+        $\Psi = \arg\min \lVert \Phi(X) \Psi^\top - Y\rVert^2 + \mathrm{ridge}\, N \lVert D \Psi^\top\rVert^2$
+        with $D$ the RMS of each feature column (so the ridge is relative and scale-free), solved in float64.
 
         Args:
             sample: ``(..., in_features)``.
@@ -268,9 +268,11 @@ def check_init(init: object, sample: torch.Tensor | None) -> None:
 
 
 def ridge_readout(phi: torch.Tensor, target: torch.Tensor, ridge: float) -> torch.Tensor:
-    """``Psi (out, F)`` minimizing ``||phi Psi^T - target||^2 + ridge N ||D Psi^T||^2``, float64.
+    r"""The ridge least-squares readout $\Psi$ ``(out, F)``, float64.
 
-    ``phi`` ``(..., F)`` and ``target`` ``(..., out)``; ``D`` holds the RMS of each column of ``phi``.
+    It minimizes, with $Y$ = ``target``,
+    $\lVert \phi \Psi^\top - Y\rVert^2 + \mathrm{ridge}\, N \lVert D \Psi^\top\rVert^2$. ``phi`` ``(..., F)``
+    and ``target`` ``(..., out)``; ``D`` holds the RMS of each column of ``phi``.
     """
     if not ridge >= 0:
         raise ValueError(f"ridge: expected a number >= 0, got {ridge!r}")
@@ -291,9 +293,10 @@ def ridge_readout(phi: torch.Tensor, target: torch.Tensor, ridge: float) -> torc
 
 
 def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> float:
-    """RMS of ``t = x . w + b``.
+    r"""RMS of $t = x \cdot w + b$.
 
-    Over ``sample`` if given, else for standard-normal inputs (``E t^2 = ||w||^2 + b^2``, averaged over rows).
+    Over ``sample`` if given, else for standard-normal inputs ($\mathbb E t^2 = \lVert w\rVert^2 + b^2$,
+    averaged over rows).
     """
     w = weight.detach().to(torch.float64)
     b = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if bias is None else bias.detach()
@@ -304,7 +307,7 @@ def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: t
 
 
 def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
-    """RMS of ``||[x; 1]||``: over ``sample`` if given, else ``sqrt(dim + 1)`` (standard-normal inputs)."""
+    r"""RMS of $\lVert[x; 1]\rVert$ over ``sample``, else $\sqrt{\mathrm{dim} + 1}$ (standard normal)."""
     if sample is None:
         return math.sqrt(dim + 1)
     x = sample.detach().reshape(-1, dim).to(torch.float64)

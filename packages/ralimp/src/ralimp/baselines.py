@@ -48,13 +48,13 @@ def _default_linear(
 
 
 class EUGen(FeatureLinearization):
-    """Polynomial-only product features with a trainable ``Psi`` (Kim et al. 2025).
+    r"""Polynomial-only product features with a trainable $\Psi$ (Kim et al. 2025).
 
-    ``Phi(x) = [1, phi_1(x+), ..., phi_K(x+)]`` on ``x+ = [x; 1; ||x||]``
-    ([`ralimp.product_features`][ralimp.product_features]), ``Psi`` a trainable ``(out, 1 + K m)`` matrix
-    initialized as ``[c_0, c_n phi_n(w+) / m]`` with ``w+ = [w; b; 0]`` and ``c`` the least-squares polynomial
-    fit of the activation on ``interval``, so the layer starts as an unbiased estimate of ``P(w . x + b)``.
-    The ``||x||`` coordinate is EUGen's augmentation; it enters at initialization with weight 0 and is
+    $\Phi(x) = [1, \phi_1(x^+), \dots, \phi_K(x^+)]$ on $x^+ = [x; 1; \lVert x\rVert]$
+    ([`ralimp.product_features`][ralimp.product_features]), $\Psi$ a trainable ``(out, 1 + K m)`` matrix
+    initialized as $[c_0, c_n \phi_n(w^+) / m]$ with $w^+ = [w; b; 0]$ and $c$ the least-squares polynomial
+    fit of the activation on ``interval``, so the layer starts as an unbiased estimate of $P(w \cdot x + b)$.
+    The $\lVert x\rVert$ coordinate is EUGen's augmentation; it enters at initialization with weight 0 and is
     available to training.
 
     Args:
@@ -115,7 +115,7 @@ class EUGen(FeatureLinearization):
     def budget_options(
         cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
-        """``num_features``: ``m = B`` (``count="paper"``) or ``1 + K m = B`` (``"width"``)."""
+        """``num_features``: $m = B$ (``count="paper"``) or $1 + K m = B$ (``"width"``)."""
         budget, count = check_budget(budget), check_count(count)
         refuse_fixed("num_features", overrides)
         if count == "paper":
@@ -132,7 +132,7 @@ class EUGen(FeatureLinearization):
         return torch.cat([u, norm], -1)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        """``[1, phi_1(x+), ..., phi_K(x+)]``, ``(..., 1 + K m)``."""
+        r"""$[1, \phi_1(x^+), \dots, \phi_K(x^+)]$, ``(..., 1 + K m)``."""
         check_input(x, self.in_features)
         dtype = work_dtype(x.dtype)
         x = x.to(dtype)
@@ -148,7 +148,7 @@ class EUGen(FeatureLinearization):
     def load_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
-        """``Psi = [c_0, c_n phi_n([w; b; 0]) / m]`` (``sample`` is not used)."""
+        r"""$\Psi = [c_0, c_n \phi_n([w; b; 0]) / m]$ (``sample`` is not used)."""
         dtype = torch.float64
         w = weight.to(dtype)
         b = torch.zeros_like(w[:, :1]) if bias is None else bias.to(dtype).unsqueeze(-1)
@@ -162,19 +162,22 @@ class EUGen(FeatureLinearization):
 
 
 class SNNK(FeatureLinearization):
-    """Scalable neural network kernel layer (Sehanobish et al. 2024) with a trainable ``Psi``.
+    r"""Scalable neural network kernel layer (Sehanobish et al. 2024) with a trainable $\Psi$.
 
-    ``variant="fourier"`` (default): ``phi(u)_r = exp(a_r g_r . u - a_r^2 ||u||^2 / 2)`` with the complex
-    ``a_r = (1 + i) sqrt(xi_r / 2)`` (so ``a_r^2 = i xi_r``), which gives ``E[phi_r(x) phi_r(w)] =
-    exp(i xi_r x . w)``; the frequencies ``xi_r`` are drawn from the activation's Fourier representation
-    ``f(t) ~ Re sum_j F_j exp(i xi_j t)`` (a least-squares cosine/sine series on ``interval`` with period
-    ``4 T``), with probability ``|F_j| / sum |F|`` and weight ``A_r = F_j / (m p_j)``, so that
-    ``Re sum_r A_r phi_r(x) phi_r(w)`` is unbiased for the series at ``t = x . w + b``. Real features
-    ``[Re phi(x), Im phi(x)]``; ``Psi`` is initialized as ``[Re(A phi(w)), -Im(A phi(w))]``. As in RaLiMP,
-    ``balance`` evaluates the features at ``x / lambda`` and ``lambda w``.
+    ``variant="fourier"`` (default): $\phi(u)_r = \exp(a_r g_r \cdot u - a_r^2 \lVert u\rVert^2 / 2)$ with the
+    complex $a_r = (1 + i) \sqrt{\xi_r / 2}$ (so $a_r^2 = i \xi_r$), which gives
+    $\mathbb E[\phi_r(x) \phi_r(w)] = \exp(i \xi_r\, x \cdot w)$; the frequencies $\xi_r$ are drawn from the
+    activation's Fourier representation $f(t) \approx \operatorname{Re} \sum_j F_j \exp(i \xi_j t)$ (a
+    least-squares cosine/sine series on ``interval`` with period $4 T$), with probability
+    $|F_j| / \sum |F|$ and weight $A_r = F_j / (m p_j)$, so that
+    $\operatorname{Re} \sum_r A_r \phi_r(x) \phi_r(w)$ is unbiased for the series at $t = x \cdot w + b$.
+    Real features $[\operatorname{Re} \phi(x), \operatorname{Im} \phi(x)]$; $\Psi$ is initialized as
+    $[\operatorname{Re}(A \phi(w)), -\operatorname{Im}(A \phi(w))]$. As in RaLiMP, ``balance`` evaluates the
+    features at $x / \lambda$ and $\lambda w$.
 
-    ``variant="relu"``: SNNK's ReLU variant ``phi(u) = relu(G u) / sqrt(m)`` on ``u = [x; 1]``, ``Psi``
-    initialized as ``phi([w; b])``: this estimates the arc-cosine kernel of ``(x, w)``, not ``relu(x . w)``.
+    ``variant="relu"``: SNNK's ReLU variant $\phi(u) = \operatorname{relu}(G u) / \sqrt m$ on $u = [x; 1]$,
+    $\Psi$ initialized as $\phi([w; b])$: this estimates the arc-cosine kernel of $(x, w)$, not
+    $\operatorname{relu}(x \cdot w)$.
 
     Args:
         in_features: ``d``.
@@ -183,8 +186,9 @@ class SNNK(FeatureLinearization):
         num_features: ``m``.
         variant: ``"fourier"`` or ``"relu"``.
         num_terms: terms of the Fourier series.
-        balance: ``lambda`` (1, the default, is the plain estimator) or ``"auto"``:
-            ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||`` on the ``sample`` of ``from_linear`` (a departure).
+        balance: $\lambda$ (1, the default, is the plain estimator) or ``"auto"``:
+            $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert / \operatorname{RMS} \lVert[w; b]\rVert$
+            on the ``sample`` of ``from_linear`` (a departure).
         bias: fold a bias in.
         weight_matrix: ``rf_matrices`` name of ``G``.
         seed: seed of ``G`` and of the frequency draw.
@@ -248,11 +252,12 @@ class SNNK(FeatureLinearization):
     def fourier_representation(
         fn: Elementwise, interval: tuple[float, float], num_terms: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(xi_j, F_j)`` with ``f(t) ~ Re sum_j F_j exp(i xi_j t)`` on ``interval``.
+        r"""$(\xi_j, F_j)$ with $f(t) \approx \operatorname{Re} \sum_j F_j \exp(i \xi_j t)$ on ``interval``.
 
-        ``xi_j = 2 pi j / (4 T)`` with ``T`` the interval's half-width.
+        $\xi_j = 2 \pi j / (4 T)$ with $T$ the interval's half-width.
 
-        ``F_j = alpha_j - i beta_j`` from the least-squares fit ``f ~ sum_j alpha_j cos + beta_j sin``.
+        $F_j = \alpha_j - i \beta_j$ from the least-squares fit
+        $f \approx \sum_j \alpha_j \cos + \beta_j \sin$.
         """
         a, b = interval
         half = max(abs(a), abs(b))
@@ -272,7 +277,7 @@ class SNNK(FeatureLinearization):
     def budget_options(
         cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
     ) -> dict[str, int]:
-        """``num_features``: ``m = B`` (``count="paper"``), or ``2 m = B`` (``"width"``)."""
+        """``num_features``: $m = B$ (``count="paper"``), or $2 m = B$ (``"width"``)."""
         budget, count = check_budget(budget), check_count(count)
         refuse_fixed("num_features", overrides)
         if count == "paper" or overrides.get("variant", "fourier") == "relu":
@@ -292,7 +297,10 @@ class SNNK(FeatureLinearization):
         return complex_exponential_features(u, g, self.freqs.to(dtype))
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        """``[Re phi(x), Im phi(x)]`` (Fourier) or ``relu(G [x; 1]) / sqrt(m)``."""
+        r"""$[\operatorname{Re} \phi(x), \operatorname{Im} \phi(x)]$ (Fourier).
+
+        The ReLU variant: $\max(G [x; 1], 0) / \sqrt m$.
+        """
         check_input(x, self.in_features)
         dtype = work_dtype(x.dtype)
         u = augmented(x.to(dtype))
@@ -309,7 +317,7 @@ class SNNK(FeatureLinearization):
     def load_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
-        """``Psi = phi([w; b])`` with the representation's weights folded in.
+        r"""$\Psi = \phi([w; b])$ with the representation's weights folded in.
 
         ``sample`` calibrates ``balance="auto"``.
         """

@@ -58,11 +58,12 @@ def ralimp_split(
     poly_features: int | None = None,
     freq_features: int | None = None,
 ) -> dict[str, int]:
-    """``poly_features`` and ``freq_features`` of a RaLiMP that spends ``budget`` exactly.
+    r"""``poly_features`` and ``freq_features`` of a RaLiMP that spends ``budget`` exactly.
 
-    ``B = m_poly + 2 J n m`` (``count="paper"``) or ``B = 1 + K m_poly + 2 J n m`` (``"width"``). One of
-    the two sizes may be fixed by the caller; else the rational block takes the largest ``m`` with
-    ``2 J n m <= 0.75 B`` that leaves a valid polynomial block (App. D.1: ``8 + 2 * 3 * 4 = 32``).
+    $B = m_\mathrm{poly} + 2 J n m$ (``count="paper"``) or $B = 1 + K m_\mathrm{poly} + 2 J n m$
+    (``"width"``). One of the two sizes may be fixed by the caller; else the rational block takes the largest
+    $m$ with $2 J n m \le 0.75 B$ that leaves a valid polynomial block (App. D.1:
+    $8 + 2 \cdot 3 \cdot 4 = 32$).
     """
     if poly_features is not None and freq_features is not None:
         raise BudgetError(

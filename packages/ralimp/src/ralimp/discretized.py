@@ -1,18 +1,21 @@
-"""The function a RaLiMP layer computes in expectation, and its fit in that basis (Secs. 2.3-2.4, App. C.2).
+r"""The function a RaLiMP layer computes in expectation, and its fit in that basis (Secs. 2.3-2.4, App. C.2).
 
 With the per-node coefficients free, the expected output of a RaLiMP over its random projections is
 
-``E y(t) = sum_{n<=K} c_n t^n + sum_j sum_{k<=n_freq} [w^c_jk cos(s_k t / q_j) + w^s_jk sin(s_k t / q_j)]``
+$$\mathbb E\, y(t) = \sum_{n \le K} c_n t^n + \sum_j \sum_{k \le n_\mathrm{freq}}
+\left[w^c_{jk} \cos(s_k t / q_j) + w^s_{jk} \sin(s_k t / q_j)\right]$$
 
-(``s_k`` the Gauss-Laguerre nodes). Discretizing a continuous rational fit node by node (``w = gamma_k``
-times the atom's coefficients) misses ``f`` by far more than the fit does (GELU ``J = 1``: 2.4e-3 -> 0.32
-on ``[-4, 4]``), so `fit_discretized` fits ``f`` directly in this basis: ``c``, ``w^c``, ``w^s`` by
-linear least squares for given widths ``q``, and the ``q`` by Levenberg-Marquardt on top (variable
-projection). The centers ``p`` do not enter ``E y`` once the node coefficients are free (the phase
-``s_k p / q`` is a rotation of ``(w^c_jk, w^s_jk)``); they are kept from the continuous fit, and ``A, B``
-and the node weights ``rho`` are the parametrization of the layer:
-``w^c = rho^c c_A cos(phi) - rho^s c_B sin(phi)``, ``w^s = rho^c c_A sin(phi) + rho^s c_B cos(phi)``,
-``c_A = A / q^2``, ``c_B = B / q``, ``phi_k = s_k p / q``, normalized so that ``sum_k rho_k = 1`` (as the
+($s_k$ the Gauss-Laguerre nodes). Discretizing a continuous rational fit node by node ($w = \gamma_k$
+times the atom's coefficients) misses $f$ by far more than the fit does (GELU $J = 1$: 2.4e-3 -> 0.32
+on $[-4, 4]$), so `fit_discretized` fits $f$ directly in this basis: $c$, $w^c$, $w^s$ by
+linear least squares for given widths $q$, and the $q$ by Levenberg-Marquardt on top (variable
+projection). The centers $p$ do not enter $\mathbb E\, y$ once the node coefficients are free (the phase
+$s_k p / q$ is a rotation of $(w^c_{jk}, w^s_{jk})$); they are kept from the continuous fit, and $A, B$
+and the node weights $\rho$ are the parametrization of the layer:
+
+$$w^c = \rho^c c_A \cos\phi - \rho^s c_B \sin\phi, \qquad w^s = \rho^c c_A \sin\phi + \rho^s c_B \cos\phi,$$
+
+$c_A = A / q^2$, $c_B = B / q$, $\phi_k = s_k p / q$, normalized so that $\sum_k \rho_k = 1$ (as the
 Gauss-Laguerre weights, which they replace).
 """
 
@@ -42,13 +45,13 @@ from spectraformer_core import check_positive_int
 def channel_coefficients(
     atoms: torch.Tensor, rho_c: torch.Tensor, rho_s: torch.Tensor, nodes: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(w^c, w^s)``, each ``(J, n)``: the coefficients of ``cos(s_k t / q_j)`` and ``sin(s_k t / q_j)``.
+    r"""$(w^c, w^s)$, each ``(J, n)``: the coefficients of $\cos(s_k t / q_j)$ and $\sin(s_k t / q_j)$.
 
     Args:
         atoms: ``(J, 4)`` rows ``(A, B, p, q)``.
         rho_c: ``(J, n)`` node weights of the even part.
         rho_s: ``(J, n)`` node weights of the odd part.
-        nodes: ``(n,)`` Gauss-Laguerre nodes ``s_k``.
+        nodes: ``(n,)`` Gauss-Laguerre nodes $s_k$.
     """
     a, b, p, q = (atoms[:, i].unsqueeze(-1) for i in range(4))
     c_a = a / q**2 * rho_c
@@ -65,15 +68,15 @@ def expected_value(
     nodes: torch.Tensor,
     widths: torch.Tensor,
 ) -> torch.Tensor:
-    """``sum_n c_n t^n + sum_jk [w^c_jk cos(s_k t / q_j) + w^s_jk sin(s_k t / q_j)]`` elementwise.
+    r"""$\sum_n c_n t^n + \sum_{jk} [w^c_{jk} \cos(s_k t / q_j) + w^s_{jk} \sin(s_k t / q_j)]$ elementwise.
 
     Args:
         t: ``(...)`` pre-activations.
-        poly: ``(K + 1,)`` coefficients ``c_n``.
+        poly: ``(K + 1,)`` coefficients $c_n$.
         w_c: ``(J, n)``.
         w_s: ``(J, n)``.
         nodes: ``(n,)``.
-        widths: ``(J,)`` the ``q_j``.
+        widths: ``(J,)`` the $q_j$.
     """
     out = torch.zeros_like(t)
     for c in poly.flip(0):  # Horner
@@ -85,17 +88,17 @@ def expected_value(
 
 
 class DiscretizedFit:
-    """The expected output of a RaLiMP as a function of ``t``: a fit in the basis the layer computes.
+    r"""The expected output of a RaLiMP as a function of $t$: a fit in the basis the layer computes.
 
     Args:
         poly: ``c_0..c_K``.
         atoms: ``(A, B, p, q)`` per atom.
-        node_cos: ``(J, n)`` node weights ``rho^c`` (``sum_k = 1`` per atom unless the even part is 0).
-        node_sin: ``(J, n)`` node weights ``rho^s``.
+        node_cos: ``(J, n)`` node weights $\rho^c$ ($\sum_k = 1$ per atom unless the even part is 0).
+        node_sin: ``(J, n)`` node weights $\rho^s$.
         interval: the interval of the fit.
-        max_error: largest absolute error of ``E y`` on ``interval`` (4001-point grid).
-        rms_error: RMS error of ``E y`` on ``interval``.
-        continuous: the continuous rational fit the centers ``p`` came from (its own errors), or None.
+        max_error: largest absolute error of $\mathbb E\, y$ on ``interval`` (4001-point grid).
+        rms_error: RMS error of $\mathbb E\, y$ on ``interval``.
+        continuous: the continuous rational fit the centers $p$ came from (its own errors), or None.
     """
 
     def __init__(
@@ -139,12 +142,12 @@ class DiscretizedFit:
         return self._rho_c.shape[1] if self.num_atoms else 0
 
     def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(w^c, w^s)``, ``(J, n)`` each (`channel_coefficients`)."""
+        """$(w^c, w^s)$, ``(J, n)`` each (`channel_coefficients`)."""
         nodes = gauss_laguerre(self.num_freqs)[0] if self.num_atoms else torch.zeros(0, dtype=torch.float64)
         return channel_coefficients(self._atoms, self._rho_c, self._rho_s, nodes)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        """``E y(t)`` elementwise, in ``t``'s dtype (evaluated in at least float32)."""
+        r"""$\mathbb E\, y(t)$ elementwise, in ``t``'s dtype (evaluated in at least float32)."""
         t = torch.as_tensor(t)
         work = torch.promote_types(t.dtype, torch.float32) if t.is_floating_point() else torch.float64
         x = t.to(work)
@@ -198,7 +201,7 @@ class DiscretizedFit:
 
 
 def nodewise_quadrature(fit: RationalFunction, num_freqs: int) -> DiscretizedFit:
-    """The continuous ``fit`` discretized node by node (weights ``gamma_k``): the layer before this fit.
+    r"""The continuous ``fit`` discretized node by node (weights $\gamma_k$): the layer before this fit.
 
     Its error against the activation is what a layer initialized at the Gauss-Laguerre weights computes in
     expectation; kept for the comparison in the shipped table.
@@ -209,7 +212,7 @@ def nodewise_quadrature(fit: RationalFunction, num_freqs: int) -> DiscretizedFit
 
 
 def _node_basis(t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor, poly_degree: int) -> torch.Tensor:
-    """Columns ``t^0..t^K``, then ``cos(s_k t / q_j)`` for every ``(j, k)``, then the ``sin`` of the same."""
+    r"""Columns $t^0..t^K$, then $\cos(s_k t / q_j)$ for every $(j, k)$, then the $\sin$ of the same."""
     cols = [t.unsqueeze(-1) ** torch.arange(poly_degree + 1, dtype=t.dtype)]
     if widths.numel():
         arg = (t.unsqueeze(-1).unsqueeze(-1) * (nodes / widths.unsqueeze(-1))).flatten(-2)
@@ -218,7 +221,10 @@ def _node_basis(t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor, poly
 
 
 def _penalized_solve(basis: torch.Tensor, f: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    """``argmin mean (basis c - f)^2 + sum_i penalty_i c_i^2`` (solved with unit-RMS columns)."""
+    r"""$\arg\min_c \operatorname{mean} (B c - f)^2 + \sum_i \mathrm{penalty}_i c_i^2$, $B$ = ``basis``.
+
+    Solved with unit-RMS columns.
+    """
     scale = basis.pow(2).mean(0).sqrt().clamp_min(1e-300)
     scaled = basis / scale
     gram = scaled.mT @ scaled / basis.shape[0]
@@ -264,25 +270,26 @@ def fit_discretized(
     coef_penalty: float = 1e-8,
     seed: int = 0,
 ) -> DiscretizedFit:
-    """Fit ``f`` on ``interval`` in the basis a RaLiMP computes with ``num_freqs`` Gauss-Laguerre nodes.
+    r"""Fit $f$ on ``interval`` in the basis a RaLiMP computes with ``num_freqs`` Gauss-Laguerre nodes.
 
-    ``min mean_t (P(t) + sum_jk [w^c_jk cos(s_k t / q_j) + w^s_jk sin(s_k t / q_j)] - f(t))^2
-    + coef_penalty sum_jk (w^c_jk^2 + w^s_jk^2)`` on a uniform float64 grid, jointly over the polynomial, all
-    node coefficients and the widths ``q_j = q_floor + softplus(rho_j)``. The penalty keeps the node
-    coefficients from cancelling each other and the polynomial (unpenalized, near-collinear columns reach
-    ``|w| ~ 500`` for GELU at 3 nodes); ``w^c^2 + w^s^2`` is the factor of each node's variance (App. A.3), so
-    it trades a little bias for orders of magnitude of variance. For fixed widths the coefficients are a
-    linear least-squares solution, and Levenberg-Marquardt moves the widths (variable projection), from
-    ``num_starts`` starts: the continuous fit's widths, then random ones. The centers ``p`` come from the
-    continuous fit (they do not
-    change ``E y``, see the module docstring).
+    $$\min\ \operatorname{mean}_t \Big(P(t) + \sum_{jk} \big[w^c_{jk} \cos(s_k t / q_j)
+    + w^s_{jk} \sin(s_k t / q_j)\big] - f(t)\Big)^2 + \mu \sum_{jk} \big((w^c_{jk})^2 + (w^s_{jk})^2\big)$$
+
+    ($\mu$ = ``coef_penalty``) on a uniform float64 grid, jointly over the polynomial, all
+    node coefficients and the widths $q_j = q_\mathrm{floor} + \operatorname{softplus}(\rho_j)$. The penalty
+    keeps the node coefficients from cancelling each other and the polynomial (unpenalized, near-collinear
+    columns reach $|w| \sim 500$ for GELU at 3 nodes); $(w^c)^2 + (w^s)^2$ is the factor of each node's
+    variance (App. A.3), so it trades a little bias for orders of magnitude of variance. For fixed widths the
+    coefficients are a linear least-squares solution, and Levenberg-Marquardt moves the widths (variable
+    projection), from ``num_starts`` starts: the continuous fit's widths, then random ones. The centers $p$
+    come from the continuous fit (they do not change $\mathbb E\, y$, see the module docstring).
 
     Args:
         fn: an elementwise function of a float64 tensor, a registered activation name, or a
             `RationalFunction` (then also the default ``continuous``).
         interval: ``(a, b)``.
-        poly_degree: ``K >= 0``.
-        num_atoms: ``J >= 0``.
+        poly_degree: $K \ge 0$.
+        num_atoms: $J \ge 0$.
         num_freqs: Gauss-Laguerre nodes per atom.
         continuous: the continuous rational fit (``fit_rational``) giving the start widths and the
             centers; fitted now when None.
@@ -290,7 +297,7 @@ def fit_discretized(
         num_points: grid size.
         num_starts: Levenberg-Marquardt starts.
         max_iter: iterations per start.
-        coef_penalty: weight ``mu >= 0`` of ``sum (w^c^2 + w^s^2)`` against the mean squared error.
+        coef_penalty: weight $\mu \ge 0$ of $\sum ((w^c)^2 + (w^s)^2)$ against the mean squared error.
         seed: seed of the random starts.
 
     Returns:

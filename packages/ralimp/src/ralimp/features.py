@@ -1,9 +1,9 @@
-"""Separable feature blocks: EUGen product features and complex-exponential estimators.
+r"""Separable feature blocks: EUGen product features and complex-exponential estimators.
 
-Product features estimate ``(x . w)^n`` (Sec. 2.2); the complex exponentials estimate ``cos(s t)`` and
-``sin(s t)`` (Secs. 2.3-2.4, Lemma 1).
+Product features estimate $(x \cdot w)^n$ (Sec. 2.2); the complex exponentials estimate $\cos(s t)$ and
+$\sin(s t)$ (Secs. 2.3-2.4, Lemma 1).
 
-Shapes: ``u`` is ``(..., D)`` (an augmented input ``[x; 1]`` or weight row ``[w; b]``), projections
+Shapes: ``u`` is ``(..., D)`` (an augmented input $[x; 1]$ or weight row $[w; b]$), projections
 ``omega`` are ``(R, D)``, frequencies ``(R,)``.
 """
 
@@ -15,16 +15,16 @@ import torch
 def complex_exponential_features(
     u: torch.Tensor, omega: torch.Tensor, freq: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``z_r(u) = exp(Z_r) exp(i (Z_r - h_r))``, ``Z_r = sqrt(s_r/2) omega_r . u``, ``h_r = s_r ||u||^2 / 2``.
+    r"""$z_r(u) = e^{Z_r} e^{i (Z_r - h_r)}$, $Z_r = \sqrt{s_r/2}\, \omega_r \cdot u$, $h_r = s_r \|u\|^2/2$.
 
-    Lemma 1: for ``omega_r ~ N(0, I)``, ``E[z_r(x) z_r(w)] = exp(i s_r x . w)``. With the complex
-    ``a = (1 + i) sqrt(s/2)`` this is ``exp(a omega . u - a^2 ||u||^2 / 2)``, the positive random feature
-    of the softmax kernel ``exp(a^2 x . w)`` continued to ``a^2 = i s``.
+    Lemma 1: for $\omega_r \sim \mathcal N(0, I)$, $\mathbb E[z_r(x) z_r(w)] = \exp(i s_r\, x \cdot w)$. With
+    the complex $a = (1 + i) \sqrt{s/2}$ this is $\exp(a\, \omega \cdot u - a^2 \lVert u\rVert^2 / 2)$, the
+    positive random feature of the softmax kernel $\exp(a^2 x \cdot w)$ continued to $a^2 = i s$.
 
     Args:
         u: ``(..., D)``.
         omega: ``(R, D)`` projections.
-        freq: ``(R,)`` frequencies ``s_r >= 0``.
+        freq: ``(R,)`` frequencies $s_r \ge 0$.
 
     Returns:
         ``(Re z, Im z)``, each ``(..., R)``.
@@ -38,17 +38,26 @@ def complex_exponential_features(
 def cos_sin_estimate(
     x: torch.Tensor, w: torch.Tensor, omega: torch.Tensor, freq: float, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The estimators ``C ~ cos(s x . w)`` and ``S ~ sin(s x . w)`` of Eqs. 8-9, for every pair of rows.
+    r"""Estimators $C \approx \cos(s\, x \cdot w)$, $S \approx \sin(s\, x \cdot w)$ (Eqs. 8-9), all row pairs.
 
-    ``C = Re sum_r a_r z_r(x) z_r(w)``, ``S = Im`` of the same, written with real features:
-    ``[Re z(x), Im z(x)] . [Re z(w), -Im z(w)]`` and ``[Re z(x), Im z(x)] . [Im z(w), Re z(w)]``.
+    $C = \operatorname{Re} \sum_r a_r z_r(x) z_r(w)$, $S = \operatorname{Im}$ of the same, written with real
+    features:
+
+    $$
+    \begin{aligned}
+    C &= [\operatorname{Re} z(x), \operatorname{Im} z(x)]
+      \cdot [\operatorname{Re} z(w), -\operatorname{Im} z(w)], \\
+    S &= [\operatorname{Re} z(x), \operatorname{Im} z(x)]
+      \cdot [\operatorname{Im} z(w), \operatorname{Re} z(w)].
+    \end{aligned}
+    $$
 
     Args:
         x: ``(N, D)``.
         w: ``(L, D)``.
-        omega: ``(m, D)`` projections (rows ~ ``N(0, I)``).
-        freq: the frequency ``s``.
-        weights: ``(m,)`` row weights ``a_r`` (default ``1/m``).
+        omega: ``(m, D)`` projections (rows $\sim \mathcal N(0, I)$).
+        freq: the frequency $s$.
+        weights: ``(m,)`` row weights $a_r$ (default $1/m$).
 
     Returns:
         ``(C, S)``, each ``(N, L)``.
@@ -65,11 +74,11 @@ def cos_sin_estimate(
 
 
 def product_features(u: torch.Tensor, projections: list[torch.Tensor]) -> list[torch.Tensor]:
-    """EUGen product features ``phi_n(u)_r = prod_{i<=n} (G^(i)_r . u)`` for ``n = 1..K`` (Sec. 2.2).
+    r"""EUGen product features $\phi_n(u)_r = \prod_{i \le n} (G^{(i)}_r \cdot u)$ for $n = 1..K$ (Sec. 2.2).
 
-    With independent ``G^(i)`` whose rows have ``E[g g^T] = I``, ``(1/m) <phi_n(x), phi_n(w)>`` is unbiased
-    for ``(x . w)^n``: the expectation of a product of independent factors is the product of the
-    expectations ``E[(g . x)(g . w)] = x . w``.
+    With independent $G^{(i)}$ whose rows have $\mathbb E[g g^\top] = I$,
+    $\frac1m \langle\phi_n(x), \phi_n(w)\rangle$ is unbiased for $(x \cdot w)^n$: the expectation of a product
+    of independent factors is the product of the expectations $\mathbb E[(g \cdot x)(g \cdot w)] = x \cdot w$.
 
     Args:
         u: ``(..., D)``.

@@ -68,7 +68,7 @@ def compute_fits(args: argparse.Namespace) -> tuple[dict[str, RationalFunction],
 
 
 def node_energy(fit: DiscretizedFit) -> float:
-    """``sum_jk (w^c_jk^2 + w^s_jk^2)``, the factor of the rational block's variance (App. A.3)."""
+    r"""$\sum_{jk} ((w^c_{jk})^2 + (w^s_{jk})^2)$, the factor of the rational block's variance (App. A.3)."""
     w_c, w_s = fit.coefficients()
     return float((w_c**2 + w_s**2).sum())
 

@@ -1,4 +1,4 @@
-"""The RaLiMP layer: ``activation(W x + b) ~ Psi(W) Phi(x)`` through a rational surrogate (Sec. 2)."""
+r"""The RaLiMP layer: $\sigma(W x + b) \approx \Psi(W) \Phi(x)$ through a rational surrogate (Sec. 2)."""
 
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
 
 
 class RaLiMP(FeatureLinearization):
-    """Rationally linearized feed-forward layer: ``y = Psi(W) Phi(x) ~ activation(x @ W.T + b)``.
+    r"""Rationally linearized feed-forward layer: $y = \Psi(W) \Phi(x) \approx \sigma(W x + b)$.
 
-    The activation is replaced by its rational fit ``R = P + sum_j a_j`` and every part is linearized:
+    The activation is replaced by its rational fit $R = P + \sum_j a_j$ and every part is linearized:
 
-    - ``P`` by EUGen product features on ``[x; 1]`` and ``[w; b]`` (``poly_features = m`` rows per factor);
-    - each atom ``a_j`` by its Laplace representation, discretized at ``num_freqs`` Gauss-Laguerre nodes
+    - $P$ by EUGen product features on $[x; 1]$ and $[w; b]$ (``poly_features`` $= m$ rows per factor);
+    - each atom $a_j$ by its Laplace representation, discretized at ``num_freqs`` Gauss-Laguerre nodes
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
       random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
@@ -57,35 +57,36 @@ class RaLiMP(FeatureLinearization):
     coefficients and widths jointly, for these ``num_freqs`` nodes), so the layer's expectation over the
     projections is the fit (``expected_output == fit`` at initialization).
 
-    Poles live in the scaled variable ``v = t / tau^2`` (features evaluated at ``u / tau``): the trainable
-    ``A', B', p', q'`` are the fit's ``A / tau^4, B / tau^2, p / tau^2, q / tau^2``, an exact change of
-    variables, so the layer approximates ``activation(t)`` at initialization for every ``tau``.
+    Poles live in the scaled variable $v = t / \tau^2$ (features evaluated at $u / \tau$): the trainable
+    $A', B', p', q'$ are the fit's $A / \tau^4, B / \tau^2, p / \tau^2, q / \tau^2$, an exact change of
+    variables, so the layer approximates $\sigma(t)$ (``activation``) at initialization for every $\tau$.
 
     Args:
-        in_features: ``d``.
-        out_features: ``l``.
+        in_features: $d$.
+        out_features: $l$.
         activation: a registered name (``"gelu"``, ``"gelu_tanh"``, ``"silu"``, ...; shipped fits), an
             elementwise callable (fitted now), a `RationalFunction` (refitted in the layer's basis)
             or a `ralimp.DiscretizedFit` (used as is); the last two fix ``poly_degree`` and
             ``num_atoms``.
-        poly_degree: ``K``.
-        poly_features: ``m`` of the polynomial block.
-        num_atoms: ``J``.
+        poly_degree: $K$.
+        poly_features: $m$ of the polynomial block.
+        num_atoms: $J$.
         num_freqs: Gauss-Laguerre nodes per atom.
         freq_features: random projections per node.
-        tau: the scale ``tau``, or ``"auto"``: ``tau^2 = tau_c * RMS(t)`` over ``sample`` (standard-normal
-            inputs when there is none).
-        bias: learn a bias ``b`` (folded in as ``[x; 1] . [w; b]``).
-        learn_poles: train ``A, B, p, q`` (else they are buffers).
+        tau: the scale $\tau$, or ``"auto"``: $\tau^2 = c \operatorname{RMS}(t)$ over ``sample``
+            (standard-normal inputs when there is none).
+        bias: learn a bias $b$ (folded in as $[x; 1] \cdot [w; b]$).
+        learn_poles: train $A, B, p, q$ (else they are buffers).
         weight_matrix: ``rf_matrices`` name (or class) of every projection matrix.
         seed: seed of the projections.
         interval: the interval of the rational fit.
-        tau_c: the constant ``c`` of ``tau="auto"``.
-        balance: ``lambda`` of the rational features, evaluated at ``[x; 1] / lambda`` and ``lambda [w; b]``
-            (``t`` unchanged). 1 (the default) is the paper's layer. ``"auto"`` (a departure from the paper)
-            takes ``lambda^2 = RMS ||[x; 1]|| / RMS ||[w; b]||``, which minimizes
-            ``E ||x/lambda + lambda w||^2``, the exponent of the estimators' variance (Prop. 1); it keeps
-            float32 features finite when ``||x|| >> ||w||`` but cannot lower the bound of
+        tau_c: the constant $c$ of ``tau="auto"``.
+        balance: $\lambda$ of the rational features, evaluated at $[x; 1] / \lambda$ and $\lambda [w; b]$
+            ($t$ unchanged). 1 (the default) is the paper's layer. ``"auto"`` (a departure from the paper)
+            takes $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert / \operatorname{RMS} \lVert[w; b]\rVert$,
+            which minimizes $\mathbb E \lVert x/\lambda + \lambda w\rVert^2$, the exponent of the estimators'
+            variance (Prop. 1); it keeps float32 features finite when $\lVert x\rVert \gg \lVert w\rVert$ but
+            cannot lower the bound of
             `ralimp.variance`.
         sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
@@ -233,10 +234,10 @@ class RaLiMP(FeatureLinearization):
     def load_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
-        """Set ``W, b``; calibrate ``tau``, ``lambda`` and the poles (in ``v = t / tau^2`` units) from them.
+        r"""Set ``W, b``; calibrate $\tau$, $\lambda$ and the poles (in $v = t / \tau^2$ units) from them.
 
-        Every trainable coefficient is (re)initialized from the discretized fit: ``c_n``, ``A', B', p', q'``,
-        and the per-node channel weights ``rho``; a free readout (``init="lstsq"``) is dropped.
+        Every trainable coefficient is (re)initialized from the discretized fit: $c_n$, $A', B', p', q'$,
+        and the per-node channel weights $\rho$; a free readout (``init="lstsq"``) is dropped.
         """
         if weight.shape != self.weight.shape:
             raise ValueError(f"weight: expected shape {tuple(self.weight.shape)}, got {tuple(weight.shape)}")
@@ -276,10 +277,10 @@ class RaLiMP(FeatureLinearization):
         self._cache = None
 
     def set_readout(self, psi: torch.Tensor) -> None:
-        """Replace ``Psi(W)`` by the free trainable readout ``psi`` ``(out_features, F)`` (``init="lstsq"``).
+        r"""Replace $\Psi(W)$ by the free trainable readout ``psi`` ``(out_features, F)`` (``init="lstsq"``).
 
-        From then on ``W, b``, ``c_n``, ``A, B, p`` and the node coefficients no longer reach the output (the
-        readout absorbs them); the pole widths ``q`` still set the frequencies of ``Phi``.
+        From then on ``W, b``, $c_n$, $A, B, p$ and the node coefficients no longer reach the output (the
+        readout absorbs them); the pole widths $q$ still set the frequencies of $\Phi$.
         """
         if psi.shape != (self.out_features, self.feature_dim):
             raise ValueError(
@@ -295,7 +296,7 @@ class RaLiMP(FeatureLinearization):
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
         ``poly_degree``, ``num_atoms`` and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
-        `RationalFunction` activation fixes ``K`` and ``J``); one of ``poly_features`` and
+        `RationalFunction` activation fixes $K$ and $J$); one of ``poly_features`` and
         ``freq_features`` may be fixed there too.
         """
         if isinstance(activation, RationalFunction):
@@ -317,18 +318,18 @@ class RaLiMP(FeatureLinearization):
     # ------------------------------------------------------------------------------------------- features
     @property
     def num_random_features(self) -> int:
-        """The budget as the paper counts it: ``m_poly + 2 J n_freq m`` (Sec. D.1: ``8 + 24 = 32``)."""
+        r"""The paper's budget: $m_\mathrm{poly} + 2 J n_\mathrm{freq} m$ (Sec. D.1: $8 + 24 = 32$)."""
         m_poly = self.poly_matrices[0].num_features if self.poly_degree else 0
         return m_poly + sum(2 * mat.num_features for mat in self.freq_matrices)
 
     @property
     def feature_dim(self) -> int:
-        """``F``, the width of ``Phi(x)``: ``1 + K m_poly + 2 J n_freq m``."""
+        r"""$F$, the width of $\Phi(x)$: $1 + K m_\mathrm{poly} + 2 J n_\mathrm{freq} m$."""
         poly = sum(m.num_features for m in self.poly_matrices)
         return 1 + poly + sum(2 * m.num_features for m in self.freq_matrices)
 
     def pole_widths(self) -> torch.Tensor:
-        """``q'`` per atom, in ``v = t / tau^2`` units (multiply by ``tau^2`` for ``t`` units)."""
+        r"""$q'$ per atom, in $v = t / \tau^2$ units (multiply by $\tau^2$ for $t$ units)."""
         return F.softplus(self.atom_q_raw)
 
     def _projections(
@@ -355,7 +356,10 @@ class RaLiMP(FeatureLinearization):
         return poly, omega, torch.cat(weights), torch.cat(freqs)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        """``Phi(x) = [1, phi_1..phi_K ([x;1]), Re z([x;1] / (lambda tau)), Im z(...)]``, ``(..., F)``."""
+        r"""$\Phi(x) = [1, \phi_{1..K}([x;1]), \operatorname{Re} z, \operatorname{Im} z]$, ``(..., F)``.
+
+        $z$ is evaluated at $[x;1] / (\lambda\tau)$.
+        """
         check_input(x, self.in_features)
         dtype = work_dtype(x.dtype)
         u = augmented(x.to(dtype))
@@ -367,9 +371,9 @@ class RaLiMP(FeatureLinearization):
         return torch.cat(parts, -1)
 
     def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per node, the coefficients ``(w_c, w_s)`` of ``C_k ~ cos(s_k v / q')`` and ``S_k``, ``(J, n)``.
+        r"""Per node, the coefficients $(w_c, w_s)$ of $C_k \approx \cos(s_k v / q')$ and $S_k$, ``(J, n)``.
 
-        `ralimp.discretized.channel_coefficients` of the poles in ``v = t / tau^2`` units (Sec. 2.4).
+        `ralimp.discretized.channel_coefficients` of the poles in $v = t / \tau^2$ units (Sec. 2.4).
         """
         atoms = torch.stack([self.atom_a, self.atom_b, self.atom_p, self.pole_widths()], -1).to(dtype)
         return channel_coefficients(
@@ -377,7 +381,7 @@ class RaLiMP(FeatureLinearization):
         )
 
     def weight_features(self) -> torch.Tensor:
-        """``Psi(W)``, ``(out_features, F)``: the weight-row side of every block, coefficients folded in.
+        r"""$\Psi(W)$, ``(out_features, F)``: the weight-row side of every block, coefficients folded in.
 
         The free readout instead, once `set_readout` (``init="lstsq"``) has set one.
         """
@@ -402,7 +406,7 @@ class RaLiMP(FeatureLinearization):
         return torch.cat(parts, -1)
 
     def psi(self) -> torch.Tensor:
-        """``Psi(W)``: recomputed in training mode, cached in eval mode until a parameter changes."""
+        r"""$\Psi(W)$: recomputed in training mode, cached in eval mode until a parameter changes."""
         if self.training:
             self._cache = None
             return self.weight_features()
@@ -413,9 +417,9 @@ class RaLiMP(FeatureLinearization):
         return self._cache[1]
 
     def expected_output(self, t: torch.Tensor) -> torch.Tensor:
-        """The layer's output in expectation over the projections, as a function of ``t = w . x + b``.
+        r"""The layer's output in expectation over the projections, as a function of $t = w \cdot x + b$.
 
-        ``P(t) + sum_jk [w_c cos(s_k t / (q' tau^2)) + w_s sin(s_k t / (q' tau^2))]``: at initialization
+        $P(t) + \sum_{jk} [w_c \cos(s_k t / (q' \tau^2)) + w_s \sin(s_k t / (q' \tau^2))]$: at initialization
         exactly ``self.fit(t)`` (the fit is made in this basis); the random features only add variance.
         """
         dtype = work_dtype(t.dtype)

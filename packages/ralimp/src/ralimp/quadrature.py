@@ -19,12 +19,12 @@ def _gauss_laguerre(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gauss_laguerre(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``n``-point Gauss-Laguerre rule for the weight ``e^{-s}`` on ``[0, inf)``, float64.
+    r"""The $n$-point Gauss-Laguerre rule for the weight $e^{-s}$ on $[0, \infty)$, float64.
 
-    Golub-Welsch: the nodes ``s_k`` are the eigenvalues of the Jacobi matrix of the Laguerre polynomials
-    (diagonal ``2k + 1``, off-diagonal ``k``), the weights ``gamma_k`` the squared first components of its
-    unit eigenvectors (times ``int e^{-s} ds = 1``, so they sum to 1). The rule integrates
-    ``e^{-s} s^j`` exactly (``= j!``) for ``j <= 2n - 1``.
+    Golub-Welsch: the nodes $s_k$ are the eigenvalues of the Jacobi matrix of the Laguerre polynomials
+    (diagonal $2k + 1$, off-diagonal $k$), the weights $\gamma_k$ the squared first components of its
+    unit eigenvectors (times $\int e^{-s}\, ds = 1$, so they sum to 1). The rule integrates
+    $e^{-s} s^j$ exactly ($= j!$) for $j \le 2n - 1$.
 
     Returns:
         ``(nodes (n,), weights (n,))``, nodes increasing, weights positive.
@@ -34,10 +34,10 @@ def gauss_laguerre(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def atom_quadrature_error(num_freqs: int, u_max: float, *, points: int = 2001) -> float:
-    """Largest error of the ``num_freqs``-node rule on the centered atom, over ``|u| <= u_max``.
+    r"""Largest error of the ``num_freqs``-node rule on the centered atom, over $|u| \le u_\mathrm{max}$.
 
-    ``max |sum_k gamma_k cos(s_k u) - 1/(1+u^2)|`` and the same for ``sin`` against ``u/(1+u^2)``
-    (the Laplace integrals of Sec. 2.3), over ``u`` in ``[0, u_max]`` (both parts are even/odd in ``u``).
+    $\max |\sum_k \gamma_k \cos(s_k u) - 1/(1+u^2)|$ and the same for $\sin$ against $u/(1+u^2)$
+    (the Laplace integrals of Sec. 2.3), over $u \in [0, u_\mathrm{max}]$ (both parts are even/odd in $u$).
     """
     s, g = gauss_laguerre(num_freqs)
     u = torch.linspace(0.0, float(u_max), points, dtype=torch.float64).unsqueeze(-1)
@@ -47,10 +47,10 @@ def atom_quadrature_error(num_freqs: int, u_max: float, *, points: int = 2001) -
 
 
 def resolvable_argument(num_freqs: int, tol: float) -> float:
-    """The largest ``U`` such that the ``num_freqs``-node rule is within ``tol`` of the atom on ``|u| <= U``.
+    r"""The largest ``U`` such that the ``num_freqs``-node rule is within ``tol`` of the atom on $|u| \le U$.
 
     Found by bisection on [`atom_quadrature_error`][ralimp.atom_quadrature_error]; an atom of width ``q``
-    centered at ``p`` is resolved on an interval ``[a, b]`` when ``max(|a - p|, |b - p|) / q <= U``.
+    centered at ``p`` is resolved on an interval ``[a, b]`` when $\max(|a - p|, |b - p|) / q \le U$.
     """
     if not 0 < tol < 1:
         raise ValueError(f"tol: expected a tolerance in (0, 1), got {tol!r}")

@@ -1,8 +1,9 @@
-"""Rational surrogates of activations in partial-fraction form, and their least-squares fit (Sec. 2.1).
+r"""Rational surrogates of activations in partial-fraction form, and their least-squares fit (Sec. 2.1).
 
-``R(t) = sum_{n=0..K} c_n t^n + sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)`` with ``q_j > 0``: every
-denominator is an irreducible quadratic with the complex poles ``p_j +- i q_j``, so ``R`` is finite on the
-real line by construction.
+$$R(t) = \sum_{n=0}^K c_n t^n + \sum_j \frac{A_j + B_j (t - p_j)}{(t - p_j)^2 + q_j^2}$$
+
+with $q_j > 0$: every denominator is an irreducible quadratic with the complex poles $p_j \pm i q_j$, so $R$
+is finite on the real line by construction.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ DEFAULT_INTERVAL = (-4.0, 4.0)
 
 
 class RationalFunction:
-    """``R(t) = P(t) + sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)``, callable on tensors.
+    r"""$R(t) = P(t) + \sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)$, callable on tensors.
 
     Args:
         poly: polynomial coefficients ``c_0..c_K`` (lowest degree first).
@@ -118,7 +119,7 @@ class RationalFunction:
 
 
 def _basis(t: torch.Tensor, p: torch.Tensor, q: torch.Tensor, poly_degree: int) -> torch.Tensor:
-    """Columns ``t^0..t^K``, then per atom ``1/D`` and ``(t - p)/D`` with ``D = (t - p)^2 + q^2``."""
+    """Columns $t^0..t^K$, then per atom $1/D$ and $(t - p)/D$ with $D = (t - p)^2 + q^2$."""
     cols = [t.unsqueeze(-1) ** torch.arange(poly_degree + 1, dtype=t.dtype)]
     if p.numel():
         d = t.unsqueeze(-1) - p
@@ -145,7 +146,7 @@ def fit_rational(
     max_iter: int = 150,
     seed: int = 0,
 ) -> RationalFunction:
-    """Fit ``R(t) = P(t) + sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)`` to ``fn`` on ``interval``.
+    r"""Fit $R(t) = P(t) + \sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)$ to ``fn`` on ``interval``.
 
     A float64 least-squares fit on a uniform grid of ``num_points``, directly in partial-fraction form:
     the widths are ``q_j = softplus(rho_j) + q_floor``, so no pole can reach the real axis. The problem is
@@ -157,8 +158,8 @@ def fit_rational(
     Args:
         fn: an elementwise function of a float64 tensor, or a registered activation name.
         interval: ``(a, b)``, the interval of the fit.
-        num_atoms: ``J >= 0`` (0 fits the polynomial alone).
-        poly_degree: ``K >= 0``.
+        num_atoms: $J \ge 0$ (0 fits the polynomial alone).
+        poly_degree: $K \ge 0$.
         q_floor: smallest pole width allowed.
         num_points: grid size.
         num_starts: Levenberg-Marquardt starts.
@@ -217,7 +218,7 @@ def fit_rational(
 def levenberg_marquardt(
     residual: Callable[[torch.Tensor], torch.Tensor], theta: torch.Tensor, max_iter: int
 ) -> torch.Tensor:
-    """Minimize ``||residual(theta)||^2`` by Levenberg-Marquardt with a central-difference Jacobian."""
+    r"""Minimize $\lVert \mathrm{res}(\theta)\rVert^2$ by Levenberg-Marquardt, central-difference Jacobian."""
     if theta.numel() == 0:
         return theta
     r = residual(theta)

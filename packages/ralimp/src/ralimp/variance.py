@@ -1,25 +1,30 @@
-"""Exact variances of the unbiased layers over their random projections (Prop. 1, Prop. 2).
+r"""Exact variances of the unbiased layers over their random projections (Prop. 1, Prop. 2).
 
-The complex-exponential estimator is log-normal: its second moment is ``e^{2 sigma^2}`` with
-``2 sigma^2 = s ||x~ + w~||^2``, so a sample of a few thousand draws sees almost none of its mass once
-``2 sigma^2`` exceeds ~6, and sampled MSEs underestimate the variance by many orders of magnitude. These
-closed forms replace sampled figures. All of them assume i.i.d. ``N(0, I)`` projection rows
-(``weight_matrix="base"``, ``sigma = 1``); orthogonal or quadrature rows have other variances.
+The complex-exponential estimator is log-normal: its second moment is $e^{2\sigma^2}$ with
+$2\sigma^2 = s \lVert\tilde x + \tilde w\rVert^2$, so a sample of a few thousand draws sees almost none of its
+mass once $2\sigma^2$ exceeds ~6, and sampled MSEs underestimate the variance by many orders of magnitude.
+These closed forms replace sampled figures. All of them assume i.i.d. $\mathcal N(0, I)$ projection rows
+(``weight_matrix="base"``, $\sigma = 1$); orthogonal or quadrature rows have other variances.
 
-Per projection and node (features at ``x~``, ``w~``, frequency ``s``; ``xi ~ N(0, sigma^2)``,
-``sigma^2 = s ||x~ + w~||^2 / 2``, ``H = s (||x~||^2 + ||w~||^2) / 2``, ``Y^c = e^xi cos(xi - H)``,
-``Y^s = e^xi sin(xi - H)``):
+Per projection and node (features at $\tilde x$, $\tilde w$, frequency $s$;
+$\xi \sim \mathcal N(0, \sigma^2)$, $\sigma^2 = s \lVert\tilde x + \tilde w\rVert^2 / 2$,
+$H = s (\lVert\tilde x\rVert^2 + \lVert\tilde w\rVert^2) / 2$, $Y^c = e^\xi \cos(\xi - H)$,
+$Y^s = e^\xi \sin(\xi - H)$):
 
-- ``E[(Y^c)^2] = (e^{2 sigma^2} + cos(4 sigma^2 - 2H)) / 2``, ``E[(Y^s)^2] = (e^{2 sigma^2} - cos(...)) / 2``
-  (Prop. 1), and ``E[Y^c Y^s] = sin(4 sigma^2 - 2H) / 2`` (the same computation: ``Y^c Y^s =
-  e^{2 xi} sin(2 xi - 2H) / 2`` and ``E e^{(2 + 2i) xi} = e^{4 i sigma^2}``).
-- Product features (EUGen, Prop. 2): per row, ``X_n = prod_{i<=n} (g_i . x)(g_i . w)`` has
-  ``E[X_n X_n'] = M^{min(n, n')} t^{|n - n'|}`` with ``M = ||x||^2 ||w||^2 + 2 t^2`` (Isserlis, independent
-  factors), the degrees sharing ``G^(1..min)``.
+- $\mathbb E[(Y^c)^2] = \tfrac12 (e^{2\sigma^2} + \cos(4\sigma^2 - 2H))$,
+  $\mathbb E[(Y^s)^2] = \tfrac12 (e^{2\sigma^2} - \cos(4\sigma^2 - 2H))$ (Prop. 1), and
+  $\mathbb E[Y^c Y^s] = \tfrac12 \sin(4\sigma^2 - 2H)$ (the same computation:
+  $Y^c Y^s = \tfrac12 e^{2\xi} \sin(2\xi - 2H)$ and $\mathbb E\, e^{(2 + 2i) \xi} = e^{4 i \sigma^2}$).
+- Product features (EUGen, Prop. 2): per row, $X_n = \prod_{i \le n} (g_i \cdot x)(g_i \cdot w)$ has
+  $\mathbb E[X_n X_{n'}] = M^{\min(n, n')} t^{|n - n'|}$ with $M = \lVert x\rVert^2 \lVert w\rVert^2 + 2 t^2$
+  (Isserlis, independent factors), the degrees sharing $G^{(1..\min)}$.
 
-Lower bound (the guide's): with ``lambda`` free, ``||x/lambda + lambda w||^2 >= 2 ||x|| ||w|| + 2 t``, so
-``log E|Y_k|^2 = 2 sigma_k^2 >= 2 s_k |u| (1 / |cos theta| - 1)`` with ``u = t / q`` and ``theta`` the angle
-between ``[x; 1]`` and ``[w; b]`` (`log_second_moment_bound`).
+Lower bound (the guide's): with $\lambda$ free,
+$\lVert x/\lambda + \lambda w\rVert^2 \ge 2 \lVert x\rVert \lVert w\rVert + 2 t$, so
+
+$$\log \mathbb E|Y_k|^2 = 2\sigma_k^2 \ge 2 s_k |u| \left(\frac{1}{|\cos\theta|} - 1\right)$$
+
+with $u = t / q$ and $\theta$ the angle between $[x; 1]$ and $[w; b]$ (`log_second_moment_bound`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ if TYPE_CHECKING:
 def atom_second_moments(
     sigma2: torch.Tensor, big_h: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(E[(Y^c)^2], E[(Y^s)^2], E[Y^c Y^s])`` of one projection (Prop. 1 and the cross moment)."""
+    r"""$(\mathbb E[(Y^c)^2], \mathbb E[(Y^s)^2], \mathbb E[Y^c Y^s])$ of a projection (Prop. 1)."""
     growth = torch.exp(2 * sigma2)
     phase = 4 * sigma2 - 2 * big_h
     return (growth + phase.cos()) / 2, (growth - phase.cos()) / 2, phase.sin() / 2
@@ -54,12 +59,12 @@ def node_log_variance(
     w_s: torch.Tensor | float,
     rows: int,
 ) -> torch.Tensor:
-    """``log Var(w_c C + w_s S)`` for every input and weight row, ``(N, L)``, float64.
+    r"""$\log \operatorname{Var}(w_c C + w_s S)$ for every input and weight row, ``(N, L)``, float64.
 
-    ``C`` and ``S`` average ``rows`` i.i.d. projections of the estimators of ``cos(s x . w)`` and
-    ``sin(s x . w)`` at frequency ``freq`` (Eqs. 8-9; features evaluated at ``x`` ``(N, D)`` and ``w``
+    ``C`` and ``S`` average ``rows`` i.i.d. projections of the estimators of $\cos(s\, x \cdot w)$ and
+    $\sin(s\, x \cdot w)$ at frequency ``freq`` (Eqs. 8-9; features evaluated at ``x`` ``(N, D)`` and ``w``
     ``(L, D)`` as given, already scaled). Computed in log space: the variance overflows float64 at
-    ``2 sigma^2 > 709``.
+    $2\sigma^2 > 709$.
     """
     x, w = x.to(torch.float64), w.to(torch.float64)
     s = float(freq)
@@ -77,7 +82,9 @@ def node_log_variance(
 
 
 def product_block_variance(coef: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rows: int) -> torch.Tensor:
-    """Variance of ``sum_{n>=1} c_n (1/m) <phi_n(x), phi_n(w)>`` (EUGen, shared projections), ``(N, L)``.
+    r"""Variance of $\sum_{n \ge 1} c_n \frac1m \langle\phi_n(x), \phi_n(w)\rangle$, ``(N, L)``.
+
+    EUGen, shared projections.
 
     Args:
         coef: ``c_0..c_K`` (``c_0`` is deterministic and ignored).
@@ -99,7 +106,7 @@ def product_block_variance(coef: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
 
 
 def check_gaussian_rows(matrices: Iterable[torch.nn.Module]) -> None:
-    """Raise a ``ValueError`` unless every projection matrix has i.i.d. ``N(0, I)`` rows."""
+    r"""Raise a ``ValueError`` unless every projection matrix has i.i.d. $\mathcal N(0, I)$ rows."""
     for m in matrices:
         if type(m) is not Base or m.sigma != 1.0:
             raise ValueError(
@@ -110,7 +117,7 @@ def check_gaussian_rows(matrices: Iterable[torch.nn.Module]) -> None:
 
 @torch.no_grad()
 def ralimp_log_variance(layer: RaLiMP, x: torch.Tensor) -> torch.Tensor:
-    """``log Var y`` of a `ralimp.RaLiMP` with its ``Psi(W)`` readout, ``(N, l)``.
+    r"""$\log \operatorname{Var} y$ of a `ralimp.RaLiMP` with its $\Psi(W)$ readout, ``(N, l)``.
 
     Exact: the polynomial block (Prop. 2, shared projections) plus every node of every atom (Prop. 1 with the
     cross moment), independent blocks; at the layer's current ``W, b``, poles, node coefficients, ``tau`` and
@@ -140,9 +147,9 @@ def ralimp_log_variance(layer: RaLiMP, x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def eugen_variance(layer: EUGen, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``Var y`` of a `ralimp.EUGen` at its ``Psi(W)`` initialization from ``linear``, ``(N, l)``.
+    r"""$\operatorname{Var} y$ of a `ralimp.EUGen` at its $\Psi(W)$ init from ``linear``, ``(N, l)``.
 
-    The block sees ``x+ = [x; 1; ||x||]`` and ``w+ = [w; b; 0]`` (EUGen's augmentation).
+    The block sees $x^+ = [x; 1; \lVert x\rVert]$ and $w^+ = [w; b; 0]$ (EUGen's augmentation).
     """
     check_gaussian_rows(layer.matrices)
     x = x.to(torch.float64)
@@ -156,10 +163,13 @@ def eugen_variance(layer: EUGen, linear: torch.nn.Linear, x: torch.Tensor) -> to
 def expected_relative_mse(
     mean: torch.Tensor, log_variance: torch.Tensor, target: torch.Tensor, *, log: bool = False
 ) -> float:
-    """``E ||y - f||^2 / ||f||^2`` over the projections: ``(||E y - f||^2 + sum Var y) / ||f||^2``, float.
+    r"""$\mathbb E \lVert y - f\rVert^2 / \lVert f\rVert^2$ over the projections, a float.
 
-    ``mean`` is ``E y``, ``log_variance`` the log of ``Var y`` (both shaped as ``target``). ``log=True``
-    returns the natural log instead (the value itself overflows float64 beyond ``1e308``).
+    It is $(\lVert \mathbb E y - f\rVert^2 + \sum \operatorname{Var} y) / \lVert f\rVert^2$.
+
+    ``mean`` is $\mathbb E y$, ``log_variance`` the log of $\operatorname{Var} y$ (both shaped as
+    ``target``). ``log=True`` returns the natural log instead
+    (the value itself overflows float64 beyond ``1e308``).
     """
     bias = (mean.double() - target.double()).pow(2).sum()
     energy = target.double().pow(2).sum()
@@ -171,12 +181,14 @@ def expected_relative_mse(
 def log_second_moment_bound(
     node: torch.Tensor | float, t: torch.Tensor, q: float, cos_theta: torch.Tensor
 ) -> torch.Tensor:
-    """``2 s_k |u| (1/|cos theta| - 1)``, ``u = t / q``: a lower bound of ``log E|Y_k|^2``, any tau, balance.
+    r"""$2 s_k |u| (1/|\cos\theta| - 1)$, $u = t / q$: lower bound on $\log \mathbb E|Y_k|^2$.
 
-    ``E|Y|^2 = E[(Y^c)^2 + (Y^s)^2] = e^{2 sigma^2}`` (Eq. 13) with ``2 sigma^2 = (s_k / q') ||x / lambda +
-    lambda w||^2 / tau^2`` and ``q' tau^2 = q``; ``||a / lambda + lambda b||^2 >= 2 ||a|| ||b|| + 2 a . b``
-    for every ``lambda``, and ``||a|| ||b|| = |t| / |cos theta|`` with ``t = a . b``. Rescaling the inputs
-    (``x -> c x``, ``W -> W / c``) leaves ``t`` and ``theta`` unchanged.
+    It holds for any tau and balance. $\mathbb E|Y|^2 = \mathbb E[(Y^c)^2 + (Y^s)^2] = e^{2\sigma^2}$
+    (Eq. 13) with
+    $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$ and $q' \tau^2 = q$;
+    $\lVert a / \lambda + \lambda b\rVert^2 \ge 2 \lVert a\rVert \lVert b\rVert + 2\, a \cdot b$ for every
+    $\lambda$, and $\lVert a\rVert \lVert b\rVert = |t| / |\cos\theta|$ with $t = a \cdot b$. Rescaling the
+    inputs ($x \to c x$, $W \to W / c$) leaves $t$ and $\theta$ unchanged.
     """
     u = torch.as_tensor(t, dtype=torch.float64).abs() / q
     return 2 * torch.as_tensor(node, dtype=torch.float64) * u * (1 / torch.as_tensor(cos_theta).abs() - 1)

@@ -1,12 +1,12 @@
-"""Token-by-token decoding: the recurrent state of causal RF attention and the KV cache of softmax attention.
+r"""Token-by-token decoding: the recurrent state of causal RF attention and the KV cache of softmax attention.
 
-Causal kernelized attention (Eq. 7 with the sums over ``j <= i``) is a recurrence: after ``t`` tokens,
-everything later queries need is the ``m x Dv`` numerator state ``sum_j phi_k_j^T v_j``, the normalizer
-``sum_j phi_k_j`` and the running stabilizer, whatever ``t`` is (O(1) memory and time per token). The
-stabilization is the one of [`rf_attention`][rf_attention.rf_attention] in causal mode: key ``j``'s
-features are ``phi_k_j exp(c_j)`` with ``c_j`` its largest log-feature
+Causal kernelized attention (Eq. 7 with the sums over $j \le i$) is a recurrence: after $t$ tokens,
+everything later queries need is the ``m x Dv`` numerator state $\sum_j \phi_{k_j}^\top v_j$, the normalizer
+$\sum_j \phi_{k_j}$ and the running stabilizer, whatever $t$ is ($O(1)$ memory and time per token). The
+stabilization is the one of [`rf_attention`][rf_attention.rf_attention] in causal mode: key $j$'s
+features are $\phi_{k_j} e^{c_j}$ with $c_j$ its largest log-feature
 (``FeatureMap.forward_with_key_scales``), and the sums are kept relative to the running maximum
-``M = max_{j <= t} c_j``, rescaled by ``exp(M_old - M_new) <= 1`` when it grows. Exact softmax
+$M = \max_{j \le t} c_j$, rescaled by $e^{M_\mathrm{old} - M_\mathrm{new}} \le 1$ when it grows. Exact softmax
 attention has no such state: it keeps every key and value ([`KVCache`][rf_attention.decoding.KVCache],
 O(t) per token).
 """
@@ -27,7 +27,7 @@ DEFAULT_BLOCK_SIZE = 128
 
 @dataclass
 class RecurrentState:
-    """Sums over the keys seen so far, relative to the running stabilizer ``M`` (recurrent Eq. 7).
+    """Sums over the keys seen so far, relative to the running stabilizer $M$ (recurrent Eq. 7).
 
     Attributes:
         numerator: ``(..., m, Dv)``: ``sum_j exp(c_j - M) phi_k_j^T v_j``.
@@ -111,10 +111,10 @@ def _attend_block(
     v: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, RecurrentState]:
-    """Outputs of ``T`` new positions (queries see the state and the new keys ``j <= i``), and the new state.
+    r"""Outputs of $T$ new positions (queries see the state and the new keys $j \le i$), and the new state.
 
-    Query ``i`` uses the reference ``R_i = max(M, max_{j <= i} c_j)``: the state weighs
-    ``exp(M - R_i) <= 1``, new key ``j`` weighs ``exp(c_j - R_i) <= 1``.
+    Query $i$ uses the reference $R_i = \max(M, \max_{j \le i} c_j)$: the state weighs
+    $e^{M - R_i} \le 1$, new key $j$ weighs $e^{c_j - R_i} \le 1$.
     """
     t = phi_q.shape[-2]
     reference = torch.maximum(state.reference.unsqueeze(-1), torch.cummax(key_log_scale, dim=-1).values)
@@ -143,11 +143,11 @@ def recurrent_attention(
     eps: float | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> tuple[torch.Tensor, RecurrentState]:
-    """Causal linear attention of ``T`` new tokens that continue ``state`` (recurrent Eq. 7).
+    r"""Causal linear attention of $T$ new tokens that continue ``state`` (recurrent Eq. 7).
 
-    Position ``i`` of the new tokens attends to every key in ``state`` and to the new keys ``j <= i``,
+    Position $i$ of the new tokens attends to every key in ``state`` and to the new keys $j \le i$,
     exactly as in the causal forward pass over the whole sequence (same stabilization, same normalizer
-    guard). ``T = 1`` is one decoding step, O(m Dv) whatever the context.
+    guard). $T = 1$ is one decoding step, $O(m D_v)$ whatever the context.
 
     Args:
         state: the keys so far
@@ -157,8 +157,9 @@ def recurrent_attention(
         key_log_scale: ``(..., T)``, ``-inf`` at padding (``FeatureMap.forward_with_key_scales``).
         v: ``(..., T, Dv)``.
         eps: relative guard of the normalizer, as in [`linear_attention`][rf_attention.linear_attention]
-            (``|D| <= eps |phi_q| . sum_j |phi_k_j|`` becomes ``sign(D)`` times that bound; for positive
-            features only ``D == 0``, a row without keys, changes); default: the state dtype's epsilon.
+            ($|D| \le \varepsilon\, |\phi_q| \cdot \sum_j |\phi_{k_j}|$ becomes $\operatorname{sign}(D)$ times
+            that bound; for positive features only $D = 0$, a row without keys, changes); default: the state
+            dtype's epsilon.
         block_size: new tokens handled per block (``block x block`` products).
 
     Returns:

@@ -29,31 +29,31 @@ def linear_attention(
     eps: float | None = None,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Kernelized attention ``D^-1 (phi_q phi_k^T) v`` in O(N) time and memory (Eq. 7, Figure 1).
+    r"""Kernelized attention $D^{-1} (\phi_q \phi_k^\top) v$ in $O(N)$ time and memory (Eq. 7, Figure 1).
 
-    Non-causal: ``phi_q (phi_k^T v) / (phi_q (phi_k^T 1))``. Causal: the sums run over keys ``j <= i``,
-    computed by chunked prefix sums: within a chunk of ``chunk_size`` positions an explicit masked
-    ``chunk x chunk`` product, across chunks a running ``m x (Dv + 1)`` state (no ``N x N`` matrix, no
+    Non-causal: $\phi_q (\phi_k^\top v) / (\phi_q (\phi_k^\top \mathbf 1))$. Causal: the sums run over
+    keys $j \le i$, computed by chunked prefix sums: within a chunk of ``chunk_size`` positions an explicit
+    masked ``chunk x chunk`` product, across chunks a running ``m x (Dv + 1)`` state (no ``N x N`` matrix, no
     state per position). Runs through the same chunked autograd functions as
-    [`rf_attention`][rf_attention.rf_attention], with the given features as the "feature map"; the
-    inputs and the ``[phi_k, key_log_scale]`` pair are what autograd keeps.
+    [`rf_attention`][rf_attention.rf_attention], with the given features as the "feature map"; the inputs and
+    the ``[phi_k, key_log_scale]`` pair are what autograd keeps.
 
     Args:
         phi_q: ``(..., N_q, m)`` query features.
         phi_k: ``(..., N_k, m)`` key features.
         v: ``(..., N_k, Dv)`` values.
-        causal: query ``i`` attends to keys ``j <= i`` (needs ``N_q == N_k``).
+        causal: query $i$ attends to keys $j \le i$ (needs ``N_q == N_k``).
         key_padding_mask: bool ``(B, N_k)``, True at padding; padded keys contribute nothing, and a row whose
             keys are all padding gives zeros.
         key_log_scale: ``(..., N_k)``: the true key features are ``phi_k * exp(key_log_scale)`` (as returned
-            by ``FeatureMap.forward_with_key_scales``). Each query ``i`` divides them by one constant, the
-            largest scale over the keys it sees (causal: over ``j <= i`` only), so nothing overflows and no
+            by ``FeatureMap.forward_with_key_scales``). Each query $i$ divides them by one constant, the
+            largest scale over the keys it sees (causal: over $j \le i$ only), so nothing overflows and no
             position depends on a later one.
-        eps: relative guard of the normalizer ``D`` for features with signs (TrigRF's, negative quadrature
-            weights): ``|D| <= eps |phi_q| . sum_j |phi_k_j|`` becomes ``sign(D)`` times that bound. Positive
-            features are guarded only where ``D == 0`` (rows whose keys are all padding give 0). Never an
-            absolute floor: stabilized features can make a correct ``D`` arbitrarily small. Default: the
-            accumulation dtype's machine epsilon.
+        eps: relative guard of the normalizer $D$ for features with signs (TrigRF's, negative quadrature
+            weights): $|D| \le \varepsilon\, |\phi_q| \cdot \sum_j |\phi_{k_j}|$ becomes
+            $\operatorname{sign}(D)$ times that bound. Positive features are guarded only where $D = 0$ (rows
+            whose keys are all padding give 0). Never an absolute floor: stabilized features can make a
+            correct $D$ arbitrarily small. Default: the accumulation dtype's machine epsilon.
         chunk_size: positions per chunk (default: 128 causal; non-causal about 0.5 MiB of features).
 
     Returns:
@@ -130,15 +130,16 @@ def softmax_attention(
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Exact attention ``softmax(q k^T / sqrt(Dh)) v`` (Eq. 6), by ``scaled_dot_product_attention``.
+    r"""Exact attention $\operatorname{softmax}(q k^\top / \sqrt{D_h})\, v$ (Eq. 6).
 
-    The reference every approximation is tested against. Rows whose keys are all padding give zeros.
+    Computed by ``scaled_dot_product_attention``. The reference every approximation is tested against. Rows
+    whose keys are all padding give zeros.
 
     Args:
         q: ``(B, H, N_q, Dh)``.
         k: ``(B, H, N_k, Dh)``.
         v: ``(B, H, N_k, Dv)``.
-        causal: query ``i`` attends to keys ``j <= i``.
+        causal: query $i$ attends to keys $j \le i$.
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         dropout_p: dropout on the attention probabilities (use only in training).
 
@@ -169,16 +170,17 @@ def rf_attention(
     eps: float | None = None,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Random-feature attention approximating ``softmax_attention(q, k, v)`` in O(N).
+    r"""Random-feature attention approximating ``softmax_attention(q, k, v)`` in $O(N)$.
 
-    ``q`` and ``k`` are scaled by ``Dh^-1/4`` each (so ``phi(q) . phi(k) ~ exp(q . k / sqrt(Dh))``) and
-    mapped by ``feature_map`` (its statistics computed once, from the whole sequence or the running
-    averages) chunk by chunk inside a memory-lean autograd function: features are never kept for the
-    backward pass, which recomputes them (``rf_attention._kernels``). Stabilization (constants that cancel
-    exactly, detached): non-causal, per-feature key maxima moved to the query side and each query row
-    divided by its largest entry, so positive features never lose the normalizer's scale; causal, per-key
-    scales combined over past keys only. The result is the plain formula's
-    ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` ([`naive_rf_attention`][rf_attention.naive.naive_rf_attention]).
+    ``q`` and ``k`` are scaled by $D_h^{-1/4}$ each (so
+    $\phi(q) \cdot \phi(k) \approx \exp(q \cdot k / \sqrt{D_h})$) and mapped by ``feature_map`` (its
+    statistics computed once, from the whole sequence or the running averages) chunk by chunk inside a
+    memory-lean autograd function: features are never kept for the backward pass, which recomputes them
+    (``rf_attention._kernels``). Stabilization (constants that cancel exactly, detached): non-causal,
+    per-feature key maxima moved to the query side and each query row divided by its largest entry, so
+    positive features never lose the normalizer's scale; causal, per-key scales combined over past keys only.
+    The result is the plain formula's $\phi_q (\phi_k^\top v) / (\phi_q \phi_k^\top \mathbf 1)$
+    ([`naive_rf_attention`][rf_attention.naive.naive_rf_attention]).
 
     Args:
         q: ``(B, H, N_q, Dh)``, floating point (integer input is refused, not cast).
@@ -186,7 +188,7 @@ def rf_attention(
         v: ``(B, H, N_k, Dv)``.
         feature_map: an ``rf_features.FeatureMap`` of dimension ``Dh``. In causal mode a map with
             data-dependent statistics (OPRF, SADERF) must use ``statistics_mode="running"``.
-        causal: query ``i`` attends to keys ``j <= i``.
+        causal: query $i$ attends to keys $j \le i$.
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         query_padding_mask: bool ``(B, N_q)``, True at padding (left out of the feature map's statistics;
             self-attention passes the same mask as ``key_padding_mask``).

@@ -18,9 +18,9 @@ PROJECTION_SEED_OFFSET = 0x5EED_0F_7A0
 
 
 class MultiheadSelfAttention(nn.Module):
-    """Multi-head self-attention ``(B, N, dim) -> (B, N, dim)``: projections around an attention kernel.
+    r"""Multi-head self-attention ``(B, N, dim) -> (B, N, dim)``: projections around an attention kernel.
 
-    ``q, k, v = x W_qkv`` split into ``num_heads`` heads of ``dim / num_heads``; subclasses implement
+    $q, k, v = x W_{qkv}$ split into ``num_heads`` heads of ``dim / num_heads``; subclasses implement
     [`attend`][rf_attention.MultiheadSelfAttention.attend] on ``(B, H, N, Dh)`` tensors; the heads are merged
     and projected back, then dropout. Causal attentions with a recurrent form also implement
     [`prefill_heads`][rf_attention.MultiheadSelfAttention.prefill_heads] and
@@ -31,7 +31,7 @@ class MultiheadSelfAttention(nn.Module):
     Args:
         dim: model width.
         num_heads: heads; must divide ``dim``.
-        causal: query ``i`` attends to positions ``j <= i`` only.
+        causal: query $i$ attends to positions $j \le i$ only.
         dropout: dropout on the output projection (training only; drawn from the global torch RNG).
         bias: biases in the projections.
         seed: when given, the projections' initial weights are drawn from it (PyTorch's default
@@ -69,10 +69,11 @@ class MultiheadSelfAttention(nn.Module):
 
     @torch.no_grad()
     def reset_projections(self, seed: int) -> None:
-        """Draw every ``nn.Linear`` of ``qkv`` and ``proj`` afresh from ``seed`` (PyTorch's default init).
+        r"""Draw every ``nn.Linear`` of ``qkv`` and ``proj`` afresh from ``seed`` (PyTorch's default init).
 
-        Weights ``U(-b, b)`` with ``b = 1 / sqrt(fan_in)`` (``kaiming_uniform_(a=sqrt(5))``), biases likewise;
-        drawn on the CPU in float32 and copied, so a seed gives the same module on every device and dtype.
+        Weights $\mathcal U(-b, b)$ with $b = 1 / \sqrt{\mathrm{fan\_in}}$ (``kaiming_uniform_(a=sqrt(5))``),
+        biases likewise; drawn on the CPU in float32 and copied, so a seed gives the same module on every
+        device and dtype.
         """
         generator = torch.Generator().manual_seed(seed + PROJECTION_SEED_OFFSET)
         for part in (self.qkv, self.proj):
@@ -135,7 +136,7 @@ class MultiheadSelfAttention(nn.Module):
         [`prefill`][rf_attention.MultiheadSelfAttention.prefill]) gives the causal
         [`forward`][rf_attention.MultiheadSelfAttention.forward] outputs to rounding. RF attention keeps an
         O(1) state ([`RecurrentState`][rf_attention.decoding.RecurrentState]), softmax attention a KV cache
-        ([`KVCache`][rf_attention.decoding.KVCache], updated in place). ``x`` may hold ``T > 1`` new
+        ([`KVCache`][rf_attention.decoding.KVCache], updated in place). ``x`` may hold $T > 1$ new
         tokens.
 
         Returns:
@@ -234,12 +235,12 @@ class SoftmaxAttention(MultiheadSelfAttention):
 
 
 class RandomFeatureAttention(MultiheadSelfAttention):
-    """Kernelized attention with a random feature map shared by the heads (Spectraformer, Figure 1), O(N).
+    r"""Kernelized attention with a random feature map shared by the heads (Spectraformer, Figure 1), O(N).
 
     Args:
         component: an ``rf_features`` component name (``"oprf"``, ...).
         weight_matrix: an ``rf_matrices`` weight matrix name (``"fastfoodl"``, ...).
-        num_features: rows ``s`` of the weight matrix.
+        num_features: rows $s$ of the weight matrix.
         seed: seeds all of the module's randomness but dropout: the weight matrix (and its redraws) and
             the projections' initialization (see
             [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention]).
@@ -250,7 +251,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
-    In causal mode the feature map's data-dependent parameters (OPRF's ``A``, SADERF's ``Psi``) come from
+    In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
     running averages over earlier training batches (``statistics_mode="running"``): nothing computed for a
     position depends on later positions. Decoding ([`step`][rf_attention.MultiheadSelfAttention.step])
     keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.decoding.RecurrentState]; in ``eval()``

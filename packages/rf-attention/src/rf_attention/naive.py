@@ -39,13 +39,13 @@ def naive_linear_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``D^-1 (phi_q phi_k^T) v`` with the ``N_q x N_k`` matrix built (Eq. 7); rows without keys give 0.
+    r"""$D^{-1} (\phi_q \phi_k^\top) v$ with the ``N_q x N_k`` matrix built (Eq. 7); rows without keys give 0.
 
     Args:
         phi_q: ``[B, H, N_q, m]`` (or ``[..., N_q, m]``).
         phi_k: ``[B, H, N_k, m]``.
         v: ``[B, H, N_k, Dv]``.
-        causal: query ``i`` sees keys ``j <= i``.
+        causal: query $i$ sees keys $j \le i$.
         key_padding_mask: bool ``[B, N_k]``, True at padding.
 
     Returns:
@@ -72,19 +72,19 @@ def naive_rf_attention(
     key_padding_mask: torch.Tensor | None = None,
     query_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Random-feature attention from the unstabilized features of ``q Dh^-1/4`` and ``k Dh^-1/4``.
+    r"""Random-feature attention from the unstabilized features of $q D_h^{-1/4}$ and $k D_h^{-1/4}$.
 
     The features are ``feature_map(q Dh^-1/4, k Dh^-1/4)`` with no rescaling (so this overflows where
-    ``exp(q . k / sqrt(Dh))`` does: use float64), combined by
+    $\exp(q \cdot k / \sqrt{D_h})$ does: use float64), combined by
     [`naive_linear_attention`][rf_attention.naive.naive_linear_attention]. The feature map's statistics
-    (OPRF's ``A``, SADERF's ``Psi``) are its own, computed without gradient.
+    (OPRF's $A$, SADERF's $\Psi$) are its own, computed without gradient.
 
     Args:
         q: ``[B, H, N_q, Dh]``.
         k: ``[B, H, N_k, Dh]``.
         v: ``[B, H, N_k, Dv]``.
         feature_map: an ``rf_features.FeatureMap`` of dimension ``Dh``.
-        causal: query ``i`` sees keys ``j <= i``.
+        causal: query $i$ sees keys $j \le i$.
         key_padding_mask: bool ``[B, N_k]``, True at padding.
         query_padding_mask: bool ``[B, N_q]``, True at padding (left out of the statistics).
 
@@ -106,13 +106,15 @@ def naive_softmax_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(Dh)) v`` with the matrix built (Eq. 6); rows without keys give 0.
+    r"""$\operatorname{softmax}(q k^\top / \sqrt{D_h})\, v$ with the matrix built (Eq. 6).
+
+    Rows without keys give 0.
 
     Args:
         q: ``[B, H, N_q, Dh]``.
         k: ``[B, H, N_k, Dh]``.
         v: ``[B, H, N_k, Dv]``.
-        causal: query ``i`` sees keys ``j <= i``.
+        causal: query $i$ sees keys $j \le i$.
         key_padding_mask: bool ``[B, N_k]``, True at padding.
 
     Returns:

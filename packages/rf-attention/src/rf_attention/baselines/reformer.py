@@ -42,28 +42,29 @@ class SharedQueryKeyValue(nn.Module):
 
 @register("reformer")
 class ReformerAttention(StepDraws, MultiheadSelfAttention):
-    """Reformer's shared-QK LSH attention, O(N c n_hashes) for chunks of ``c``.
+    r"""Reformer's shared-QK LSH attention, O(N c n_hashes) for chunks of ``c``.
 
     Kitaev et al. 2020, "Reformer: The efficient Transformer", ICLR, Section 2.
 
     Keys are the queries normalized to unit length (shared-QK, Section 2.1) and the logits are
-    ``q_i . q_j / ||q_j||``, with no further scaling (the keys' unit length takes the place of the
-    ``Dh^-1/2`` of dot-product attention, as in HuggingFace's ``LSHSelfAttention``, which the paper's code
-    wraps: its keys are RMS-normalized and divided by ``sqrt(Dh)``). In each of ``n_hashes`` rounds,
-    positions are hashed by a random rotation, ``h(x) = argmax([x R; -x R])`` with ``R (Dh, nb/2)``
+    $q_i \cdot q_j / \lVert q_j\rVert$, with no further scaling (the keys' unit length takes the place of the
+    $D_h^{-1/2}$ of dot-product attention, as in HuggingFace's ``LSHSelfAttention``, which the paper's code
+    wraps: its keys are RMS-normalized and divided by $\sqrt{D_h}$). In each of ``n_hashes`` rounds,
+    positions are hashed by a random rotation, $h(x) = \arg\max([x R; -x R])$ with $R$ ``(Dh, nb/2)``
     Gaussian, one per head and round (angular LSH), and sorted by (bucket, position); the rounds' sorted
     sequences are concatenated and cut into chunks of ``chunk_length``, and each chunk attends to itself
     and the chunk before it (cyclically, so a round's first chunk looks back into the previous round's
     last one). A query attends to its own position only when no other key is available (logit ``-1e5``,
     HF's value). The rounds are combined by their softmax normalizers,
-    ``sum_r exp(lse_r - logsumexp_r lse_r) o_r``.
+    $\sum_r \exp(\mathrm{lse}_r - \operatorname{logsumexp}_r \mathrm{lse}_r)\, o_r$.
 
     Also as in HF: keys from other buckets inside the attended chunks are not masked, no correction for a
-    key met in several rounds, ``nb`` by default the power of two in ``(N / c, 2 N / c]`` for ``N`` padded
-    to a multiple of ``c``, plain exact attention (no hashing) when ``N <= c``, padded positions in a bucket
+    key met in several rounds, ``nb`` by default the power of two in $(N / c, 2 N / c]$ for $N$ padded
+    to a multiple of $c$, plain exact attention (no hashing) when $N \le c$, padded positions in a bucket
     of their own, sorted last, and never attended to. Departures: one rotation of ``nb / 2`` columns also
-    for large ``nb`` (HF factorizes ``nb`` into two rotations above ``2 max(sqrt(N / c), c)`` buckets, for
-    ``N`` beyond about ``c^2``), keys normalized by ``max(||q||, 1e-12)`` (HF: ``sqrt(||q||^2 + 1e-6 Dh)``),
+    for large ``nb`` (HF factorizes ``nb`` into two rotations above $2 \max(\sqrt{N / c}, c)$ buckets, for
+    $N$ beyond about $c^2$), keys normalized by $\max(\lVert q\rVert, 10^{-12})$ (HF:
+    $\sqrt{\lVert q\rVert^2 + 10^{-6} D_h}$),
     and the rotations drawn afresh at every training step and kept in eval
     ([`StepDraws`][rf_attention.baselines.StepDraws]; HF draws at every call).
 
@@ -133,10 +134,10 @@ class ReformerAttention(StepDraws, MultiheadSelfAttention):
     def sorted_chunk_attention(
         self, q: torch.Tensor, v: torch.Tensor, buckets: torch.Tensor, valid: torch.Tensor, size: int
     ) -> torch.Tensor:
-        """Shared-QK attention within chunks of the positions sorted by bucket, rounds combined.
+        r"""Shared-QK attention within chunks of the positions sorted by bucket, rounds combined.
 
         Args:
-            q: ``(B, H, L, Dh)`` queries (the keys are ``q / ||q||``), ``L`` a multiple of ``size``.
+            q: ``(B, H, L, Dh)`` queries (the keys are $q / \lVert q\rVert$), ``L`` a multiple of ``size``.
             v: ``(B, H, L, Dv)``.
             buckets: ``(B, H, R, L)`` bucket ids, one row per round.
             valid: bool ``(B, L)``, False at padding (never attended to).
