@@ -35,6 +35,7 @@ from ralimp.rational import (
     RationalFunction,
     activation_fit,
     fit_rational,
+    grid_errors,
     levenberg_marquardt,
     shipped_fit_key,
     shipped_fits,
@@ -160,9 +161,7 @@ class DiscretizedFit:
 
     def errors(self, fn: Callable[[torch.Tensor], torch.Tensor], points: int = 4001) -> tuple[float, float]:
         """``(max, rms)`` absolute error against ``fn`` on a uniform float64 grid of ``interval``."""
-        t = torch.linspace(*self.interval, points, dtype=torch.float64)
-        err = self(t) - fn(t)
-        return float(err.abs().max()), float(err.pow(2).mean().sqrt())
+        return grid_errors(self, fn, self.interval, points)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inverse of `from_dict`)."""

@@ -88,9 +88,7 @@ class RationalFunction:
 
     def errors(self, fn: Callable[[torch.Tensor], torch.Tensor], points: int = 4001) -> tuple[float, float]:
         """``(max, rms)`` absolute error against ``fn`` on a uniform float64 grid of ``interval``."""
-        t = torch.linspace(*self.interval, points, dtype=torch.float64)
-        err = self(t) - fn(t)
-        return float(err.abs().max()), float(err.pow(2).mean().sqrt())
+        return grid_errors(self, fn, self.interval, points)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inverse of [`from_dict`][ralimp.RationalFunction.from_dict])."""
@@ -116,6 +114,18 @@ class RationalFunction:
     def __repr__(self) -> str:
         err = "" if self.max_error is None else f", max_error={self.max_error:.2e}"
         return f"RationalFunction(K={self.poly_degree}, J={self.num_atoms}, interval={self.interval}{err})"
+
+
+def grid_errors(
+    approx: Callable[[torch.Tensor], torch.Tensor],
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    interval: tuple[float, float],
+    points: int,
+) -> tuple[float, float]:
+    """``(max, rms)`` absolute error of ``approx`` against ``fn`` on a float64 grid over ``interval``."""
+    t = torch.linspace(*interval, points, dtype=torch.float64)
+    err = approx(t) - fn(t)
+    return float(err.abs().max()), float(err.pow(2).mean().sqrt())
 
 
 def _basis(t: torch.Tensor, p: torch.Tensor, q: torch.Tensor, poly_degree: int) -> torch.Tensor:
