@@ -243,3 +243,12 @@ def test_sgq_default_is_at_least_as_accurate_as_iid_gaussian_rows_at_equal_count
     sgq = trig_mean_squared_error("sgq", s, d, 2.0, seeds=20)
     base = trig_mean_squared_error("base", s, d, 2.0, seeds=20)
     assert sgq <= base, (sgq, base)
+
+
+@pytest.mark.parametrize(("even", "antipodal"), [(True, False), (False, True)])
+def test_create_picks_the_stiefel_form_from_the_integrands_symmetry(even, antipodal):
+    assert rf_matrices.create("sgq", 16, 8, seed=0, even_in_omega=even).antipodal is antipodal
+    # an explicit choice and the other rules are left alone
+    assert rf_matrices.create("sgq", 16, 8, seed=0, even_in_omega=even, antipodal=False).antipodal is False
+    assert rf_matrices.create("sgq", 17, 8, seed=0, even_in_omega=even, rule="spherical-radial").copies == 1
+    assert rf_matrices.create("orf", 16, 8, seed=0, even_in_omega=even).num_features == 16

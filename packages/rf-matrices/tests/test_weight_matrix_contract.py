@@ -169,3 +169,28 @@ def test_unseeded_matrices_follow_torch_manual_seed():
     torch.manual_seed(11)
     b = rf_matrices.create("orf", 8, 4).matrix()
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_row_sqnorms_follow_every_change_of_the_matrix(name):
+    w = rf_matrices.create(name, 40, 6, seed=0, dtype=torch.float64)
+    torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+    with torch.no_grad():
+        first = w.row_sqnorms(torch.float32)
+        assert w.row_sqnorms(torch.float32) is first  # kept while nothing changes
+        assert first.dtype == torch.float32
+        tensor = next(t for t in (*w.parameters(), *w.buffers()) if t.is_floating_point())
+        tensor.mul_(2.0)  # an in-place update (an optimizer step, a load) bumps the version
+        torch.testing.assert_close(w.row_sqnorms(torch.float32), w.matrix().float().pow(2).sum(-1))
+    w.redraw(1)
+    torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+    with torch.inference_mode():
+        torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+
+
+def test_row_sqnorms_of_learned_entries_carry_their_gradient():
+    w = rf_matrices.create("fastfoodl", 16, 6, seed=0, dtype=torch.float64)
+    w.row_sqnorms().sum().backward()
+    assert all(p.grad is not None for p in w.parameters())
+    with torch.no_grad():
+        assert not w.row_sqnorms().requires_grad

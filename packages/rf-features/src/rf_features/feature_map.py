@@ -87,12 +87,14 @@ class FeatureMap(nn.Module):
                 )
             self.weight_matrix = weight_matrix
         else:
-            options = dict(matrix_options or {})
-            is_sgq = issubclass(rf_matrices.WEIGHT_MATRICES.get(weight_matrix), rf_matrices.SGQ)
-            if is_sgq and options.get("rule", "stiefel") == "stiefel":
-                # the equal-weight rule needs both nodes of a pair unless the estimate is even in omega
-                options.setdefault("antipodal", not self.even_in_omega)
-            self.weight_matrix = rf_matrices.create(weight_matrix, num_features, dim, seed=seed, **options)
+            self.weight_matrix = rf_matrices.create(
+                weight_matrix,
+                num_features,
+                dim,
+                seed=seed,
+                even_in_omega=self.even_in_omega,
+                **(matrix_options or {}),
+            )
         if self.positive and self.weight_matrix.signed_weights:
             warnings.warn(
                 f"weight_matrix: {self.weight_matrix!r} has quadrature weights that can be negative, so "
@@ -168,7 +170,7 @@ class FeatureMap(nn.Module):
 
     def omega_sqnorm(self, dtype: torch.dtype) -> torch.Tensor:
         """``||omega_i||^2`` of the weight matrix rows, ``(s,)``."""
-        return self.weight_matrix.matrix().to(dtype).pow(2).sum(dim=-1)
+        return self.weight_matrix.row_sqnorms(dtype)
 
     def forward(
         self,

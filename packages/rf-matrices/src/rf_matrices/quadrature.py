@@ -149,6 +149,16 @@ class SGQ(DenseWeightMatrix):
         rotate: ``rule="smolyak"`` only: rotate each copy by an independent Haar rotation.
     """
 
+    @classmethod
+    def symmetry_options(cls, even_in_omega: bool, options: dict[str, Any]) -> dict[str, Any]:
+        """The folded ``stiefel`` rule only for even integrands: ``antipodal = not even_in_omega``.
+
+        An explicit ``antipodal`` in ``options`` is kept; the other rules are symmetric already.
+        """
+        if options.get("rule", "stiefel") != "stiefel":
+            return options
+        return {"antipodal": not even_in_omega, **options}
+
     def __init__(
         self,
         num_features: int,

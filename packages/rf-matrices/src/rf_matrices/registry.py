@@ -38,13 +38,20 @@ def create(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    even_in_omega: bool | None = None,
     **kw: Any,
 ) -> WeightMatrix:
     """Build the weight matrix registered as ``name`` (or the class itself), ``(num_features, dim)``.
 
-    Extra keyword arguments go to the class (e.g. ``learn_gb=True`` for ``fastfoodl``).
+    Extra keyword arguments go to the class (e.g. ``learn_gb=True`` for ``fastfoodl``). ``even_in_omega``
+    says whether the estimates the rows serve are even in omega (TrigRF's cosine: True; PosRF's or a complex
+    exponential's ``exp(omega . x)``: False): a rule with a folded form picks it from this
+    ([`WeightMatrix.symmetry_options`][rf_matrices.WeightMatrix.symmetry_options]); None keeps the
+    class defaults.
     """
     cls = WEIGHT_MATRICES.get(name)
+    if even_in_omega is not None:
+        kw = cls.symmetry_options(even_in_omega, kw)
     return cls(
         num_features,
         dim,

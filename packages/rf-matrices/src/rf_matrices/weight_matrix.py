@@ -75,6 +75,17 @@ class WeightMatrix(nn.Module):
             raise ValueError(f"sigma: expected a positive bandwidth, got {sigma!r}")
         self.sigma = float(sigma)
         self.generator = make_generator(seed, generator)
+        #: `row_sqnorms`' value and the (dtype, storage, version) of every tensor it was computed from.
+        self._row_sqnorms: tuple[tuple, torch.Tensor] | None = None
+
+    @classmethod
+    def symmetry_options(cls, even_in_omega: bool, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` of the constructor completed for an integrand that is (or is not) even in omega.
+
+        The rows of most matrices serve either kind alike (``options`` unchanged); a rule with a folded
+        form (``sgq``'s ``stiefel``) uses it only for even integrands.
+        """
+        return options
 
     @property
     def component_weights(self) -> torch.Tensor | None:
@@ -86,6 +97,25 @@ class WeightMatrix(nn.Module):
         eye = torch.eye(self.dim, dtype=self._float_dtype(), device=self._device())
         projected: torch.Tensor = self(eye)
         return projected.mT
+
+    def row_sqnorms(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``||omega_i||^2`` of the rows, ``(s,)``, squared in ``dtype`` (default: the matrix's).
+
+        Structured matrices build the dense ``W`` for it, which costs more than a decoding step's
+        projection; so when autograd would record nothing (no learned entries, or grad mode off) the value
+        is kept until a parameter or buffer of the matrix changes (a redraw, an optimizer step, a load or a
+        move: each bumps a tensor's version or storage).
+        """
+        dtype = dtype or self._float_dtype()
+        tensors = list(self._tensors())
+        recorded = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if recorded or any(t.is_inference() for t in tensors):  # inference tensors have no version
+            return self.matrix().to(dtype).pow(2).sum(dim=-1)
+        key = (dtype, *((t.device, t.data_ptr(), t._version) for t in tensors))
+        if self._row_sqnorms is None or self._row_sqnorms[0] != key:
+            with torch.inference_mode(False), torch.no_grad():  # a tensor usable outside inference mode
+                self._row_sqnorms = (key, self.matrix().to(dtype).pow(2).sum(dim=-1))
+        return self._row_sqnorms[1]
 
     def redraw(self, seed: int | None = None) -> None:
         """Draw the random state afresh: from ``seed`` if given, else the next draw of the generator.
