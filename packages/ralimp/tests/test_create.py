@@ -80,6 +80,30 @@ def test_lstsq_readout_solves_the_normal_equations(kind, linear):
     assert float((phi.mT @ residual / scale).abs().max()) < 1e-6
 
 
+@pytest.mark.parametrize("kind", ["ralimp", "eugen", "snnk", "lowrank"])
+@pytest.mark.parametrize("init", ["psi", "lstsq"])
+def test_every_trainable_parameter_gets_a_gradient(kind, init, linear):
+    # DDP stops on a parameter that requires a gradient and never gets one (a readout absorbs W, b, ...)
+    x = torch.randn(64, 12, dtype=torch.float64)
+    layer = ralimp.create(kind, linear, "gelu", budget=32, sample=x, init=init, seed=0)
+    layer(x).pow(2).sum().backward()
+    missing = [name for name, p in layer.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
+    assert any(p.requires_grad for p in layer.parameters())
+
+
+def test_load_linear_after_a_fitted_readout_trains_w_again(linear):
+    x = torch.randn(64, 12, dtype=torch.float64)
+    layer = ralimp.create("ralimp", linear, "gelu", budget=32, sample=x, init="lstsq", seed=0)
+    assert not layer.weight.requires_grad
+    layer.load_linear(linear.weight.detach(), linear.bias.detach(), sample=x)
+    assert layer.readout is None
+    assert layer.weight.requires_grad
+    assert layer.node_cos.requires_grad
+    layer(x).sum().backward()
+    assert layer.weight.grad is not None
+
+
 @pytest.mark.parametrize("kind", ["ralimp", "eugen", "snnk"])
 def test_lstsq_start_beats_psi_on_held_out_inputs(kind, linear):
     gen = torch.Generator().manual_seed(1)

@@ -99,7 +99,9 @@ class EUGen(FeatureLinearization):
         else:
             self.fit = fit_rational(fn, interval, num_atoms=0, poly_degree=poly_degree)
         self.matrices: Sequence[WeightMatrix] = weight_matrices(
-            rf_matrices.create(weight_matrix, num_features, in_features + 2, seed=s, **factory)
+            rf_matrices.create(
+                weight_matrix, num_features, in_features + 2, seed=s, even_in_omega=True, **factory
+            )
             for s in seeds(seed, poly_degree)
         )
         width = 1 + sum(m.num_features for m in self.matrices)
@@ -229,8 +231,8 @@ class SNNK(FeatureLinearization):
         factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         self.activation_name, self.fn = resolve_activation(activation)
         matrix_seed, draw_seed = seeds(seed, 2)
-        self.matrix = rf_matrices.create(
-            weight_matrix, num_features, in_features + 1, seed=matrix_seed, **factory
+        self.matrix = rf_matrices.create(  # exp(a g . u) and relu(g . u) are not even in g
+            weight_matrix, num_features, in_features + 1, seed=matrix_seed, even_in_omega=False, **factory
         )
         m = self.matrix.num_features
         self.register_buffer("scale", torch.ones((), **factory))

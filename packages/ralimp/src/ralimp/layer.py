@@ -160,11 +160,15 @@ class RaLiMP(FeatureLinearization):
         mkw = dict(matrix_kw or {})
         seed_list = seeds(seed, self.poly_degree + self.num_atoms * self.num_freqs)
         self.poly_matrices: Sequence[WeightMatrix] = weight_matrices(
-            rf_matrices.create(weight_matrix, poly_features, dim, seed=s, **factory, **mkw)
+            rf_matrices.create(
+                weight_matrix, poly_features, dim, seed=s, even_in_omega=True, **factory, **mkw
+            )
             for s in seed_list[: self.poly_degree]
         )
         self.freq_matrices: Sequence[WeightMatrix] = weight_matrices(
-            rf_matrices.create(weight_matrix, freq_features, dim, seed=s, **factory, **mkw)
+            rf_matrices.create(
+                weight_matrix, freq_features, dim, seed=s, even_in_omega=False, **factory, **mkw
+            )
             for s in seed_list[self.poly_degree :]
         )
         nodes, gammas = gauss_laguerre(self.num_freqs)
@@ -273,6 +277,9 @@ class RaLiMP(FeatureLinearization):
         if self.num_atoms:
             self.node_cos.copy_(self.fit.node_cos)
             self.node_sin.copy_(self.fit.node_sin)
+        if self.readout is not None:
+            for parameter in self._absorbed_by_readout():
+                parameter.requires_grad_(True)
         self.readout = None
         self._cache = None
 
@@ -280,14 +287,22 @@ class RaLiMP(FeatureLinearization):
         r"""Replace $\Psi(W)$ by the free trainable readout ``psi`` ``(out_features, F)`` (``init="lstsq"``).
 
         From then on ``W, b``, $c_n$, $A, B, p$ and the node coefficients no longer reach the output (the
-        readout absorbs them); the pole widths $q$ still set the frequencies of $\Phi$.
+        readout absorbs them), so they stop requiring gradients (DDP refuses parameters that get none;
+        `load_linear` turns them back on); the pole widths $q$ still set the frequencies of $\Phi$.
         """
         if psi.shape != (self.out_features, self.feature_dim):
             raise ValueError(
                 f"psi: expected shape {(self.out_features, self.feature_dim)}, got {tuple(psi.shape)}"
             )
         self.readout = nn.Parameter(psi.detach().to(self.weight))
+        for parameter in self._absorbed_by_readout():
+            parameter.requires_grad_(False)
         self._cache = None
+
+    def _absorbed_by_readout(self) -> list[nn.Parameter]:
+        r"""The parameters that only $\Psi(W)$ uses: ``W, b``, $c_n$, $A, B, p$, the node coefficients."""
+        names = ("weight", "bias", "poly_coef", "atom_a", "atom_b", "atom_p", "node_cos", "node_sin")
+        return [p for name in names if isinstance(p := getattr(self, name), nn.Parameter)]
 
     @classmethod
     def budget_options(
