@@ -49,6 +49,7 @@ def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
     assert record["replaced"] == ["blocks.2.mlp", "blocks.3.mlp"]
     assert record["steps"] == 40
     assert record["init"] == "lstsq"
+    assert record["layer_options"] == {"balance": "auto"}  # the recorded departure (ralimp, the default)
     assert record["eval_split"] == "val"
     assert record["parameters_compressed"] < record["parameters_dense"]
     assert record["throughput"] > 0

@@ -39,8 +39,9 @@ GELU_TANH = "gelu_tanh"
 #: Options of the replacement layers at any budget, the paper's GPT-2 settings (ralimp.txt, App. "GPT-2"):
 #: RaLiMP a degree-2 polynomial and one trainable atom ``(A, B, p, q)`` at 2 Gauss-Laguerre frequencies x
 #: ``m = 4`` projections, ``tau = 3``; ``ralimp.create`` spends the rest of the budget on the polynomial.
-#: One departure: RaLiMP's ``balance="auto"`` (not in the paper, whose literal value is 1), which rescales
-#: ``x`` and ``w`` against each other so that the features' variance starts finite at LayerNorm'd inputs.
+#: One departure: RaLiMP's and SNNK's ``balance="auto"`` (not in the papers, whose literal value is 1),
+#: which rescales ``x`` and ``w`` against each other so that the features' variance starts finite at
+#: LayerNorm'd inputs (SNNK at balance 1 does not train: its loss stays at ln(vocab)).
 LAYER_OPTIONS: dict[str, dict] = {
     "ralimp": {
         "poly_degree": 2,
@@ -51,6 +52,7 @@ LAYER_OPTIONS: dict[str, dict] = {
         "balance": "auto",
     },
     "eugen": {"poly_degree": 2},
+    "snnk": {"balance": "auto"},
 }
 
 #: The `GPTConfig` fields that say how the MLPs are replaced (the rest is the dense architecture).

@@ -33,7 +33,7 @@ import app_common as ac
 from gpt_uptrain import hf
 from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
-from gpt_uptrain.model import GPT, REPLACEMENT_FIELDS, GPTConfig
+from gpt_uptrain.model import GPT, LAYER_OPTIONS, REPLACEMENT_FIELDS, GPTConfig
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
@@ -391,6 +391,7 @@ def _record(
         "replaced": model.replaced,
         "features": model.config.features,
         "init": config.start,
+        "layer_options": LAYER_OPTIONS.get(model.config.layer, {}),
         "attention": model.config.attention,
         "init_from": config.init_from,
         "val_loss": progress["val_loss"],

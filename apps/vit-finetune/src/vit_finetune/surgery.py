@@ -21,10 +21,11 @@ from vit_finetune.model import ViT
 #: The layer name that keeps the dense MLPs.
 DENSE = "dense"
 
-#: Options of a kind beyond its budget. One departure from the paper: RaLiMP's ``balance="auto"``
-#: (the paper's literal value is 1), which rescales ``x`` and ``w`` against each other so that the
-#: features' variance starts finite at LayerNorm'd inputs.
-LAYER_OPTIONS: dict[str, dict] = {"ralimp": {"balance": "auto"}}
+#: Options of a kind beyond its budget. One departure from the paper: RaLiMP's and SNNK's
+#: ``balance="auto"`` (the literal value is 1), which rescales ``x`` and ``w`` against each other so that
+#: the features' variance starts finite at LayerNorm'd inputs (SNNK's exponential features at balance 1
+#: do not train: ``|phi(x)| = exp(sqrt(xi / 2) g . x)`` with ``||x|| ~ sqrt(d)``).
+LAYER_OPTIONS: dict[str, dict] = {"ralimp": {"balance": "auto"}, "snnk": {"balance": "auto"}}
 
 
 def replace_mlps(

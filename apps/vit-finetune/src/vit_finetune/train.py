@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 import app_common as ac
 from vit_finetune import data as vdata
 from vit_finetune.config import TrainConfig, run_name
-from vit_finetune.surgery import compressed, replace_mlps, swap_attention
+from vit_finetune.surgery import LAYER_OPTIONS, compressed, replace_mlps, swap_attention
 from vit_finetune.weights import MODELS, ModelSpec, build_model
 
 CHECKPOINT = "checkpoint.pt"
@@ -462,6 +462,7 @@ def final_record(
         "last_k": config.last_k if config.layer != "dense" or config.attention != "softmax" else 0,
         "features": config.features,
         "init": changed["init"],
+        "layer_options": LAYER_OPTIONS.get(config.layer, {}),
         "attention": config.attention,
         "seed": config.seed,
         "eval_split": eval_split,
