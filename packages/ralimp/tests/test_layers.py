@@ -209,6 +209,21 @@ def test_eugen_starts_unbiased_for_the_polynomial_fit(small_layer_data):
     assert isinstance(layer.psi_weight, torch.nn.Parameter)
 
 
+def test_a_ralimp_without_atoms_is_its_polynomial_fit_in_expectation(small_layer_data):
+    # num_atoms=0 (the polynomial block only) with an activation fitted on the fly, as nerf-pinn's SIREN asks
+    linear, x = small_layer_data
+    t = linear(x).detach()
+    runs = []
+    for seed in range(4):
+        layer = RaLiMP.from_linear(linear, torch.sin, num_atoms=0, poly_features=4096, seed=seed, sample=x)
+        assert layer.fit.atoms == []
+        with torch.no_grad():
+            runs.append(layer(x))
+    poly = torch.tensor(layer.fit.poly, dtype=t.dtype)
+    expected = sum(c * t**n for n, c in enumerate(poly))
+    assert relative_mse(sum(runs) / 4, expected) < 0.02
+
+
 def test_snnk_fourier_variant_is_unbiased_for_the_activations_fourier_series(small_layer_data):
     linear, x = small_layer_data
     t = linear(x).detach()

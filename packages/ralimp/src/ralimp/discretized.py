@@ -116,8 +116,9 @@ class DiscretizedFit:
         self._poly = torch.as_tensor(poly, dtype=torch.float64).reshape(-1).clone()
         self._atoms = torch.as_tensor(atoms, dtype=torch.float64).reshape(-1, 4).clone()
         num_atoms = self._atoms.shape[0]
-        self._rho_c = torch.as_tensor(node_cos, dtype=torch.float64).reshape(num_atoms, -1).clone()
-        self._rho_s = torch.as_tensor(node_sin, dtype=torch.float64).reshape(num_atoms, -1).clone()
+        per_atom = (num_atoms, -1 if num_atoms else 0)  # no atoms: (0, 0), not an ambiguous (0, -1)
+        self._rho_c = torch.as_tensor(node_cos, dtype=torch.float64).reshape(per_atom).clone()
+        self._rho_s = torch.as_tensor(node_sin, dtype=torch.float64).reshape(per_atom).clone()
         if self._poly.numel() == 0:
             raise ValueError("poly: expected at least the constant coefficient c_0, got none")
         if (self._atoms[:, 3] <= 0).any():
