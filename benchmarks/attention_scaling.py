@@ -104,6 +104,8 @@ def feature_map_of(name: str):
     """The ``rf_features`` feature map an RF attention name builds (None for softmax and the baselines)."""
     import rf_attention
 
+    if name == "performer-pytorch":  # its FastAttention computes FAVOR+, the features of our performer
+        name = "performer"
     module = rf_attention.create(name, 8, 1, num_features=32, seed=0, **baseline_options(name, 64))
     return getattr(module, "feature_map", None)
 
