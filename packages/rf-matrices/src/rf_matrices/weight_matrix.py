@@ -76,7 +76,7 @@ class WeightMatrix(nn.Module):
         self.sigma = float(sigma)
         self.generator = make_generator(seed, generator)
         #: `row_sqnorms`' value and the (dtype, storage, version) of every tensor it was computed from.
-        self._row_sqnorms: tuple[tuple, torch.Tensor] | None = None
+        self._row_sqnorms: tuple[tuple[object, ...], torch.Tensor] | None = None
 
     @classmethod
     def symmetry_options(cls, even_in_omega: bool, options: dict[str, Any]) -> dict[str, Any]:
