@@ -172,9 +172,16 @@ def test_unseeded_matrices_follow_torch_manual_seed():
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_row_sqnorms_follow_every_change_of_the_matrix(name):
+def test_kept_values_follow_every_change_of_the_matrix(name):
+    # row_sqnorms, and the dense W that structured matrices multiply by, are cached between calls
     w = rf_matrices.create(name, 40, 6, seed=0, dtype=torch.float64)
-    torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+    x = torch.randn(5, 6, dtype=torch.float64)
+
+    def check():
+        torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+        torch.testing.assert_close(w(x), x @ w.matrix().T)
+
+    check()
     with torch.no_grad():
         first = w.row_sqnorms(torch.float32)
         assert w.row_sqnorms(torch.float32) is first  # kept while nothing changes
@@ -182,10 +189,13 @@ def test_row_sqnorms_follow_every_change_of_the_matrix(name):
         tensor = next(t for t in (*w.parameters(), *w.buffers()) if t.is_floating_point())
         tensor.mul_(2.0)  # an in-place update (an optimizer step, a load) bumps the version
         torch.testing.assert_close(w.row_sqnorms(torch.float32), w.matrix().float().pow(2).sum(-1))
+        check()
     w.redraw(1)
-    torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+    check()
     with torch.inference_mode():
-        torch.testing.assert_close(w.row_sqnorms(), w.matrix().pow(2).sum(-1))
+        check()
+    w.load_state_dict(rf_matrices.create(name, 40, 6, seed=3, dtype=torch.float64).state_dict())
+    check()
 
 
 def test_row_sqnorms_of_learned_entries_carry_their_gradient():

@@ -52,7 +52,7 @@ class BlockTransform(WeightMatrix):
         self.check_input(x)
         if self.fast_transform:
             return self.transform(x)
-        return x @ self.matrix().to(x.dtype).mT
+        return x @ self.cached("matrix", x.dtype, lambda: self.matrix().to(x.dtype)).mT
 
     def matrix(self) -> torch.Tensor:
         """The dense ``W``, ``(s, d)``: the fast transform applied to the identity."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -75,8 +75,8 @@ class WeightMatrix(nn.Module):
             raise ValueError(f"sigma: expected a positive bandwidth, got {sigma!r}")
         self.sigma = float(sigma)
         self.generator = make_generator(seed, generator)
-        #: `row_sqnorms`' value and the (dtype, storage, version) of every tensor it was computed from.
-        self._row_sqnorms: tuple[tuple[object, ...], torch.Tensor] | None = None
+        #: `cached` values by (name, dtype), each with the (device, storage, version) of every tensor then.
+        self._cached: dict[tuple[str, torch.dtype], tuple[tuple[object, ...], torch.Tensor]] = {}
 
     @classmethod
     def symmetry_options(cls, even_in_omega: bool, options: dict[str, Any]) -> dict[str, Any]:
@@ -101,21 +101,30 @@ class WeightMatrix(nn.Module):
     def row_sqnorms(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """``||omega_i||^2`` of the rows, ``(s,)``, squared in ``dtype`` (default: the matrix's).
 
-        Structured matrices build the dense ``W`` for it, which costs more than a decoding step's
-        projection; so when autograd would record nothing (no learned entries, or grad mode off) the value
-        is kept until a parameter or buffer of the matrix changes (a redraw, an optimizer step, a load or a
-        move: each bumps a tensor's version or storage).
+        Kept between calls as [`cached`][rf_matrices.WeightMatrix.cached] says (structured matrices build the
+        dense ``W`` for it, which costs more than a decoding step's projection).
         """
         dtype = dtype or self._float_dtype()
+        return self.cached("row_sqnorms", dtype, lambda: self.matrix().to(dtype).pow(2).sum(dim=-1))
+
+    def cached(self, name: str, dtype: torch.dtype, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``compute()``, kept under ``(name, dtype)`` until a parameter or buffer of the matrix changes.
+
+        Only when autograd would record nothing through it (no learned entries, or grad mode off): a redraw,
+        an optimizer step, a load or a move bumps a tensor's version or storage and recomputes it. Otherwise
+        (and for inference tensors, which have no version) ``compute()`` runs on every call.
+        """
         tensors = list(self._tensors())
         recorded = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if recorded or any(t.is_inference() for t in tensors):  # inference tensors have no version
-            return self.matrix().to(dtype).pow(2).sum(dim=-1)
-        key = (dtype, *((t.device, t.data_ptr(), t._version) for t in tensors))
-        if self._row_sqnorms is None or self._row_sqnorms[0] != key:
+        if recorded or any(t.is_inference() for t in tensors):
+            return compute()
+        key = tuple((t.device, t.data_ptr(), t._version) for t in tensors)
+        entry = self._cached.get((name, dtype))
+        if entry is None or entry[0] != key:
             with torch.inference_mode(False), torch.no_grad():  # a tensor usable outside inference mode
-                self._row_sqnorms = (key, self.matrix().to(dtype).pow(2).sum(dim=-1))
-        return self._row_sqnorms[1]
+                entry = (key, compute())
+            self._cached[(name, dtype)] = entry
+        return entry[1]
 
     def redraw(self, seed: int | None = None) -> None:
         """Draw the random state afresh: from ``seed`` if given, else the next draw of the generator.
