@@ -212,16 +212,38 @@ def rf_attention(
         q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
     )
 
+    matrix = _learned_dense_matrix(feature_map)
+
     def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         # scaled chunk by chunk: autograd keeps no scaled copy of q and k
-        return feature_map.weighted_log_features(x * scale, stats, is_query=is_query, stabilized=True)
+        return feature_map.weighted_log_features(
+            x * scale, stats, is_query=is_query, stabilized=True, matrix=matrix
+        )
 
     params = tuple(p for p in feature_map.parameters() if p.requires_grad)
+    if matrix is not None:  # the kernel passes W's gradient on; autograd takes it to the learned entries
+        inside = {id(p) for p in feature_map.weight_matrix.parameters()}
+        params = (matrix, *(p for p in params if id(p) not in inside))
     mask = _broadcast_key_mask(key_padding_mask, k)
     width = feature_map.num_features
     return _run_kernel(
         q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, params=params, width=width
     )
+
+
+def _learned_dense_matrix(feature_map: FeatureMap) -> torch.Tensor | None:
+    """The dense ``W`` of a weight matrix with learned entries, built once for this call (None otherwise).
+
+    With autograd recording, a learned structured matrix (FastFood_L) would rebuild ``W`` and its gradient
+    graph for every chunk of the forward and the backward pass (65 times per forward+backward at N = 8192,
+    128 features); built here once, its gradient reaches the entries through one graph. Not for matrices
+    that use their fast transform (large ``d``), where the dense product would cost more.
+    """
+    weight_matrix = feature_map.weight_matrix
+    learned = any(p.requires_grad for p in weight_matrix.parameters())
+    if not (learned and torch.is_grad_enabled()) or getattr(weight_matrix, "fast_transform", False):
+        return None
+    return weight_matrix.matrix()
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:

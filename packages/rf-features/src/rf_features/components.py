@@ -117,7 +117,7 @@ class GERF(FeatureMap):
         self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GERF features with this map's ``(A, s)``."""
-        omega_sqnorm = self.omega_sqnorm(projection.dtype) if self.a != 0 else None
+        omega_sqnorm = self.omega_sqnorm(projection.dtype, stats) if self.a != 0 else None
         return gerf_log_features(projection, sqnorm, omega_sqnorm, self.a, self.s, self.dim)
 
     def extra_repr(self) -> str:
@@ -227,7 +227,7 @@ class OPRF(FeatureMap):
         self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GERF features with ``s = +1`` and the data-dependent ``A``."""
-        omega_sqnorm = self.omega_sqnorm(projection.dtype)
+        omega_sqnorm = self.omega_sqnorm(projection.dtype, stats)
         return gerf_log_features(projection, sqnorm, omega_sqnorm, stats["a"], 1, self.dim)
 
 

@@ -168,8 +168,14 @@ class FeatureMap(nn.Module):
         """
         raise NotImplementedError
 
-    def omega_sqnorm(self, dtype: torch.dtype) -> torch.Tensor:
-        """``||omega_i||^2`` of the weight matrix rows, ``(s,)``."""
+    def omega_sqnorm(self, dtype: torch.dtype, stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """``||omega_i||^2`` of the weight matrix rows, ``(s,)``.
+
+        ``stats["omega_sqnorm"]`` when `weighted_log_features` was given an explicit ``matrix`` (the norms
+        of its rows, with their gradient), else the weight matrix's (kept between calls).
+        """
+        if stats is not None and "omega_sqnorm" in stats:
+            return stats["omega_sqnorm"].to(dtype)
         return self.weight_matrix.row_sqnorms(dtype)
 
     def forward(
@@ -283,19 +289,31 @@ class FeatureMap(nn.Module):
         return self._current_statistics(q.to(work), k.to(work), query_mask, key_mask)
 
     def weighted_log_features(
-        self, x: torch.Tensor, stats: dict[str, torch.Tensor], *, is_query: bool, stabilized: bool = False
+        self,
+        x: torch.Tensor,
+        stats: dict[str, torch.Tensor],
+        *,
+        is_query: bool,
+        stabilized: bool = False,
+        matrix: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-features and multiplier of queries or keys ``x (..., n, d)``, component weights in (Eq. 11).
 
         The features are ``multiplier * exp(log_features)``, ``(..., n, m)`` (the log part may be
         ``(..., n, 1)``); ``multiplier`` is None for positive features. With ``stabilized`` (the caller
-        subtracts per-row maxima) a uniform component weight is left out.
+        subtracts per-row maxima) a uniform component weight is left out. ``matrix``: the weight matrix's
+        dense ``W`` ``(s, d)``, built once by a caller that computes features chunk by chunk (a learned
+        structured matrix would otherwise rebuild it, gradient included, for every chunk).
         """
         tq, tk = self.transform(x, x, stats)
         t = tq if is_query else tk
-        log_x, mult_x = self.log_features(
-            self.weight_matrix(t), t.pow(2).sum(-1, keepdim=True), stats, is_query
-        )
+        if matrix is None:
+            projection = self.weight_matrix(t)
+        else:
+            matrix = matrix.to(t.dtype)
+            projection = t @ matrix.mT
+            stats = {**stats, "omega_sqnorm": matrix.pow(2).sum(-1)}
+        log_x, mult_x = self.log_features(projection, t.pow(2).sum(-1, keepdim=True), stats, is_query)
         log_weight, sign = self._component_weights(x.dtype, x.device)
         if not (stabilized and isinstance(log_weight, float)):  # a constant cancels in stabilization
             log_x = log_x + log_weight
