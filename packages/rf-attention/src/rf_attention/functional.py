@@ -220,7 +220,7 @@ def rf_attention(
             x * scale, stats, is_query=is_query, stabilized=True, matrix=matrix
         )
 
-    params = tuple(p for p in feature_map.parameters() if p.requires_grad)
+    params: tuple[torch.Tensor, ...] = tuple(p for p in feature_map.parameters() if p.requires_grad)
     if matrix is not None:  # the kernel passes W's gradient on; autograd takes it to the learned entries
         inside = {id(p) for p in feature_map.weight_matrix.parameters()}
         params = (matrix, *(p for p in params if id(p) not in inside))
