@@ -157,3 +157,15 @@ def test_data_dependent_statistics_are_detached_so_gradients_hold_them_fixed(nam
     for got, want, other in zip(ours, fixed, through, strict=True):
         assert relative_error(got, want) < 1e-10
         assert relative_error(got, other) > 1e-3
+
+
+def test_a_learned_matrix_is_built_once_per_call(monkeypatch):
+    # FastFood_L's W carries a gradient; it used to be rebuilt for every chunk, forward and backward
+    fm = rf_features.create("posrf", dim=8, num_features=16, weight_matrix="fastfoodl", seed=0)
+    builds = []
+    original = type(fm.weight_matrix).matrix
+    monkeypatch.setattr(type(fm.weight_matrix), "matrix", lambda self: builds.append(1) or original(self))
+    q, k, v = (torch.randn(1, 1, 300, 8, requires_grad=True) for _ in range(3))
+    rf_attend(q, k, v, fm, chunk_size=64).sum().backward()
+    assert len(builds) == 1
+    assert all(p.grad is not None for p in fm.weight_matrix.parameters())
