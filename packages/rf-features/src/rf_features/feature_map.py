@@ -171,11 +171,11 @@ class FeatureMap(nn.Module):
     def omega_sqnorm(self, dtype: torch.dtype, stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """``||omega_i||^2`` of the weight matrix rows, ``(s,)``.
 
-        ``stats["omega_sqnorm"]`` when `weighted_log_features` was given an explicit ``matrix`` (the norms
-        of its rows, with their gradient), else the weight matrix's (kept between calls).
+        From ``stats["matrix"]`` when `weighted_log_features` was given an explicit ``matrix`` (with its
+        gradient), else the weight matrix's (kept between calls).
         """
-        if stats is not None and "omega_sqnorm" in stats:
-            return stats["omega_sqnorm"].to(dtype)
+        if stats is not None and "matrix" in stats:
+            return stats["matrix"].to(dtype).pow(2).sum(-1)
         return self.weight_matrix.row_sqnorms(dtype)
 
     def forward(
@@ -312,7 +312,8 @@ class FeatureMap(nn.Module):
         else:
             matrix = matrix.to(t.dtype)
             projection = t @ matrix.mT
-            stats = {**stats, "omega_sqnorm": matrix.pow(2).sum(-1)}
+            # omega_sqnorm derives the row norms from it, only for the components that need them
+            stats = {**stats, "matrix": matrix}
         log_x, mult_x = self.log_features(projection, t.pow(2).sum(-1, keepdim=True), stats, is_query)
         log_weight, sign = self._component_weights(x.dtype, x.device)
         if not (stabilized and isinstance(log_weight, float)):  # a constant cancels in stabilization
