@@ -4,7 +4,7 @@ Every workspace member (``packages/*``, ``apps/*``) gets a session ``tests-<name
 member and what it declares (``uv sync --frozen --package <name>``), so an undeclared import fails there.
 ``tests-all`` runs every test with every member installed; ``lint`` and ``docs`` check style and the site.
 ``workspace-deps`` checks that every dependency on a member is satisfied from the workspace; ``wheels`` and
-``pip-install`` install one package and one app the way a pip user does (see docs/install-with-pip.md).
+``pip-install`` install one package and one app the way a pip user does (see docs/install.md).
 ``uv run --frozen nox`` runs them all (the default sessions); ``uv run --frozen nox -l`` lists them.
 """
 
@@ -115,9 +115,15 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(default=True)
 def docs(session: nox.Session) -> None:
-    """Build the mkdocs-material site with --strict (every warning fails)."""
-    sync(session, "--only-group", "docs")
-    session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+    """Build the site with --strict, then run the pages' code (tests/docs).
+
+    The build fails on any warning, broken links and anchors included (``validation`` in mkdocs.yml). The
+    whole workspace with its extras is installed because the pages' runnable snippets import it
+    (``rf_attention.hf`` needs transformers).
+    """
+    sync(session, "--all-packages", "--all-extras", "--group", "docs", "--group", "test")
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.run("pytest", "tests/docs", *session.posargs)
 
 
 @nox.session(default=True)
