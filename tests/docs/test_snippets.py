@@ -18,6 +18,7 @@ left unexecuted. The ``docs`` nox session runs this file after ``mkdocs build --
 
 from __future__ import annotations
 
+import linecache
 import re
 import shlex
 import subprocess
@@ -130,8 +131,10 @@ RUNNABLE = [block for block in BLOCKS if block.mark == "runnable"]
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[block.id for block in RUNNABLE])
 def test_runnable_block_runs(block: Block) -> None:
-    code = compile(block.code, f"docs/{block.page}:{block.line}", "exec")
-    exec(code, {"__name__": "__main__"})
+    # Padded so that a traceback names the page and its line numbers, and shows the page's code.
+    filename, source = f"docs/{block.page}", "\n" * block.line + block.code + "\n"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), {"__name__": "__main__"})
 
 
 def console_scripts() -> dict[str, str]:
