@@ -152,7 +152,7 @@ def commands_of(code: str) -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in joined.splitlines() if line.split("#")[0].strip()]
 
 
-CLI = [(block, command) for block in BLOCKS if block.mark == "cli-help" for command in commands_of(block.code)]
+CLI = [(block, cmd) for block in BLOCKS if block.mark == "cli-help" for cmd in commands_of(block.code)]
 
 
 @pytest.mark.parametrize(
