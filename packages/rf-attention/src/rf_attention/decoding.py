@@ -282,11 +282,15 @@ def causal_prefill(
     *,
     key_padding_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, RecurrentState]:
-    """Causal linear attention of a whole prefix and the recurrent state it leaves (for ``recurrent_attention``).
+    """Causal linear attention of a whole prefix and the recurrent state it leaves (Eq. 7).
+
+    The state continues with [`recurrent_attention`][rf_attention.decoding.recurrent_attention].
 
     Args:
-        phi_q, phi_k, key_log_scale, v: as in
-            [`recurrent_attention`][rf_attention.decoding.recurrent_attention], ``(B, H, N, *)``.
+        phi_q: ``(B, H, N, m)`` query features (``FeatureMap.forward_with_key_scales``).
+        phi_k: ``(B, H, N, m)`` key features divided by ``exp(key_log_scale)``.
+        key_log_scale: ``(B, H, N)``, ``-inf`` at padding.
+        v: ``(B, H, N, Dv)``.
         key_padding_mask: bool ``(B, N)``, True at padding (never attended to, now or later).
 
     Returns:

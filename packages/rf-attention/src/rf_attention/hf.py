@@ -175,8 +175,8 @@ class HFRandomFeatureAttention:
         if cu_seqlens is not None:
             if isinstance(cache_layer, RecurrentCacheLayer):
                 raise ValueError(
-                    f"position_ids: packed sequences (restarting positions) cannot be decoded by {self.name}'s "
-                    "RandomFeatureCache (one state per row); run packed batches with use_cache=False"
+                    f"position_ids: packed sequences (restarting positions) cannot be decoded by "
+                    f"{self.name}'s RandomFeatureCache (one state per row); run them with use_cache=False"
                 )
             _check_packed_mask(attention_mask, cu_seqlens, n_q, causal)
             out = rf_attention(query, key, value, fm, causal=causal, cu_seqlens=cu_seqlens)
@@ -577,7 +577,7 @@ def attach_feature_maps(model: PreTrainedModel, attn_implementation: str | None 
 
 
 def _use_random_feature_cache_in_generate(model: PreTrainedModel) -> None:
-    """Wrap ``model._prepare_cache_for_generation``: a RandomFeatureCache where HF would build a DynamicCache."""
+    """Wrap ``model._prepare_cache_for_generation``: a RandomFeatureCache where HF builds a DynamicCache."""
     prepare = getattr(model, "_prepare_cache_for_generation", None)
     if prepare is None or getattr(prepare, "rf_attention_wrapped", False):
         return
@@ -596,7 +596,7 @@ def _use_random_feature_cache_in_generate(model: PreTrainedModel) -> None:
 
 @functools.cache
 def _saved_feature_map_file(path: str | None) -> Path | None:
-    """The first ``*.safetensors`` file of the local folder ``path`` holding ``rf_feature_map`` tensors, or None."""
+    """The first ``*.safetensors`` file in the folder ``path`` with ``rf_feature_map`` tensors, or None."""
     if not path or not Path(path).is_dir():
         return None
     from safetensors import safe_open

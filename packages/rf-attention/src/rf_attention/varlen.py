@@ -36,7 +36,7 @@ class PackedLayout:
 
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int) -> PackedLayout:
-        """The layout of ``total`` tokens split by ``cu_seqlens`` (``(B + 1,)`` integers, 0 first, ``total`` last).
+        """The layout of ``total`` tokens split by ``cu_seqlens`` (``(B + 1,)``, 0 first, ``total`` last).
 
         Raises:
             ValueError: ``cu_seqlens`` is not an increasing 1D integer tensor from 0 to ``total``.
@@ -72,7 +72,7 @@ class PackedLayout:
         return int(self.lengths.numel())
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """Packed ``x (1, *mid, T, D)`` as the right-padded batch ``(B, *mid, max_length, D)`` (zeros past ends)."""
+        """Packed ``x (1, *mid, T, D)`` as the right-padded ``(B, *mid, max_length, D)`` (zeros past ends)."""
         inner = x[0]
         mid = inner.shape[:-2]
         flat = inner.new_zeros(*mid, self.num_sequences * self.max_length, inner.shape[-1])
@@ -98,9 +98,12 @@ def attend_packed(
     query_padding: bool = False,
     **kwargs: object,
 ) -> torch.Tensor:
-    """``attention`` of each packed sequence alone: ``q (1, H, T, Dq)``, ``k (1, H, T, Dk)``, ``v (1, H, T, Dv)``.
+    """``attention`` of each packed sequence alone, run once on the padded batch.
 
     Args:
+        q: ``(1, H, T, Dq)`` packed queries (``(1, *mid, T, Dq)`` in general).
+        k: ``(1, H, T, Dk)`` packed keys.
+        v: ``(1, H, T, Dv)`` packed values.
         attention: ``rf_attention``, ``linear_attention`` or ``softmax_attention`` (called once on the
             padded batch with ``key_padding_mask``).
         cu_seqlens: ``(B + 1,)`` cumulative starts (the same for queries and keys).
