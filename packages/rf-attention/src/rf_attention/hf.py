@@ -308,6 +308,9 @@ class RecurrentCacheLayer(CacheLayerMixin):
         n = q.shape[-2]
         if k.shape[-2] != n:
             raise ValueError(f"key: expected the {n} new positions' keys, got {k.shape[-2]}")
+        if attention_mask is not None and attention_mask.shape[-1] > n:
+            # a mask sized for a softmax layer's keys (mixed models share one): the new keys are the last n
+            attention_mask = attention_mask[..., -n:]
         padding = key_padding_from_mask(attention_mask, n, n, causal=True)
         phi_q, phi_k, log_scale = _features(q, k, fm, padding)
         if self.state is None:
