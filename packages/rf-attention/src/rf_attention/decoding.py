@@ -82,7 +82,13 @@ class RecurrentState:
         """The state of batch rows ``index`` (``(B',)`` integers; beam search reorders with it)."""
         index = index.to(self.numerator.device)
         length = self.length[index] if isinstance(self.length, torch.Tensor) else self.length
-        return RecurrentState(*(t.index_select(0, index) for t in self._tensors()), length=length)
+        return RecurrentState(
+            numerator=self.numerator.index_select(0, index),
+            normalizer=self.normalizer.index_select(0, index),
+            magnitude=self.magnitude.index_select(0, index),
+            reference=self.reference.index_select(0, index),
+            length=length,
+        )
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return self.numerator, self.normalizer, self.magnitude, self.reference

@@ -240,7 +240,7 @@ def _attend_after_cached_keys(
     return out.to(v.dtype)
 
 
-class RecurrentCacheLayer(CacheLayerMixin):
+class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One RF attention layer's part of a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache].
 
     Holds the layer's [`RecurrentState`][rf_attention.decoding.RecurrentState] (``(B, H, m, Dv)`` sums,
@@ -254,7 +254,7 @@ class RecurrentCacheLayer(CacheLayerMixin):
     is_croppable = False
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.state: RecurrentState | None = None
         self.seen = 0
         self.pending = False
@@ -382,8 +382,8 @@ class RandomFeatureCache(Cache):
         model: the transformers model (its attention modules carry ``layer_idx``).
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        rf_layers = set()
+    def __init__(self, model: PreTrainedModel) -> None:
+        rf_layers: set[int] = set()
         for module in model.modules():
             config = getattr(module, "config", None)
             implementation = getattr(config, "_attn_implementation", None)
@@ -400,10 +400,11 @@ class RandomFeatureCache(Cache):
                 "model: no attention module runs a registered rf-* attention (attn_implementation), so a "
                 "RandomFeatureCache has nothing to keep"
             )
-        text_config = model.config.get_text_config(decoder=True)  # type: ignore[operator]
-        count = int(getattr(text_config, "num_hidden_layers", max(rf_layers) + 1))
+        text_config = model.config.get_text_config(decoder=True)
+        count: int = getattr(text_config, "num_hidden_layers", None) or max(rf_layers) + 1
         layers: list[Any] = [
-            RecurrentCacheLayer() if i in rf_layers else DynamicLayer() for i in range(count)
+            RecurrentCacheLayer() if i in rf_layers else DynamicLayer()  # type: ignore[no-untyped-call]
+            for i in range(count)
         ]
         super().__init__(layers=layers)
 
@@ -594,7 +595,7 @@ def _use_random_feature_cache_in_generate(model: PreTrainedModel) -> None:
         return result
 
     prepare_cache.rf_attention_wrapped = True  # type: ignore[attr-defined]
-    model._prepare_cache_for_generation = prepare_cache  # type: ignore[method-assign]
+    setattr(model, "_prepare_cache_for_generation", prepare_cache)  # noqa: B010 (a method, per instance)
 
 
 @functools.cache
