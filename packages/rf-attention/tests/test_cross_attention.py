@@ -89,3 +89,37 @@ def test_cross_attention_refusals_name_the_argument():
         module(x, context_padding_mask=context_padding)
     with pytest.raises(NotImplementedError, match="LinformerAttention has no cross-attention form"):
         create("linformer", DIM, HEADS, max_seq_len=16).double()(x, context=context)
+
+
+def test_the_guides_encoder_decoder_block_runs_and_ignores_padded_source_tokens():
+    """The example of docs/guides/packing-and-cross-attention.md."""
+    from torch import nn
+
+    class DecoderBlock(nn.Module):
+        def __init__(self, dim, heads, attention="oprf-fastfoodl"):
+            super().__init__()
+            self.self_attn = create(attention, dim, heads, num_features=64, causal=True)
+            self.cross_attn = create(attention, dim, heads, num_features=64)
+            self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(3))
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+        def forward(self, y, memory, target_padding=None, memory_padding=None):
+            y = y + self.self_attn(self.norms[0](y), target_padding)
+            y = y + self.cross_attn(
+                self.norms[1](y), target_padding, context=memory, context_padding_mask=memory_padding
+            )
+            return y + self.mlp(self.norms[2](y))
+
+    torch.manual_seed(0)
+    encoder = create("oprf-fastfoodl", 64, 4, num_features=64).eval()
+    block = DecoderBlock(64, 4).eval()
+    source, target = torch.randn(2, 30, 64), torch.randn(2, 12, 64)
+    source_padding = torch.zeros(2, 30, dtype=torch.bool)
+    source_padding[1, 20:] = True
+    with torch.no_grad():
+        out = block(target, source + encoder(source, source_padding), memory_padding=source_padding)
+        changed = source.clone()
+        changed[1, 20:] = 5.0
+        other = block(target, changed + encoder(changed, source_padding), memory_padding=source_padding)
+    assert out.shape == (2, 12, 64)
+    torch.testing.assert_close(out, other)
