@@ -261,15 +261,7 @@ def greedy(model, ids, mask, **kw):
 def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens(name):
     model = attached(name)  # GQA: 4 query heads, 2 KV heads
     ids, mask = left_padded_batch(seed=1)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=8,
-            do_sample=False,
-            pad_token_id=0,
-            return_dict_in_generate=True,
-        )
+    out = greedy(model, ids, mask, return_dict_in_generate=True)
     cache = out.cache
     assert isinstance(cache, rf_hf.RandomFeatureCache)
     assert all(isinstance(layer, rf_hf.RecurrentCacheLayer) for layer in cache.layers)
@@ -307,15 +299,7 @@ def test_softmax_layers_mixed_with_rf_layers_keep_their_keys():
     first.config._attn_implementation = "sdpa"
     rf_hf.attach_feature_maps(model)
     ids, mask = left_padded_batch(seed=3)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=6,
-            do_sample=False,
-            pad_token_id=0,
-            return_dict_in_generate=True,
-        )
+    out = greedy(model, ids, mask, max_new_tokens=6, return_dict_in_generate=True)
     layers = out.cache.layers
     assert isinstance(layers[0], transformers.DynamicLayer)
     assert isinstance(layers[1], rf_hf.RecurrentCacheLayer)
