@@ -272,6 +272,15 @@ def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens
     assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
 
 
+def test_gpt2_generate_keeps_the_recurrent_state_too():
+    model = gpt2("rf-oprf-fastfoodl")
+    rf_hf.attach_feature_maps(model)
+    ids, mask = left_padded_batch(seed=7)
+    out = greedy(model, ids, mask, return_dict_in_generate=True)
+    assert all(isinstance(layer, rf_hf.RecurrentCacheLayer) for layer in out.cache.layers)
+    assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
+
+
 def test_generate_state_has_the_same_size_for_any_prompt():
     model = attached("rf-performer")
     sizes = []

@@ -598,7 +598,6 @@ def _use_random_feature_cache_in_generate(model: PreTrainedModel) -> None:
     setattr(model, "_prepare_cache_for_generation", prepare_cache)  # noqa: B010 (a method, per instance)
 
 
-@functools.cache
 def _saved_feature_map_file(path: str | None) -> Path | None:
     """The first ``*.safetensors`` file in the folder ``path`` with ``rf_feature_map`` tensors, or None."""
     if not path or not Path(path).is_dir():
