@@ -391,6 +391,14 @@ def test_a_flattened_batch_gives_each_document_its_own_logits(name):
     assert torch.isfinite(loss)
 
 
+def test_one_left_padded_prompt_is_not_taken_for_packed_documents():
+    model = attached("rf-performer")
+    ids, mask = left_padded_batch(seed=8)
+    row = slice(1, 2)  # 3 padding tokens: generate's position ids are [1, 1, 1, 0, 1, ...]
+    alone = greedy(model, ids[row, 3:], mask[row, 3:])
+    assert torch.equal(greedy(model, ids[row], mask[row])[:, 3:], alone)
+
+
 def test_flash_attention_kwargs_of_the_collator_are_used():
     model = attached("rf-performer")
     docs = documents([6, 3], seed=6)

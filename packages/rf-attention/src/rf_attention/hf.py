@@ -172,13 +172,12 @@ class HFRandomFeatureAttention:
         n_q, n_k = query.shape[-2], key.shape[-2]
         fm = self.feature_map(module, head_dim, causal)
         cu_seqlens = _packed_cu_seqlens(kwargs, query.shape[0], n_q) if n_q == n_k else None
-        if cu_seqlens is not None:
+        if cu_seqlens is not None and _mask_allows_packing(attention_mask, cu_seqlens, n_q, causal):
             if isinstance(cache_layer, RecurrentCacheLayer):
                 raise ValueError(
                     f"position_ids: packed sequences (restarting positions) cannot be decoded by "
                     f"{self.name}'s RandomFeatureCache (one state per row); run them with use_cache=False"
                 )
-            _check_packed_mask(attention_mask, cu_seqlens, n_q, causal)
             out = rf_attention(query, key, value, fm, causal=causal, cu_seqlens=cu_seqlens)
             return out.transpose(1, 2).contiguous(), None
         if isinstance(cache_layer, RecurrentCacheLayer):
@@ -423,11 +422,15 @@ def _packed_cu_seqlens(kwargs: dict[str, Any], batch: int, n: int) -> torch.Tens
     """
     given = kwargs.get("cu_seq_lens_q")
     if given is not None:
+        if batch != 1:
+            raise ValueError(f"cu_seq_lens_q: expected sequences packed into one row, got a batch of {batch}")
         return given if given.numel() > 2 else None
     positions = kwargs.get("position_ids")
     if positions is None or batch != 1 or n == 1 or positions.shape[-1] != n:
         return None
     positions = positions.reshape(-1)
+    if bool(positions[0] != positions.min()):  # e.g. a left-padded prompt's positions: not packed
+        return None
     starts = (positions == positions[0]).nonzero().view(-1)
     if starts.numel() < 2:
         return None
@@ -435,27 +438,25 @@ def _packed_cu_seqlens(kwargs: dict[str, Any], batch: int, n: int) -> torch.Tens
     return torch.cat([starts, end]).to(torch.int32)
 
 
-def _check_packed_mask(
+def _mask_allows_packing(
     attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor, n: int, causal: bool
-) -> None:
-    """A ``ValueError`` unless HF's mask is plain (causal or full, no padding) or blocks per sequence."""
+) -> bool:
+    """Whether HF's mask is plain (causal or full, no padding) or blocks per packed sequence.
+
+    A mask with padding means the restarting positions are padding's (a left-padded prompt's position ids
+    restart at its first token), as HF's flash-attention path reads them: not packed documents.
+    """
     if attention_mask is None:
-        return
+        return True
     if attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (n, n):
-        raise ValueError(
-            f"attention_mask: expected a 4D mask (1, 1, {n}, {n}), got {tuple(attention_mask.shape)}"
-        )
+        return False
     allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
     allowed = allowed[0, 0]
     positions = torch.arange(n, device=allowed.device)
     plain = positions <= positions.unsqueeze(-1) if causal else torch.ones_like(allowed)
     sequence = torch.searchsorted(cu_seqlens[1:].to(positions.device).long(), positions, right=True)
     blocks = plain & (sequence == sequence.unsqueeze(-1))
-    if not (torch.equal(allowed, plain) or torch.equal(allowed, blocks)):
-        raise ValueError(
-            "attention_mask: packed sequences (restarting position_ids) with padding or another pattern are "
-            "not supported; pack without padding"
-        )
+    return torch.equal(allowed, plain) or torch.equal(allowed, blocks)
 
 
 def key_padding_from_mask(
