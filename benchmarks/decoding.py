@@ -20,7 +20,7 @@ after ``rf_attention.hf.attach_feature_maps``: the recurrent state per layer), `
 model given HF's ``DynamicCache``, which keeps the keys: each token re-reads the prefix; only up to
 ``--key-cache-max``) and ``sdpa``, all in the same run:
 
-    uv run --frozen python benchmarks/decoding.py --generate --rounds 2 --tokens 8
+    uv run --frozen python benchmarks/decoding.py --generate --rounds 3 --tokens 8
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def tiny_llama(attn_implementation: str, max_positions: int):
 
 @torch.no_grad()
 def generate_point(model, context: int, key_cache: bool, args: argparse.Namespace) -> float:
-    """Median seconds per new token of ``model.generate()`` after a random ``context``-token prompt."""
+    """Median seconds per new token of one ``model.generate()`` after a random ``context``-token prompt."""
     import transformers
 
     stamps: list[float] = []
@@ -177,49 +177,49 @@ def generate_point(model, context: int, key_cache: bool, args: argparse.Namespac
         return scores
 
     prompt = torch.randint(1, 1024, (1, context), generator=torch.Generator().manual_seed(context))
-    medians = []
-    for _ in range(args.rounds):
-        stamps.clear()
-        extra = {"cache": transformers.DynamicCache(config=model.config)} if key_cache else {}
-        model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=args.warmup + args.tokens + 1,
-            min_new_tokens=args.warmup + args.tokens + 1,
-            do_sample=False,
-            pad_token_id=0,
-            logits_processor=transformers.LogitsProcessorList([stamp]),
-            **extra,
-        )
-        gaps = [b - a for a, b in itertools.pairwise(stamps)][args.warmup :]
-        medians.append(statistics.median(gaps))
-    return min(medians)
+    extra = {"cache": transformers.DynamicCache(config=model.config)} if key_cache else {}
+    model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=args.warmup + args.tokens + 1,
+        min_new_tokens=args.warmup + args.tokens + 1,
+        do_sample=False,
+        pad_token_id=0,
+        logits_processor=transformers.LogitsProcessorList([stamp]),
+        **extra,
+    )
+    return statistics.median([b - a for a, b in itertools.pairwise(stamps)][args.warmup :])
 
 
 def generate_main(args: argparse.Namespace) -> None:
-    """The ``--generate`` table: ms per new token of rf-performer (state / key cache) and sdpa."""
+    """The ``--generate`` table: ms per new token of rf-performer (state / key cache) and sdpa.
+
+    Each round measures every point once, contexts in turn; the fastest round is kept per point, so that a
+    burst of load on a shared machine slows one round of a point, not a whole column.
+    """
     contexts = args.contexts if args.contexts != DEFAULT_CONTEXTS else GENERATE_CONTEXTS
     longest = max(contexts) + args.warmup + args.tokens + 2
     models = {"rf": tiny_llama("rf-performer", longest), "sdpa": tiny_llama("sdpa", longest)}
-    rows = []
-    for context in contexts:
-        row = {"context": context}
-        row["rf"] = generate_point(models["rf"], context, False, args)
-        if context <= args.key_cache_max:
-            row["rf, key cache"] = generate_point(models["rf"], context, True, args)
-        row["sdpa"] = generate_point(models["sdpa"], context, False, args)
-        print(", ".join(f"{k}: {v * 1e3:.2f} ms" for k, v in row.items() if k != "context"), flush=True)
-        rows.append(row)
+    columns = [("rf", "rf", False), ("rf, key cache", "rf", True), ("sdpa", "sdpa", False)]
+    best: dict[tuple[int, str], float] = {}
+    for round_ in range(args.rounds):
+        for context in contexts:
+            for column, model, key_cache in columns:
+                if key_cache and context > args.key_cache_max:
+                    continue
+                seconds = generate_point(models[model], context, key_cache, args)
+                best[(context, column)] = min(seconds, best.get((context, column), seconds))
+                print(f"round {round_}, {context}, {column}: {seconds * 1e3:.2f} ms", flush=True)
     print(f"\n{machine()}\nLlama: 2 layers, width 256, 4 heads, 2 KV heads, float32, batch 1, greedy\n")
-    base = rows[0]["rf"]
-    first = rows[0]["context"]
+    first = contexts[0]
     print(f"| prompt | rf-performer | rf-performer, key cache | sdpa | sdpa / rf | rf / rf at {first:,} |")
     print("|---|---|---|---|---|---|")
-    for row in rows:
-        key = f"{row['rf, key cache'] * 1e3:.2f}" if "rf, key cache" in row else "-"
+    for context in contexts:
+        rf, sdpa = best[(context, "rf")], best[(context, "sdpa")]
+        key = best.get((context, "rf, key cache"))
         print(
-            f"| {row['context']:,} | {row['rf'] * 1e3:.2f} | {key} | {row['sdpa'] * 1e3:.2f} | "
-            f"{row['sdpa'] / row['rf']:.1f}x | {row['rf'] / base:.2f}x |"
+            f"| {context:,} | {rf * 1e3:.2f} | {'-' if key is None else f'{key * 1e3:.2f}'} | "
+            f"{sdpa * 1e3:.2f} | {sdpa / rf:.1f}x | {rf / best[(first, 'rf')]:.2f}x |"
         )
 
 
