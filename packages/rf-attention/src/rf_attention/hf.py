@@ -106,7 +106,10 @@ class HFRandomFeatureAttention:
                 (a fresh map would silently replace the trained one).
         """
         current = getattr(module, "rf_feature_map", None)
-        if current is not None and getattr(module, "rf_attention_name", None) == self.name:
+        pair = (
+            f"{PREFIX}{self.component}-{self.weight_matrix}"  # "rf-performer" and "rf-posrf-orf" share maps
+        )
+        if current is not None and getattr(module, "rf_attention_name", None) == pair:
             return current
         saved = _saved_feature_map_file(getattr(getattr(module, "config", None), "_name_or_path", None))
         if current is None and saved is not None and not attaching:
@@ -128,7 +131,7 @@ class HFRandomFeatureAttention:
         parameter = next(module.parameters(), None)
         fm.train(module.training)  # a map created during an eval() forward pass must not update statistics
         module.rf_feature_map = fm.to(device=None if parameter is None else parameter.device)
-        setattr(module, "rf_attention_name", self.name)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
+        setattr(module, "rf_attention_name", pair)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
         return module.rf_feature_map
 
     def __call__(
