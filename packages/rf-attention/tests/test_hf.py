@@ -281,6 +281,16 @@ def test_gpt2_generate_keeps_the_recurrent_state_too():
     assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
 
 
+def test_an_attached_model_still_copies_and_pickles(tmp_path):
+    model = attached("rf-performer")
+    ids, mask = left_padded_batch(seed=9)
+    torch.save(model, tmp_path / "model.pt")
+    twin = copy.deepcopy(model)
+    out = greedy(twin, ids, mask, return_dict_in_generate=True)
+    assert isinstance(out.cache, rf_hf.RandomFeatureCache)
+    assert torch.equal(out.sequences, greedy(model, ids, mask))
+
+
 def test_generate_state_has_the_same_size_for_any_prompt():
     model = attached("rf-performer")
     sizes = []

@@ -33,7 +33,7 @@ from them (O(N) per token).
 
 from __future__ import annotations
 
-import functools
+import types
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -585,21 +585,26 @@ def attach_feature_maps(model: PreTrainedModel, attn_implementation: str | None 
 
 
 def _use_random_feature_cache_in_generate(model: PreTrainedModel) -> None:
-    """Wrap ``model._prepare_cache_for_generation``: a RandomFeatureCache where HF builds a DynamicCache."""
-    prepare = getattr(model, "_prepare_cache_for_generation", None)
-    if prepare is None or getattr(prepare, "rf_attention_wrapped", False):
-        return
+    """Bind ``_prepare_cache_for_generation`` (below) to ``model``, in place of the class's.
 
-    @functools.wraps(prepare)
-    def prepare_cache(generation_config: Any, model_kwargs: dict[str, Any], *args: Any, **kw: Any) -> Any:
-        result = prepare(generation_config, model_kwargs, *args, **kw)
-        cache = model_kwargs.get("cache")
-        if type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False):
-            model_kwargs["cache"] = RandomFeatureCache(model)
-        return result
+    A bound method of a module-level function: ``copy.deepcopy`` rebinds it to the copy, and pickling the
+    model (``torch.save(model)``) keeps working.
+    """
+    if not isinstance(model.__dict__.get("_prepare_cache_for_generation"), types.MethodType):
+        bound = types.MethodType(_prepare_cache_for_generation, model)
+        setattr(model, "_prepare_cache_for_generation", bound)  # noqa: B010 (a method, per instance)
 
-    prepare_cache.rf_attention_wrapped = True  # type: ignore[attr-defined]
-    setattr(model, "_prepare_cache_for_generation", prepare_cache)  # noqa: B010 (a method, per instance)
+
+def _prepare_cache_for_generation(
+    self: PreTrainedModel, generation_config: Any, model_kwargs: dict[str, Any], *args: Any, **kw: Any
+) -> Any:
+    """``generate``'s cache preparation, with a RandomFeatureCache where HF builds its DynamicCache."""
+    prepare = type(self)._prepare_cache_for_generation  # type: ignore[attr-defined]  # GenerationMixin's
+    result = prepare(self, generation_config, model_kwargs, *args, **kw)
+    cache = model_kwargs.get("cache")
+    if type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False):
+        model_kwargs["cache"] = RandomFeatureCache(self)
+    return result
 
 
 def _saved_feature_map_file(path: str | None) -> Path | None:
