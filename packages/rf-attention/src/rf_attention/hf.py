@@ -501,7 +501,7 @@ def key_padding_from_mask(
         kind = "causal" if causal else "full"
         raise ValueError(
             f"attention_mask: RF attention supports {kind} attention with padded keys only; this mask has "
-            "another pattern (sliding window, packed sequences or a static cache's offset?)"
+            "another pattern (sliding window, packed sequences with padding, or a static cache's offset?)"
         )
     return None if bool(valid.all()) else ~valid
 
