@@ -11,12 +11,23 @@ bytes the state holds: ``m x Dv`` sums for RF attention (the same at every ``L``
 the cache.
 
     uv run --frozen --group bench python benchmarks/decoding.py --plot docs/img/decoding.png
+
+``--generate`` times plain ``model.generate()`` of a tiny Llama built from a config (2 layers, width 256,
+4 heads, 2 KV heads, vocabulary 1024, float32, batch 1, greedy) after a random prompt of each length: the
+time between consecutive calls of a logits processor (one call per new token) is the time of one token,
+the median of ``--tokens`` of them is reported. Columns: ``rf`` (``attn_implementation="rf-performer"``
+after ``rf_attention.hf.attach_feature_maps``: the recurrent state per layer), ``rf, key cache`` (the same
+model given HF's ``DynamicCache``, which keeps the keys: each token re-reads the prefix; only up to
+``--key-cache-max``) and ``sdpa``, all in the same run:
+
+    uv run --frozen python benchmarks/decoding.py --generate --rounds 3 --tokens 8
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +40,9 @@ from rf_attention.decoding import KVCache
 
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 65536]
 DEFAULT_ATTENTIONS = ["softmax", "performer", "oprf-fastfoodl"]
+
+
+GENERATE_CONTEXTS = [256, 1024, 4096, 16384, 32768]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="repeats per point; the fastest median is kept")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG here")
+    parser.add_argument("--generate", action="store_true", help="time HF model.generate() instead")
+    parser.add_argument("--key-cache-max", type=int, default=4096, help="longest prompt for 'rf, key cache'")
     return parser.parse_args(argv)
 
 
@@ -126,10 +142,94 @@ def plot(results: list[dict], attentions: list[str], path: Path, title: str) -> 
     fig.savefig(path, dpi=120)
 
 
+def tiny_llama(attn_implementation: str, max_positions: int):
+    """The benchmark's Llama (2 layers, width 256, 4 heads, 2 KV heads), seeded, ``eval()``."""
+    import transformers
+
+    import rf_attention.hf  # registers the rf-* attention names
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+    )
+    config._attn_implementation = attn_implementation
+    model = transformers.LlamaForCausalLM(config).eval()
+    if attn_implementation.startswith("rf-"):
+        rf_attention.hf.attach_feature_maps(model)
+    return model
+
+
+@torch.no_grad()
+def generate_point(model, context: int, key_cache: bool, args: argparse.Namespace) -> float:
+    """Median seconds per new token of one ``model.generate()`` after a random ``context``-token prompt."""
+    import transformers
+
+    stamps: list[float] = []
+
+    def stamp(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        stamps.append(time.perf_counter())
+        return scores
+
+    prompt = torch.randint(1, 1024, (1, context), generator=torch.Generator().manual_seed(context))
+    extra = {"cache": transformers.DynamicCache(config=model.config)} if key_cache else {}
+    model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=args.warmup + args.tokens + 1,
+        min_new_tokens=args.warmup + args.tokens + 1,
+        do_sample=False,
+        pad_token_id=0,
+        logits_processor=transformers.LogitsProcessorList([stamp]),
+        **extra,
+    )
+    return statistics.median([b - a for a, b in itertools.pairwise(stamps)][args.warmup :])
+
+
+def generate_main(args: argparse.Namespace) -> None:
+    """The ``--generate`` table: ms per new token of rf-performer (state / key cache) and sdpa.
+
+    Each round measures every point once, contexts in turn; the fastest round is kept per point, so that a
+    burst of load on a shared machine slows one round of a point, not a whole column.
+    """
+    contexts = args.contexts if args.contexts != DEFAULT_CONTEXTS else GENERATE_CONTEXTS
+    longest = max(contexts) + args.warmup + args.tokens + 2
+    models = {"rf": tiny_llama("rf-performer", longest), "sdpa": tiny_llama("sdpa", longest)}
+    columns = [("rf", "rf", False), ("rf, key cache", "rf", True), ("sdpa", "sdpa", False)]
+    best: dict[tuple[int, str], float] = {}
+    for round_ in range(args.rounds):
+        for context in contexts:
+            for column, model, key_cache in columns:
+                if key_cache and context > args.key_cache_max:
+                    continue
+                seconds = generate_point(models[model], context, key_cache, args)
+                best[(context, column)] = min(seconds, best.get((context, column), seconds))
+                print(f"round {round_}, {context}, {column}: {seconds * 1e3:.2f} ms", flush=True)
+    print(f"\n{machine()}\nLlama: 2 layers, width 256, 4 heads, 2 KV heads, float32, batch 1, greedy\n")
+    first = contexts[0]
+    print(f"| prompt | rf-performer | rf-performer, key cache | sdpa | sdpa / rf | rf / rf at {first:,} |")
+    print("|---|---|---|---|---|---|")
+    for context in contexts:
+        rf, sdpa = best[(context, "rf")], best[(context, "sdpa")]
+        key = best.get((context, "rf, key cache"))
+        print(
+            f"| {context:,} | {rf * 1e3:.2f} | {'-' if key is None else f'{key * 1e3:.2f}'} | "
+            f"{sdpa * 1e3:.2f} | {sdpa / rf:.1f}x | {rf / best[(first, 'rf')]:.2f}x |"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measure every (attention, context) point, print the table, optionally plot."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.generate:
+        generate_main(args)
+        return
     results = []
     for context in args.contexts:
         for name in args.attentions:

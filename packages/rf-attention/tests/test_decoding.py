@@ -178,3 +178,17 @@ def test_a_step_of_several_tokens_equals_the_forward(name):
         middle, state = module.step(x[:, 10:33], state)  # one block of 23 positions over the state
         tail, _ = decode(module, x[:, 33:], state)
     torch.testing.assert_close(torch.cat([head, middle, tail], dim=1), full)
+
+
+def test_selecting_rows_of_a_state_equals_prefilling_those_rows():
+    module = trained("oprf-orf")
+    x = randn(3, 9, DIM, seed=8)
+    order = torch.tensor([2, 0, 0])  # beam search: rows reordered and repeated
+    with torch.no_grad():
+        _, state = module.prefill(x)
+        _, expected = module.prefill(x[order])
+        selected = state.select(order)
+        for name in ("numerator", "normalizer", "magnitude", "reference"):
+            torch.testing.assert_close(getattr(selected, name), getattr(expected, name))
+        token = randn(3, 1, DIM, seed=9)
+        torch.testing.assert_close(module.step(token, selected)[0], module.step(token, expected)[0])

@@ -1,5 +1,7 @@
 """RF attention inside Hugging Face models built from tiny configs (no download): Llama, GPT-2, ViT."""
 
+import copy
+
 import pytest
 import torch
 
@@ -241,3 +243,178 @@ def test_unknown_names_are_refused():
         rf_hf.register(["softmax"])
     with pytest.raises(ValueError, match="attn_implementation: expected a registered rf-"):
         rf_hf.attach_feature_maps(llama("sdpa"))
+
+
+def attached(name, **overrides):
+    model = llama(name, **overrides)
+    rf_hf.attach_feature_maps(model)
+    return model
+
+
+def greedy(model, ids, mask, **kw):
+    kw = {"max_new_tokens": 8, **kw}
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0, **kw)
+
+
+@pytest.mark.parametrize("name", ["rf-performer", "rf-oprf-orf", "rf-trigrf-orf", "rf-saderf-fastfoodl"])
+def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens(name):
+    model = attached(name)  # GQA: 4 query heads, 2 KV heads
+    ids, mask = left_padded_batch(seed=1)
+    out = greedy(model, ids, mask, return_dict_in_generate=True)
+    cache = out.cache
+    assert isinstance(cache, rf_hf.RandomFeatureCache)
+    assert all(isinstance(layer, rf_hf.RecurrentCacheLayer) for layer in cache.layers)
+    assert cache.get_seq_length() == ids.shape[1] + 7  # the last token is not fed back
+    state = cache.layers[0].state
+    assert state.numerator.shape[:2] == (3, 4)  # (B, H, m, Dh): a state per query head, no keys
+    assert state.numerator.shape[-1] == 8
+    assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
+
+
+def test_gpt2_generate_keeps_the_recurrent_state_too():
+    model = gpt2("rf-oprf-fastfoodl")
+    rf_hf.attach_feature_maps(model)
+    ids, mask = left_padded_batch(seed=7)
+    out = greedy(model, ids, mask, return_dict_in_generate=True)
+    assert all(isinstance(layer, rf_hf.RecurrentCacheLayer) for layer in out.cache.layers)
+    assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
+
+
+def test_an_attached_model_still_copies_and_pickles(tmp_path):
+    model = attached("rf-performer")
+    ids, mask = left_padded_batch(seed=9)
+    torch.save(model, tmp_path / "model.pt")
+    twin = copy.deepcopy(model)
+    out = greedy(twin, ids, mask, return_dict_in_generate=True)
+    assert isinstance(out.cache, rf_hf.RandomFeatureCache)
+    assert torch.equal(out.sequences, greedy(model, ids, mask))
+
+
+def test_generate_state_has_the_same_size_for_any_prompt():
+    model = attached("rf-performer")
+    sizes = []
+    for length in (3, 40):
+        ids = torch.randint(1, VOCAB, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, max_new_tokens=2, do_sample=False, pad_token_id=0, return_dict_in_generate=True
+            )
+        sizes.append([layer.state.nbytes() for layer in out.cache.layers])
+    assert sizes[0] == sizes[1]
+
+
+def test_beam_search_reorders_the_states():
+    model = attached("rf-oprf-orf")
+    ids, mask = left_padded_batch(seed=2)
+    beams = greedy(model, ids, mask, num_beams=3, num_return_sequences=2)
+    assert torch.equal(beams, greedy(model, ids, mask, num_beams=3, num_return_sequences=2, use_cache=False))
+
+
+def test_softmax_layers_mixed_with_rf_layers_keep_their_keys():
+    model = llama("rf-performer")
+    first = model.model.layers[0].self_attn
+    first.config = copy.copy(model.config)  # layer 0 runs HF's sdpa, layer 1 RF attention
+    first.config._attn_implementation = "sdpa"
+    rf_hf.attach_feature_maps(model)
+    ids, mask = left_padded_batch(seed=3)
+    out = greedy(model, ids, mask, max_new_tokens=6, return_dict_in_generate=True)
+    layers = out.cache.layers
+    assert isinstance(layers[0], transformers.DynamicLayer)
+    assert isinstance(layers[1], rf_hf.RecurrentCacheLayer)
+    assert torch.equal(out.sequences, greedy(model, ids, mask, max_new_tokens=6, use_cache=False))
+
+
+def test_own_decoding_loop_with_the_exported_cache_equals_the_full_forward():
+    model = attached("rf-saderf-orf")
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    cache = rf_hf.RandomFeatureCache(model)
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        head = model(input_ids=ids[:, :5], cache=cache).logits
+        steps = [model(input_ids=ids[:, i : i + 1], cache=cache).logits for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat([head, *steps], dim=1), full, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="tokens_to_remove: a RandomFeatureCache cannot drop tokens"):
+        cache.crop(-1)
+
+
+def test_a_cache_layer_given_to_a_softmax_attention_is_refused():
+    model = attached("rf-performer")
+    cache = rf_hf.RandomFeatureCache(model)
+    model.config._attn_implementation = "sdpa"  # every layer now runs sdpa on the RF layers' cache
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2, 3]]), cache=cache)  # sdpa ignores the state ...
+            with pytest.raises(ValueError, match="cache: the attention of a layer given"):
+                model(input_ids=torch.tensor([[4]]), cache=cache)  # ... which the next update notices
+    finally:
+        model.config._attn_implementation = "rf-performer"
+
+
+def test_reloading_restores_the_trained_feature_maps_or_refuses(tmp_path):
+    model = attached("rf-oprf-fastfoodl")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".rf_feature_map." in name:
+                parameter.add_(0.3)  # as after uptraining
+    ids, _ = left_padded_batch()
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="rf-oprf-fastfoodl"
+    )
+    with torch.no_grad(), pytest.raises(ValueError, match="rf-oprf-fastfoodl: this model was loaded from"):
+        reloaded(input_ids=ids)
+    rf_hf.attach_feature_maps(reloaded)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected)
+
+
+def test_refusals_name_the_attention_the_user_typed():
+    model = attached("rf-performer")
+    calls = AttentionInterface._global_mapping["rf-performer"]
+    q = torch.randn(1, 4, 3, 8)
+    with pytest.raises(ValueError, match="sliding_window: not supported by rf-performer"):
+        calls(model.model.layers[0].self_attn, q, q, q, None, sliding_window=2)
+
+
+def documents(lengths, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=g) for n in lengths]
+
+
+@pytest.mark.parametrize("name", ["rf-performer", "rf-saderf-orf"])
+def test_a_flattened_batch_gives_each_document_its_own_logits(name):
+    model = attached(name)
+    docs = documents([5, 9, 4])
+    collator = transformers.DataCollatorWithFlattening(return_tensors="pt")
+    batch = collator([{"input_ids": d.tolist(), "labels": d.tolist()} for d in docs])
+    assert batch["position_ids"].tolist()[0][:6] == [0, 1, 2, 3, 4, 0]
+    with torch.no_grad():
+        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        alone = torch.cat([model(input_ids=d[None]).logits for d in docs], dim=1)
+    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)
+    model.train()  # and it trains: the loss of the packed batch is the documents' own
+    loss = model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_one_left_padded_prompt_is_not_taken_for_packed_documents():
+    model = attached("rf-performer")
+    ids, mask = left_padded_batch(seed=8)
+    row = slice(1, 2)  # 3 padding tokens: generate's position ids are [1, 1, 1, 0, 1, ...]
+    alone = greedy(model, ids[row, 3:], mask[row, 3:])
+    assert torch.equal(greedy(model, ids[row], mask[row])[:, 3:], alone)
+
+
+def test_flash_attention_kwargs_of_the_collator_are_used():
+    model = attached("rf-performer")
+    docs = documents([6, 3], seed=6)
+    collator = transformers.DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=True)
+    batch = collator([{"input_ids": d.tolist()} for d in docs])
+    with torch.no_grad():
+        packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        alone = torch.cat([model(input_ids=d[None]).logits for d in docs], dim=1)
+    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-5)

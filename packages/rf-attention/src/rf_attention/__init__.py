@@ -5,9 +5,13 @@ Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is 
     import rf_attention
     attn = rf_attention.create("oprf-fastfoodl", dim=64, num_heads=2, num_features=128)
     y = attn(x, key_padding_mask=mask)   # (B, N, 64) -> (B, N, 64)
+    y = attn(x, context=memory, context_padding_mask=memory_mask)   # cross-attention
+
+Packed sequences: ``rf_attention.rf_attention(q, k, v, fm, cu_seqlens=...)`` (``rf_attention.varlen``);
+Hugging Face models, ``generate()`` included: ``rf_attention.hf`` (extra ``rf-attention[hf]``).
 """
 
-from rf_attention import decoding, naive
+from rf_attention import decoding, naive, varlen
 from rf_attention.baselines import (
     BigBirdAttention,
     InformerAttention,
@@ -43,4 +47,5 @@ __all__ = [
     "rf_attention",
     "softmax_attention",
     "split_pair",
+    "varlen",
 ]

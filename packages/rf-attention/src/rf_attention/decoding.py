@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention._kernels import guarded_denominator
+from rf_attention.functional import _accumulation_dtype, linear_attention
 
 #: New tokens per block when ``recurrent_attention`` is given many at once.
 DEFAULT_BLOCK_SIZE = 128
@@ -34,14 +35,16 @@ class RecurrentState:
         normalizer: ``(..., m)``: ``sum_j exp(c_j - M) phi_k_j``.
         magnitude: ``(..., m)``: ``sum_j exp(c_j - M) |phi_k_j|``, the scale of the normalizer's guard.
         reference: ``(...)``: ``M = max_j c_j``, ``-inf`` while no (non-padding) key has been seen.
-        length: tokens seen, padding included (the position of the next token).
+        length: tokens seen, padding included (the position of the next token): an ``int``, or a
+            ``(B,)`` integer tensor when the ``B`` sequences have different lengths (a packed prefill,
+            ``prefill(..., cu_seqlens=...)``); each new token adds 1 to every entry.
     """
 
     numerator: torch.Tensor
     normalizer: torch.Tensor
     magnitude: torch.Tensor
     reference: torch.Tensor
-    length: int = 0
+    length: int | torch.Tensor = 0
 
     @classmethod
     def empty(
@@ -74,6 +77,18 @@ class RecurrentState:
                 f"state: expected a RecurrentState of numerator shape {expected} (batch, heads, features, "
                 f"value dim), got {tuple(self.numerator.shape)}"
             )
+
+    def select(self, index: torch.Tensor) -> RecurrentState:
+        """The state of batch rows ``index`` (``(B',)`` integers; beam search reorders with it)."""
+        index = index.to(self.numerator.device)
+        length = self.length[index] if isinstance(self.length, torch.Tensor) else self.length
+        return RecurrentState(
+            numerator=self.numerator.index_select(0, index),
+            normalizer=self.normalizer.index_select(0, index),
+            magnitude=self.magnitude.index_select(0, index),
+            reference=self.reference.index_select(0, index),
+            length=length,
+        )
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return self.numerator, self.normalizer, self.magnitude, self.reference
@@ -263,3 +278,35 @@ def _grown(buffer: torch.Tensor, capacity: int, filled: int, dim: int) -> torch.
     grown = buffer.new_zeros(shape)
     grown.narrow(dim, 0, filled).copy_(buffer.narrow(dim, 0, filled))
     return grown
+
+
+def causal_prefill(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    key_log_scale: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, RecurrentState]:
+    """Causal linear attention of a whole prefix and the recurrent state it leaves (Eq. 7).
+
+    The state continues with [`recurrent_attention`][rf_attention.decoding.recurrent_attention].
+
+    Args:
+        phi_q: ``(B, H, N, m)`` query features (``FeatureMap.forward_with_key_scales``).
+        phi_k: ``(B, H, N, m)`` key features divided by ``exp(key_log_scale)``.
+        key_log_scale: ``(B, H, N)``, ``-inf`` at padding.
+        v: ``(B, H, N, Dv)``.
+        key_padding_mask: bool ``(B, N)``, True at padding (never attended to, now or later).
+
+    Returns:
+        ``(out (B, H, N, Dv) in v's dtype, state)`` with the state in the accumulation dtype
+        (float32 for float16/bfloat16 inputs).
+    """
+    out = linear_attention(
+        phi_q, phi_k, v, causal=True, key_padding_mask=key_padding_mask, key_log_scale=key_log_scale
+    )
+    acc = _accumulation_dtype(phi_q, phi_k, v)
+    lead = tuple(phi_k.shape[:-2])
+    state = RecurrentState.empty(lead, phi_k.shape[-1], v.shape[-1], dtype=acc, device=phi_k.device)
+    return out, accumulate_keys(state, phi_k.to(acc), key_log_scale.to(acc), v.to(acc))

@@ -8,6 +8,7 @@ from typing import overload
 import torch
 import torch.nn.functional as F
 
+from rf_attention import varlen
 from rf_attention._kernels import CausalRFAttention, FeatureFn, NonCausalRFAttention
 from rf_features import FeatureMap
 
@@ -28,6 +29,7 @@ def linear_attention(
     key_log_scale: torch.Tensor | None = None,
     eps: float | None = None,
     chunk_size: int | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""Kernelized attention $D^{-1} (\phi_q \phi_k^\top) v$ in $O(N)$ time and memory (Eq. 7, Figure 1).
 
@@ -55,10 +57,26 @@ def linear_attention(
             whose keys are all padding give 0). Never an absolute floor: stabilized features can make a
             correct $D$ arbitrarily small. Default: the accumulation dtype's machine epsilon.
         chunk_size: positions per chunk (default: 128 causal; non-causal about 0.5 MiB of features).
+        cu_seqlens: ``(S + 1,)`` int32 cumulative starts of ``S`` sequences packed along ``N``
+            (flash-attn's convention; inputs ``(1, H, T, *)``): each sequence attends to itself only
+            ([`rf_attention.varlen`][rf_attention.varlen]).
 
     Returns:
         ``(..., N_q, Dv)`` in ``v``'s dtype; float16/bfloat16 inputs are accumulated in float32.
     """
+    if cu_seqlens is not None:
+        return varlen.attend_packed(
+            linear_attention,
+            phi_q,
+            phi_k,
+            v,
+            cu_seqlens,
+            key_log_scale=key_log_scale,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            eps=eps,
+            chunk_size=chunk_size,
+        )
     _check_shapes(phi_q, phi_k, v, causal)
     acc = _accumulation_dtype(phi_q, phi_k, v)
     mask = _broadcast_key_mask(key_padding_mask, phi_k)
@@ -129,6 +147,7 @@ def softmax_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""Exact attention $\operatorname{softmax}(q k^\top / \sqrt{D_h})\, v$ (Eq. 6).
 
@@ -142,10 +161,22 @@ def softmax_attention(
         causal: query $i$ attends to keys $j \le i$.
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         dropout_p: dropout on the attention probabilities (use only in training).
+        cu_seqlens: packed sequences, as in [`linear_attention`][rf_attention.linear_attention].
 
     Returns:
         ``(B, H, N_q, Dv)``.
     """
+    if cu_seqlens is not None:
+        return varlen.attend_packed(
+            softmax_attention,
+            q,
+            k,
+            v,
+            cu_seqlens,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            dropout_p=dropout_p,
+        )
     _check_shapes(q, k, v, causal)
     if key_padding_mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
@@ -169,6 +200,7 @@ def rf_attention(
     query_padding_mask: torch.Tensor | None = None,
     eps: float | None = None,
     chunk_size: int | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""Random-feature attention approximating ``softmax_attention(q, k, v)`` in $O(N)$.
 
@@ -194,10 +226,28 @@ def rf_attention(
             self-attention passes the same mask as ``key_padding_mask``).
         eps: see [`linear_attention`][rf_attention.linear_attention].
         chunk_size: see [`linear_attention`][rf_attention.linear_attention].
+        cu_seqlens: packed sequences, as in [`linear_attention`][rf_attention.linear_attention]; the
+            feature map's batch statistics are then per sequence.
 
     Returns:
         ``(B, H, N_q, Dv)``.
     """
+    if cu_seqlens is not None:
+        if query_padding_mask is not None:
+            raise ValueError("query_padding_mask: not supported with cu_seqlens")
+        return varlen.attend_packed(
+            rf_attention,
+            q,
+            k,
+            v,
+            cu_seqlens,
+            query_padding=True,
+            feature_map=feature_map,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            eps=eps,
+            chunk_size=chunk_size,
+        )
     _check_shapes(q, k, v, causal)
     if causal and feature_map.statistics_mode == "batch" and feature_map.running_statistics_defaults():
         raise ValueError(

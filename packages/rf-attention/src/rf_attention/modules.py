@@ -6,11 +6,13 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import rf_features
-from rf_attention.decoding import KVCache, RecurrentState, accumulate_keys, recurrent_attention
-from rf_attention.functional import _accumulation_dtype, linear_attention, rf_attention, softmax_attention
+from rf_attention import varlen
+from rf_attention.decoding import KVCache, RecurrentState, causal_prefill, recurrent_attention
+from rf_attention.functional import _accumulation_dtype, rf_attention, softmax_attention
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
 #: ``seed`` come from different streams.
@@ -106,28 +108,90 @@ class MultiheadSelfAttention(nn.Module):
         """Attention of ``T`` new positions ``(B, H, T, Dh)`` continuing ``state`` (None: from the start)."""
         raise NotImplementedError(f"{type(self).__name__} has no recurrent (token-by-token) form")
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``x (B, N, dim)``, ``key_padding_mask (B, N)`` bool (True = padding) -> ``(B, N, dim)``."""
-        q, k, v = self._heads(x, key_padding_mask)
-        return self._merge(self.attend(q, k, v, key_padding_mask))
+    def attend_cross(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        context_padding_mask: torch.Tensor | None,
+        query_padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Cross-attention on heads: ``q (B, H, N, Dh)`` over ``k, v (B, H, M, Dh)`` -> ``(B, H, N, Dh)``."""
+        raise NotImplementedError(f"{type(self).__name__} has no cross-attention form")
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        *,
+        context: torch.Tensor | None = None,
+        context_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Self-attention of ``x``, or cross-attention of ``x``'s queries over ``context``.
+
+        Args:
+            x: ``(B, N, dim)``.
+            key_padding_mask: bool ``(B, N)``, True at padding of ``x`` (its keys in self-attention; in
+                cross-attention its queries, whose rows give zeros' projection and are left out of the
+                feature map's statistics).
+            context: ``(B, M, dim)``: keys and values come from it (cross-attention: queries from ``x``,
+                the same ``qkv`` projection weights; the module must be non-causal).
+            context_padding_mask: bool ``(B, M)``, True at padding of ``context``.
+
+        Returns:
+            ``(B, N, dim)``.
+        """
+        if context is None:
+            if context_padding_mask is not None:
+                raise ValueError("context_padding_mask: given without a context")
+            q, k, v = self._heads(x, key_padding_mask)
+            return self._merge(self.attend(q, k, v, key_padding_mask))
+        if self.causal:
+            raise ValueError(
+                f"context: {type(self).__name__} was created with causal=True; cross-attention needs "
+                "causal=False (queries and keys come from different sequences)"
+            )
+        q, k, v = self._cross_heads(x, key_padding_mask, context, context_padding_mask)
+        return self._merge(self.attend_cross(q, k, v, context_padding_mask, key_padding_mask))
 
     def prefill(
-        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
         """The causal forward pass of a prefix and the decoding state it leaves, for ``step``.
 
         Args:
-            x: ``(B, N, dim)``, the prompt.
+            x: ``(B, N, dim)``, the prompt; with ``cu_seqlens``, ``(1, T, dim)``: ``S`` prompts packed.
             key_padding_mask: bool ``(B, N)``, True at padding (e.g. left padding of prompts of unequal
                 length): padded positions are never attended to, now or in later steps.
+            cu_seqlens: ``(S + 1,)`` cumulative starts of the packed prompts
+                ([`rf_attention.varlen`][rf_attention.varlen]). The state then has ``S`` rows, one per
+                prompt (a ``RecurrentState``'s ``length`` is the ``(S,)`` prompt lengths), and ``step``
+                continues all of them with ``(S, 1, dim)`` tokens.
 
         Returns:
-            ``(y (B, N, dim), state)``, ``y`` equal to ``forward(x, key_padding_mask)``.
+            ``(y (B, N, dim), state)``, ``y`` equal to ``forward(x, key_padding_mask)`` (with
+            ``cu_seqlens``: ``y (1, T, dim)``, each prompt's outputs as if alone).
         """
         self._check_decodes("prefill")
-        q, k, v = self._heads(x, key_padding_mask)
-        out, state = self.prefill_heads(q, k, v, key_padding_mask)
-        return self._merge(out), state
+        if cu_seqlens is None:
+            q, k, v = self._heads(x, key_padding_mask)
+            out, state = self.prefill_heads(q, k, v, key_padding_mask)
+            return self._merge(out), state
+        if key_padding_mask is not None or x.shape[0] != 1:
+            raise ValueError(
+                "cu_seqlens: expected packed prompts x of shape (1, T, dim) and no key_padding_mask, got "
+                f"x {tuple(x.shape)} and a mask {key_padding_mask is not None}"
+            )
+        layout = varlen.PackedLayout.from_cu_seqlens(cu_seqlens, x.shape[1])
+        q, k, v = (layout.unpack(t) for t in self._heads(x, None))
+        out, state = self.prefill_heads(q, k, v, layout.padding.to(x.device))
+        if isinstance(state, RecurrentState):
+            state.length = layout.lengths.to(x.device)
+        return self._merge(layout.pack(out)), state
 
     def step(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """Decode: the outputs of the next token(s) ``x (B, 1, dim)`` given the state of the tokens before.
@@ -154,31 +218,62 @@ class MultiheadSelfAttention(nn.Module):
                 "a causal attention (create(..., causal=True))"
             )
 
+    def _check_input(
+        self, name: str, x: torch.Tensor, padding: torch.Tensor | None, padding_name: str
+    ) -> None:
+        """A ``ValueError`` unless ``x`` is ``(B, N, dim)`` of the module's dtype, ``padding`` ``(B, N)``."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"{name}: expected shape (B, N, {self.dim}), got {tuple(getattr(x, 'shape', ()))}"
+            )
+        expected = self.proj.weight.dtype
+        if not x.is_floating_point():
+            raise ValueError(
+                f"{name}: expected a floating-point tensor ({expected}, the module's dtype), got {x.dtype}"
+            )
+        if x.dtype != expected and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"{name}: expected dtype {expected} (the module's parameters), got {x.dtype}; cast the input "
+                f"or the module (module.to({x.dtype})), or run under torch.autocast"
+            )
+        if padding is not None and (padding.dtype != torch.bool or padding.shape != x.shape[:2]):
+            raise ValueError(
+                f"{padding_name}: expected a bool tensor of shape {tuple(x.shape[:2])}, "
+                f"got {padding.dtype} {tuple(padding.shape)}"
+            )
+
     def _heads(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Checked ``x (B, N, dim)`` projected to ``q, k, v (B, H, N, Dh)``."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x: expected shape (B, N, {self.dim}), got {tuple(getattr(x, 'shape', ()))}")
-        expected = self.proj.weight.dtype
-        if not x.is_floating_point():
-            raise ValueError(
-                f"x: expected a floating-point tensor ({expected}, the module's dtype), got {x.dtype}"
-            )
-        if x.dtype != expected and not torch.is_autocast_enabled(x.device.type):
-            raise ValueError(
-                f"x: expected dtype {expected} (the module's parameters), got {x.dtype}; cast the input or "
-                f"the module (module.to({x.dtype})), or run under torch.autocast"
-            )
-        if key_padding_mask is not None and (
-            key_padding_mask.dtype != torch.bool or key_padding_mask.shape != x.shape[:2]
-        ):
-            raise ValueError(
-                f"key_padding_mask: expected a bool tensor of shape {tuple(x.shape[:2])}, "
-                f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
-            )
+        self._check_input("x", x, key_padding_mask, "key_padding_mask")
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def _cross_heads(
+        self,
+        x: torch.Tensor,
+        query_padding_mask: torch.Tensor | None,
+        context: torch.Tensor,
+        context_padding_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries of ``x (B, N, dim)``, keys and values of ``context (B, M, dim)``: ``(B, H, *, Dh)``."""
+        self._check_input("x", x, query_padding_mask, "key_padding_mask")
+        self._check_input("context", context, context_padding_mask, "context_padding_mask")
+        if context.shape[0] != x.shape[0]:
+            raise ValueError(f"context: expected batch {x.shape[0]} (as x), got {context.shape[0]}")
+        if not isinstance(self.qkv, nn.Linear):
+            raise ValueError(
+                f"context: cross-attention needs the plain qkv projection, {type(self).__name__} has "
+                f"{type(self.qkv).__name__}"
+            )
+        weight, bias = self.qkv.weight, self.qkv.bias
+        q = F.linear(x, weight[: self.dim], None if bias is None else bias[: self.dim])
+        kv = F.linear(context, weight[self.dim :], None if bias is None else bias[self.dim :])
+        b, n, m = x.shape[0], x.shape[1], context.shape[1]
+        q = q.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = kv.view(b, m, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return q, k, v
 
     def _merge(self, out: torch.Tensor) -> torch.Tensor:
@@ -213,6 +308,18 @@ class SoftmaxAttention(MultiheadSelfAttention):
         return softmax_attention(
             q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p
         )
+
+    def attend_cross(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        context_padding_mask: torch.Tensor | None,
+        query_padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """[`softmax_attention`][rf_attention.softmax_attention] of ``q`` over the context's ``k, v``."""
+        dropout_p = self.attention_dropout if self.training else 0.0
+        return softmax_attention(q, k, v, key_padding_mask=context_padding_mask, dropout_p=dropout_p)
 
     def prefill_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -310,6 +417,38 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             query_padding_mask=key_padding_mask,
         )
 
+    def attend_cross(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        context_padding_mask: torch.Tensor | None,
+        query_padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """[`rf_attention`][rf_attention.rf_attention] of ``q (B, H, N, Dh)`` over ``k, v (B, H, M, Dh)``.
+
+        The feature map's batch statistics (OPRF, SADERF) come from the queries and the context's keys,
+        padding left out; training calls count towards redraws as in
+        [`attend`][rf_attention.RandomFeatureAttention.attend].
+        """
+        self._count_training_call()
+        return rf_attention(
+            q,
+            k,
+            v,
+            self.feature_map,
+            key_padding_mask=context_padding_mask,
+            query_padding_mask=query_padding_mask,
+        )
+
+    def _count_training_call(self) -> None:
+        """In training, redraw the features before every ``redraw_interval``-th call, then count this one."""
+        if self.training:
+            calls = int(self.training_calls)
+            if self.redraw_interval and calls and calls % self.redraw_interval == 0:
+                self.feature_map.redraw()
+            self.training_calls += 1
+
     def _features(
         self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -332,10 +471,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     ) -> tuple[torch.Tensor, Any]:
         """Causal RF attention of the prefix and the recurrent state it leaves."""
         phi_q, phi_k, log_scale = self._features(q, k, key_padding_mask)
-        out = linear_attention(
-            phi_q, phi_k, v, causal=True, key_padding_mask=key_padding_mask, key_log_scale=log_scale
-        )
-        return out, accumulate_keys(self._empty_state(q, v, phi_k), phi_k, log_scale, v)
+        return causal_prefill(phi_q, phi_k, log_scale, v, key_padding_mask=key_padding_mask)
 
     def step_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
