@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print a Markdown table of operations per forward+backward; exit 1 if a pair misses a goal."""
+def main(argv: list[str] | None = None) -> None:
+    """Print a Markdown table of operations per forward+backward, each row's goals met or missed."""
     args = parse_args(argv)
     torch.set_num_threads(1)
     names = args.attentions or ["softmax", *rf_pairs()]
@@ -128,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1))
-    return 1 if misses else 0
+    print(f"\n{len(rows) - misses} of {len(rows)} rows meet both goals")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

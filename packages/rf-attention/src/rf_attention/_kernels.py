@@ -62,7 +62,8 @@ def guarded_denominator(
 
 
 def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    """``x`` with ``-inf`` (an empty maximum: no key seen) replaced by 0; one operation."""
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def with_ones(v: torch.Tensor) -> torch.Tensor:
@@ -280,8 +281,8 @@ def causal_block(
     # per-chunk key sums relative to the chunk's end reference
     chunk_sums, chunk_magnitudes = weighted_key_sums(pk, scales, pv, finite_or_zero(ends))
     # prefix over chunks: row r (0..t) is the state entering chunk r (r = t: after the block)
-    earlier = torch.ones(t + 1, t, dtype=torch.bool, device=phi_q.device).tril(-1)
-    decay = (ends.unsqueeze(-2) - safe_entering.unsqueeze(-1)).masked_fill(~earlier, -math.inf).exp()
+    # only u < r counts (tril); there E_u <= E_{r-1}, elsewhere the exponent is clamped (then zeroed)
+    decay = (ends.unsqueeze(-2) - safe_entering.unsqueeze(-1)).clamp_max(0).exp().tril(-1)
     carried = torch.exp(reference.unsqueeze(-1) - safe_entering)  # (..., t + 1), 0 for an empty state
     states = decay @ chunk_sums.flatten(-2)
     if state is not None:
@@ -294,8 +295,7 @@ def causal_block(
             magnitudes = magnitudes + carried.unsqueeze(-1) * magnitude.unsqueeze(-2)
     # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
     carry = torch.exp(entering[..., :-1].unsqueeze(-1) - safe_refs).unsqueeze(-1)  # (..., t, c, 1)
-    lower = torch.ones(c, c, dtype=torch.bool, device=phi_q.device).tril()
-    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).masked_fill(~lower, -math.inf).exp()
+    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
     scores = (pq @ pk.mT) * weights
     y = carry * (pq @ states[..., :-1, :, :]) + scores @ pv
     bound = None
