@@ -88,9 +88,12 @@ def _member_session(name: str, folder: Path):
     @nox.session(name=f"tests-{name}", default=True)
     def tests(session: nox.Session) -> None:
         sync(session, "--package", name, "--group", "test")
-        session.run("pytest", str(folder / "tests"), *session.posargs)
+        session.run("pytest", str(folder / "tests"), "-m", "not slow", *session.posargs)
 
-    tests.__doc__ = f"Run the tests of {name} with only {name} and its declared dependencies installed."
+    tests.__doc__ = (
+        f"Run the tests of {name} with only {name} and its declared dependencies installed (the slow ones "
+        "run in tests-all)."
+    )
     return tests
 
 
@@ -138,6 +141,7 @@ def bench(session: nox.Session) -> None:
     """Speed and memory benchmarks (not a test): tables on stdout, the docs' plot under docs/img/."""
     sync(session, "--all-packages", "--group", "bench")
     session.run("python", "benchmarks/structured_transform.py")
+    session.run("python", "benchmarks/operation_counts.py", "--batch", "1")
     session.run(
         "python",
         "benchmarks/attention_scaling.py",

@@ -4,7 +4,8 @@ For each attention and each N, one fresh process builds ``q, k, v`` of shape ``(
 ``requires_grad``), runs one forward+backward at N = 256 first (code pages and allocator pools touched on
 first use are not the attention's memory), then one at N to measure the peak memory it adds (CPU: the
 resident high-water mark ``VmHWM``, reset through ``/proc/self/clear_refs`` just before, minus the resident
-size ``VmRSS`` then; CUDA: ``torch.cuda.max_memory_allocated`` minus the allocated bytes before), then
+size ``VmRSS`` then, with glibc's mmap threshold fixed so that it counts live tensors; CUDA:
+``torch.cuda.max_memory_allocated`` minus the allocated bytes before), then
 times ``--repeats`` more runs (median). Every number is reported next to ``softmax``
 (``scaled_dot_product_attention``) and ``performer-pytorch`` measured in the same run, with the achieved
 GFLOP/s (from an analytic FLOP count) next to the machine's measured float32 matmul rate.
@@ -220,6 +221,18 @@ def machine(device: str = "cpu") -> str:
     )
 
 
+#: glibc's malloc serves blocks of at least this many bytes by ``mmap`` and unmaps them when freed, so the
+#: resident high-water mark counts the tensors alive at once, not heap pages a freed tensor left behind
+#: (glibc otherwise raises the threshold as large blocks are freed, and the peak then depends on the order
+#: of allocations). Every point, SDPA's included, runs with it.
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def point_environment() -> dict[str, str]:
+    """The environment of a point's process: this one's, with a fixed malloc mmap threshold (glibc)."""
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), **os.environ}
+
+
 def run_point(name: str, n: int, args: argparse.Namespace) -> dict:
     """One point in a fresh interpreter, so peak RSS belongs to this point alone."""
     command = [sys.executable, __file__, "--point", name, str(n)]
@@ -227,7 +240,14 @@ def run_point(name: str, n: int, args: argparse.Namespace) -> dict:
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            check=False,
+            env=point_environment(),
+        )
     except subprocess.TimeoutExpired:
         return {"attention": name, "n": n, "error": f"timeout after {args.timeout:.0f} s"}
     if done.returncode != 0:

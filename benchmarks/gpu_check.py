@@ -7,27 +7,37 @@ Three parts, one command, a Markdown report under ``--out``:
    parameters) against ``rf_attention.naive`` in float64 on the CPU, same feature map; softmax likewise;
 2. scaling: ``attention_scaling.py --device <device>`` (fresh process per point; on CUDA the peak is
    ``torch.cuda.max_memory_allocated``), 4K to 64K against SDPA (flash/memory-efficient kernels);
-3. decoding: ``decoding.py`` (per-token latency against the context), when that benchmark is present.
+3. decoding: ``decoding.py`` (per-token latency against the context), when that benchmark is present;
+4. operations: aten calls per training forward+backward (``operation_counts.py``'s counter) of a few pairs
+   at two lengths: the kernel launches a step issues, which must not grow with N;
+5. compile: ``torch.compile(module, fullgraph=True)`` training steps on the device (inductor; Triton on
+   CUDA): no recompilation over repeated steps, outputs equal to eager, median step time against eager;
+6. flash: forward+backward of ``rf_attention`` against ``scaled_dot_product_attention`` (flash on CUDA) at
+   ``B = 8, H = 8, Dh = 64``, N = 4K to 64K, time and peak memory, in one process.
 
     python benchmarks/gpu_check.py                          # on a CUDA machine
-    python benchmarks/gpu_check.py --device cpu --quick     # the same code paths on the CPU, small sizes
+    python benchmarks/gpu_check.py --device cpu --smoke     # the same code paths on the CPU, small sizes
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import rf_attention
 import rf_features
-from rf_attention import rf_attention, softmax_attention
+from rf_attention import rf_attention as rf_attention_fn
+from rf_attention import softmax_attention
 from rf_attention.naive import naive_rf_attention, naive_softmax_attention
 
 HERE = Path(__file__).resolve().parent
@@ -47,11 +57,136 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (``--help`` lists them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
+    parser.add_argument(
+        "--smoke", "--quick", dest="quick", action="store_true", help="small sizes (a CPU smoke run)"
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help="scaling lengths")
     parser.add_argument("--out", type=Path, default=Path("results/gpu_check"))
-    parser.add_argument("--skip", nargs="*", default=[], choices=["correctness", "scaling", "decoding"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=PARTS)
     return parser.parse_args(argv)
+
+
+PARTS = ["correctness", "scaling", "decoding", "operations", "compile", "flash"]
+#: Pairs of the operation-count, compile and SDPA parts (causal and not).
+KERNEL_PAIRS = ["posrf-orf", "oprf-fastfoodl", "trigrf-sorf"]
+
+
+def operations(device: torch.device, quick: bool) -> list[str]:
+    """Markdown rows: aten calls per training forward+backward of each pair at two lengths."""
+    sys.path.insert(0, str(HERE))
+    from operation_counts import count_step
+
+    lengths = [256, 1024] if quick else [4096, 65536]
+    rows = ["| attention | " + " | ".join(f"N = {n}" for n in lengths) + " |", "|---|---|---|"]
+    for name in ["softmax", *KERNEL_PAIRS]:
+        for causal in (False, True):
+            with torch.device(device):
+                totals = [
+                    sum(count_step(name, n, causal=causal, batch=1, dim=512, heads=8, features=128).values())
+                    for n in lengths
+                ]
+            label = f"{name} causal" if causal else name
+            rows.append(f"| {label} | " + " | ".join(f"{t:,}" for t in totals) + " |")
+    return rows
+
+
+def _seconds(step: Any, device: torch.device, repeats: int) -> float:
+    """Median seconds of ``step()`` over ``repeats`` runs (device synchronized)."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _train_step(module: torch.nn.Module, x: torch.Tensor) -> None:
+    module(x).square().sum().backward()
+
+
+def compiled_steps(device: torch.device, quick: bool) -> tuple[list[str], bool]:
+    """Markdown rows: compiled (fullgraph) against eager training steps, and whether all outputs agree."""
+    b, n, dim = (2, 256, 64) if quick else (8, 4096, 512)
+    rows = ["| attention | eager ms | compiled ms | speed-up | max abs difference |", "|---|---|---|---|---|"]
+    ok = True
+    cases = [(KERNEL_PAIRS[0], True)] if quick else [(n, c) for n in KERNEL_PAIRS for c in (False, True)]
+    for name, causal in cases:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        module = rf_attention.create(name, dim, 8, num_features=128, causal=causal, seed=0)
+        module = module.to(device).eval()  # fixed statistics: eager and compiled see the same ones
+        eager = copy.deepcopy(module)
+        compiled = torch.compile(module, fullgraph=True)
+        x = torch.randn(b, n, dim, device=device)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(2):  # first call compiles; the second must not recompile
+                _train_step(compiled, x)
+            difference = float((compiled(x) - eager(x)).abs().max())
+            repeats = 3 if quick else 10
+            t_compiled = _seconds(functools.partial(_train_step, compiled, x), device, repeats)
+        t_eager = _seconds(functools.partial(_train_step, eager, x), device, repeats)
+        ok &= difference < 1e-3
+        label = f"{name} causal" if causal else name
+        rows.append(
+            f"| {label} | {t_eager * 1e3:.1f} | {t_compiled * 1e3:.1f} | {t_eager / t_compiled:.2f}x | "
+            f"{difference:.1e} |"
+        )
+    return rows, ok
+
+
+def against_sdpa(device: torch.device, quick: bool) -> list[str]:
+    """Markdown rows: forward+backward time and peak memory of RF attention against SDPA (B=8, H=8, Dh=64)."""
+    b, h, dh = (1, 2, 16) if quick else (8, 8, 64)
+    lengths = [256, 512] if quick else [4096, 8192, 16384, 32768, 65536]
+    rows = ["| attention | N | ms | speed-up | peak MiB | memory |", "|---|---|---|---|---|---|"]
+    for n in lengths:
+        reference: tuple[float, float] | None = None
+        for name in ["softmax", *KERNEL_PAIRS]:
+            for causal in (False, True):
+                q, k, v = (torch.randn(b, h, n, dh, device=device, requires_grad=True) for _ in range(3))
+                if name == "softmax":
+                    fm = None
+                else:
+                    component, matrix = name.rsplit("-", 1)
+                    fm = rf_features.create(
+                        component,
+                        weight_matrix=matrix,
+                        num_features=128,
+                        dim=dh,
+                        seed=0,
+                        statistics_mode="running" if causal else "batch",
+                    ).to(device)
+
+                def step(fm: Any = fm, causal: bool = causal, q: Any = q, k: Any = k, v: Any = v) -> None:
+                    if fm is None:
+                        out = softmax_attention(q, k, v, causal=causal)
+                    else:
+                        out = rf_attention_fn(q, k, v, fm, causal=causal)
+                    out.sum().backward()
+
+                step()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    before = torch.cuda.memory_allocated(device)
+                seconds = _seconds(step, device, 3)
+                peak = (
+                    (torch.cuda.max_memory_allocated(device) - before) / 2**20
+                    if device.type == "cuda"
+                    else 0.0
+                )
+                if name == "softmax" and not causal:
+                    reference = (seconds, max(peak, 1e-9))
+                assert reference is not None
+                label = f"{name} causal" if causal else name
+                rows.append(
+                    f"| {label} | {n} | {seconds * 1e3:.1f} | {reference[0] / seconds:.2f}x | {peak:.0f} | "
+                    f"{peak / reference[1]:.2f}x |"
+                )
+    return rows
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -83,7 +218,7 @@ def check_pair(name: str, causal: bool, dtype: torch.dtype, device: torch.device
     mask[1, n - n // 4 :] = True
     inputs = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
     masks = {"key_padding_mask": mask.to(device), "query_padding_mask": mask.to(device)}
-    out = rf_attention(*inputs, fm, causal=causal, **masks)
+    out = rf_attention_fn(*inputs, fm, causal=causal, **masks)
     params = list(fm.parameters())
     got = torch.autograd.grad((out.float() * w.to(device)).sum(), [*inputs, *params])
     # the reference sees the inputs as rounded to the tested dtype
@@ -198,6 +333,21 @@ def main(argv: list[str] | None = None) -> None:
             report += ["## Decoding (the benchmark runs on the CPU: it has no device option)", "", output, ""]
         else:
             report += ["## Decoding", "", "benchmarks/decoding.py is not in this checkout; skipped.", ""]
+    if "operations" not in args.skip:
+        report += ["## Operations per training forward+backward (B = 1, dim 512, 8 heads)", ""]
+        report += [*operations(device, args.quick), ""]
+    if "compile" not in args.skip:
+        rows, ok = compiled_steps(device, args.quick)
+        failed |= not ok
+        report += ["## torch.compile(fullgraph=True) training step against eager", "", *rows, ""]
+    if "flash" not in args.skip:
+        report += [
+            "## Forward+backward against SDPA",
+            "",
+            "Speed-up: SDPA's time / the row's; memory: the row's peak / SDPA's (CUDA only).",
+            "",
+        ]
+        report += [*against_sdpa(device, args.quick), ""]
     (args.out / "report.md").write_text("\n".join(report))
     print("\n".join(report))
     if failed:

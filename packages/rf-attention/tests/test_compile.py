@@ -1,5 +1,12 @@
-"""``torch.compile`` (inductor, CPU) of one random-feature attention and one baseline equals eager."""
+"""``torch.compile`` of the attention modules: whole graphs, no recompilation, and the eager results.
 
+Graph breaks and recompilations are decided by Dynamo, whatever the backend: the family-by-family checks run
+Dynamo and AOT autograd (``backend="aot_eager"``, forward and backward graphs, no C compiler needed for
+them), one pair runs through inductor (CPU, C++) to check that the compiled code equals eager. Slow (tracing
+takes seconds per module): marked ``slow``, run by the ``tests-all`` nox session only.
+"""
+
+import copy
 import shutil
 
 import pytest
@@ -12,12 +19,82 @@ needs_compiler = pytest.mark.skipif(
     reason="torch.compile's CPU backend (inductor) needs a C compiler (cc or gcc); none on this platform",
 )
 
+pytestmark = [
+    pytest.mark.slow,
+    # Dynamo's notice that it traces through rf_matrices' lru_cache'd Hadamard factor (a constant; safe)
+    pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`"),
+]
+
+#: One pair per component family, learnable FastFood_L included; causal and not.
+PAIRS = [
+    ("trigrf-sorf", False),
+    ("posrf-fastfoodl", True),
+    ("posrf-hyp-qmc", False),
+    ("gerf-orf", True),
+    ("oprf-fastfoodl", False),
+    ("oprf-orf", True),
+    ("saderf-base", False),
+    ("saderf-orf", True),
+]
+
+
+def train_steps(
+    module: torch.nn.Module, x: torch.Tensor, steps: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Outputs and parameter gradients of ``steps`` training steps (gradients cleared before each)."""
+    outputs, gradients = [], []
+    for _ in range(steps):
+        module.zero_grad()
+        y = module(x)
+        y.square().sum().backward()
+        outputs.append(y.detach())
+        gradients += [p.grad.clone() for p in module.parameters() if p.grad is not None]
+    return outputs, gradients
+
+
+@pytest.mark.parametrize(
+    ("name", "causal"), PAIRS, ids=[f"{n}-{'causal' if c else 'full'}" for n, c in PAIRS]
+)
+def test_training_step_compiles_to_one_graph_and_never_recompiles(name, causal):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = rf_attention.create(name, 32, 2, num_features=8, causal=causal, seed=0).train()
+    eager = copy.deepcopy(module)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 40, 32)
+    # fullgraph: a graph break raises; error_on_recompile: a recompilation raises
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outputs, gradients = train_steps(compiled, x, steps=2)
+    expected_outputs, expected_gradients = train_steps(eager, x, steps=2)
+    for a, b in zip(outputs, expected_outputs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert len(gradients) == len(expected_gradients) > 0
+    if causal and name.split("-")[0] in ("oprf", "saderf"):
+        return  # gradients: see test_running_statistics_gradients_under_aot_autograd
+    for a, b in zip(gradients, expected_gradients, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="AOT autograd (torch 2.15) differentiates a training step whose running statistics (OPRF's A, "
+    "SADERF's Psi) are updated in place during the step with other gradients than eager; outputs agree",
+)
+def test_running_statistics_gradients_under_aot_autograd():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = rf_attention.create("saderf-orf", 32, 2, num_features=8, causal=True, seed=0).train()
+    eager = copy.deepcopy(module)
+    x = torch.randn(2, 40, 32)
+    _, got = train_steps(torch.compile(module, fullgraph=True, backend="aot_eager"), x, steps=1)
+    for a, b in zip(got, train_steps(eager, x, steps=1)[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
 
 @needs_compiler
-# Dynamo's notice that it traces through rf_matrices' lru_cache'd Hadamard factor (a constant; safe)
-@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 @pytest.mark.parametrize("name", ["oprf-fastfoodl", "nystromformer"])
 def test_compiled_module_equals_eager(name):
+    torch._dynamo.reset()
     torch.manual_seed(0)
     attn = rf_attention.create(name, 32, 2, num_features=16, seed=0).eval()
     x = torch.randn(2, 40, 32)
@@ -27,3 +104,17 @@ def test_compiled_module_equals_eager(name):
         eager = attn(x, key_padding_mask=mask)
         compiled = torch.compile(attn)(x, key_padding_mask=mask)
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+
+
+@needs_compiler
+def test_inductor_training_step_equals_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = rf_attention.create("posrf-orf", 32, 2, num_features=8, causal=True, seed=0).train()
+    eager = copy.deepcopy(module)
+    x = torch.randn(2, 40, 32)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outputs, gradients = train_steps(torch.compile(module, fullgraph=True), x, steps=2)
+    expected_outputs, expected_gradients = train_steps(eager, x, steps=2)
+    for a, b in zip(outputs + gradients, expected_outputs + expected_gradients, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

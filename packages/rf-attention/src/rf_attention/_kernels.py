@@ -1,22 +1,39 @@
-"""Memory-lean random-feature attention: features computed chunk by chunk and recomputed in the backward pass.
+"""Chunk-parallel random-feature attention: a fixed number of batched operations per call, whatever N.
 
-Autograd keeps only ``q, k, v``, the ``m x Dv`` key-value sums (causal: one per chunk) and one number per
-query; the ``N x m`` feature tensors live one chunk at a time, in the forward pass and again in the
-backward pass, where their gradients are pushed through the feature map with ``torch.autograd.grad``.
-The gradients are those of the plain formula ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` of the same
-features (the stabilizers are constants that cancel exactly, so they are detached).
+The sequence is cut into a few *groups* of rows, as many as keep one group's features no larger than the
+query tensor itself (``group_rows``): their number depends on the feature width and the head dimension,
+never on N. Each group is one batched computation:
+
+- non-causal (Eq. 7): a group of keys gives its ``m x (Dv + 1)`` sums ``phi_k^T [v, 1]`` by one matmul; a
+  group of queries reads them by one matmul;
+- causal: a group is cut into chunks of ``chunk`` positions, all processed at once: per-chunk key sums by
+  one batched matmul, the state entering every chunk by one ``T x T`` decay-weighted prefix sum over the
+  chunks (one batched matmul), the intra-chunk masked products by batched ``chunk x chunk`` matmuls. The
+  state leaving a group enters the next.
+
+Each group runs under ``torch.utils.checkpoint``: autograd keeps ``q, k, v``, the ``m x (Dv + 1)`` sums
+passed between groups and the outputs, and recomputes a group's features in the backward pass, so the
+``N x m`` feature tensors live one group at a time. The backward pass is autograd's through the same
+operations (gradients of the plain formula ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)``; the stabilizers are
+detached constants that cancel exactly), and the whole computation traces under ``torch.compile``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 #: ``features(x, is_query) -> (log_features, multiplier)`` as ``FeatureMap.weighted_log_features``.
 FeatureFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
+#: Positions per chunk of the causal kernel (the intra-chunk products are ``chunk x chunk``).
+DEFAULT_CHUNK_SIZE = 128
+#: A group's features hold at most this many elements per element of ``q`` (the memory rule of the groups).
+GROUP_FEATURES_PER_QUERY_ELEMENT = 1.0
 
 
 def guarded_denominator(
@@ -27,6 +44,7 @@ def guarded_denominator(
     Positive features (``bound`` None): only ``D == 0`` changes (to 1; no key is seen, the numerator is 0).
     Signed features: ``|D| <= eps * bound`` with ``bound = |phi_q| . sum_j |phi_k_j| >= |D|`` becomes
     ``sign(D) eps bound`` (1 where ``bound == 0``): a relative guard, blind to the features' overall scale.
+    A replaced ``D`` is a constant (no gradient).
 
     Args:
         den: ``(..., N, 1)``.
@@ -36,21 +54,21 @@ def guarded_denominator(
     if bound is None:
         guarded = den == 0
         return torch.where(guarded, torch.ones_like(den), den), guarded
-    floor = eps * bound
+    floor = eps * bound.detach()
     guarded = den.abs() <= floor
     sign = torch.where(den < 0, -1.0, 1.0).to(den.dtype)
     safe = torch.where(floor > 0, sign * floor, torch.ones_like(floor))
     return torch.where(guarded, safe, den), guarded
 
 
-def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with ``-inf`` (an empty maximum: no key seen) replaced by 0; one operation."""
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _decay(previous: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """``exp(previous - reference)``, 0 where ``previous`` is ``-inf`` (an empty state)."""
-    finite = torch.isfinite(previous)
-    return torch.where(finite, torch.exp(torch.where(finite, previous, 0.0) - reference), 0.0)
+def with_ones(v: torch.Tensor) -> torch.Tensor:
+    """``[v, 1]`` ``(..., n, Dv + 1)``: one product then gives numerator and normalizer together."""
+    return F.pad(v, (0, 1), value=1.0)
 
 
 def _exp(log_x: torch.Tensor, mult: torch.Tensor | None) -> torch.Tensor:
@@ -58,320 +76,326 @@ def _exp(log_x: torch.Tensor, mult: torch.Tensor | None) -> torch.Tensor:
     return features if mult is None else features * mult
 
 
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+def group_rows(n: int, dim: int, width: int, multiple: int = 1) -> int:
+    """Rows per group: the most whose ``width`` features hold no more elements than ``n`` rows of ``dim``.
+
+    A multiple of ``multiple`` (the causal chunk), at least one ``multiple``. The number of groups,
+    ``ceil(n / rows)``, is about ``width / dim`` whatever ``n``.
+    """
+    rows = int(n * dim * GROUP_FEATURES_PER_QUERY_ELEMENT) // max(1, width)
+    return max(multiple, rows // multiple * multiple)
 
 
-def _param_grads(
-    outputs: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    inputs: Sequence[torch.Tensor],
-    params: Sequence[torch.Tensor],
-    totals: list[torch.Tensor | None],
-) -> tuple[torch.Tensor | None, ...]:
-    """Backpropagate ``grads`` from recomputed features to ``inputs`` and ``params`` (added to ``totals``)."""
-    wanted = [*inputs, *params]
-    needed = [t for t in wanted if t.requires_grad]
-    found = iter(torch.autograd.grad(outputs, needed, grads, allow_unused=True)) if needed else iter(())
-    result = [next(found) if t.requires_grad else None for t in wanted]
-    for i, g in enumerate(result[len(inputs) :]):
-        if g is not None:
-            total = totals[i]
-            totals[i] = g if total is None else total + g
-    return tuple(result[: len(inputs)])
+def _groups(n: int, rows: int) -> list[slice]:
+    return [slice(start, min(start + rows, n)) for start in range(0, n, rows)]
 
 
-def _leaf(x: torch.Tensor, needs_grad: bool) -> torch.Tensor:
-    return x.detach().requires_grad_(needs_grad)
+def _recomputed(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``, its intermediate tensors recomputed in the backward pass instead of kept."""
+    if not torch.is_grad_enabled():
+        return function(*args)
+    return checkpoint(function, *args, use_reentrant=False)
 
 
-def _with_ones(v: torch.Tensor) -> torch.Tensor:
-    """``[v, 1]`` ``(..., n, Dv + 1)``: one product then gives numerator and normalizer together."""
-    return torch.cat((v, v.new_ones(*v.shape[:-1], 1)), dim=-1)
+# ---------------------------------------------------------------------------------------------- non-causal
 
 
-def _split(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return y[..., :-1], y[..., -1:]
+def _key_sums(
+    features: FeatureFn, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Key sums of one group, each feature column ``l`` divided by ``exp(M_l)``, ``M_l = max_j log phi_k``.
+
+    Returns ``phi_k^T [v, 1]`` ``(..., m, Dv + 1)``, ``sum_j |phi_k_j|`` ``(..., 1, m)`` for signed features
+    (else None), and ``M`` ``(..., 1, m)`` (``-inf`` where every key is padding; detached).
+    """
+    log_k, mult_k = features(k, False)
+    if mask is not None:
+        log_k = log_k.masked_fill(mask[..., None], -math.inf)
+    top = log_k.detach().amax(dim=-2, keepdim=True)
+    phi_k = _exp(log_k - finite_or_zero(top), mult_k)
+    magnitude = phi_k.abs().sum(dim=-2, keepdim=True) if mult_k is not None else None
+    return phi_k.mT @ with_ones(v), magnitude, top
 
 
-def _output_grads(
-    grad_out: torch.Tensor, y: torch.Tensor, den: torch.Tensor, guarded: torch.Tensor
+def _query_outputs(
+    features: FeatureFn,
+    q: torch.Tensor,
+    state: torch.Tensor,
+    magnitude: torch.Tensor | None,
+    reference: torch.Tensor,
+    eps: float,
 ) -> torch.Tensor:
-    """``[g, r]`` ``(..., n, Dv + 1)``: the gradient of ``out = num / D`` w.r.t. ``y = [num, D]``.
+    """Outputs ``(..., n, Dv)`` of one group of queries against the key sums ``state`` (Eq. 7).
 
-    ``g = dout / D``, ``r = -(dout . out) / D``; 0 where the guard replaced ``D`` (held constant there).
-    """
-    g = grad_out / den
-    r = (-(g * (_split(y)[0] / den)).sum(-1, keepdim=True)).masked_fill(guarded, 0.0)
-    return torch.cat((g, r), dim=-1)
-
-
-class NonCausalRFAttention(torch.autograd.Function):
-    """``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` with features built in chunks of ``chunk_size`` rows.
-
-    One ``m x (Dv + 1)`` state ``phi_k^T [v, 1]`` holds numerator and normalizer sums. Stabilization that
-    cannot lose the scale: keys are divided per feature column ``l`` by ``exp(M_l)``,
-    ``M_l = max_j log phi_k[j, l]`` (an online maximum over key chunks, rescaling the state's rows as it
-    grows), ``exp(M_l)`` moves to the query side, and each query row is divided by its largest entry.
-    With positive features every normalizer is then at least 1 (0 for a row whose keys are all padding),
-    whatever the logits.
-
-    ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)``: ``q [B, H, N_q, d]``,
-    ``k [B, H, N_k, d]``, ``v [B, H, N_k, Dv]``, ``key_mask`` bool ``[B, H, N_k]`` or None; ``params``
-    are the feature map's trainable tensors (they receive gradients).
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any,  # torch types the context of a custom Function as Any
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        features: FeatureFn,
-        chunk_size: int,
-        eps: float,
-        *params: torch.Tensor,
-    ) -> torch.Tensor:
-        state: torch.Tensor | None = None
-        column_max: torch.Tensor | None = None
-        abs_normalizer: torch.Tensor | None = None
-        for part in _chunks(k.shape[-2], chunk_size):
-            log_k, mult_k = features(k[..., part, :], False)
-            if key_mask is not None:
-                log_k = log_k.masked_fill(key_mask[..., part, None], -math.inf)
-            top = log_k.amax(dim=-2, keepdim=True)
-            if state is None or column_max is None:
-                width = (mult_k if mult_k is not None else log_k).shape[-1]
-                state = v.new_zeros(*q.shape[:-2], width, v.shape[-1] + 1)
-                abs_normalizer = v.new_zeros(*q.shape[:-2], 1, width) if mult_k is not None else None
-                column_max = torch.full_like(top, -math.inf)
-            new_max = torch.maximum(column_max, top)
-            reference = _finite_or_zero(new_max)
-            decay = _decay(column_max, reference)
-            phi_k = (log_k - reference).exp_()
-            if mult_k is not None:
-                phi_k = phi_k * mult_k
-            state.mul_(decay.mT).add_(phi_k.mT @ _with_ones(v[..., part, :]))
-            if abs_normalizer is not None:
-                abs_normalizer = abs_normalizer * decay + phi_k.abs().sum(dim=-2, keepdim=True)
-            column_max = new_max
-        assert state is not None, "k has at least one row"
-        assert column_max is not None, "k has at least one row"
-        reference = _finite_or_zero(column_max)
-        out = v.new_empty(*q.shape[:-1], v.shape[-1])
-        den = v.new_empty(*q.shape[:-1], 1)
-        guarded = torch.empty(*q.shape[:-1], 1, dtype=torch.bool, device=q.device)
-        for part in _chunks(q.shape[-2], chunk_size):
-            phi_q, query_signed = _query_features(features, q[..., part, :], reference, inplace=True)
-            num, plain_den = _split(phi_q @ state)
-            bound = None
-            if abs_normalizer is not None or query_signed:
-                normalizer = abs_normalizer if abs_normalizer is not None else _split(state)[1].mT
-                bound = phi_q.abs() @ normalizer.mT
-            den[..., part, :], guarded[..., part, :] = guarded_denominator(plain_den, bound, eps)
-            torch.div(num, den[..., part, :], out=out[..., part, :])
-        ctx.save_for_backward(q, k, v, state, reference, den, guarded, *params)
-        ctx.key_mask, ctx.features, ctx.chunk_size = key_mask, features, chunk_size
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, state, reference, den, guarded, *params = ctx.saved_tensors
-        features, chunk_size, key_mask = ctx.features, ctx.chunk_size, ctx.key_mask
-        totals: list[torch.Tensor | None] = [None] * len(params)
-        grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
-        grad_k = torch.zeros_like(k) if ctx.needs_input_grad[1] else None
-        grad_v = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
-        grad_state = torch.zeros_like(state)
-        for part in _chunks(q.shape[-2], chunk_size):
-            q_part = _leaf(q[..., part, :], grad_q is not None)
-            with torch.enable_grad():
-                phi_q, _ = _query_features(features, q_part, reference)
-            values = phi_q.detach()
-            grad_y = _output_grads(
-                grad_out[..., part, :], values @ state, den[..., part, :], guarded[..., part, :]
-            )
-            grad_state += values.mT @ grad_y
-            (dq,) = _param_grads([phi_q], [grad_y @ state.mT], [q_part], params, totals)
-            if grad_q is not None:
-                assert dq is not None, "q_part requires grad whenever grad_q is allocated"
-                grad_q[..., part, :] = dq
-        for part in _chunks(k.shape[-2], chunk_size):
-            k_part = _leaf(k[..., part, :], grad_k is not None)
-            with torch.enable_grad():
-                log_k, mult_k = features(k_part, False)
-                if key_mask is not None:
-                    log_k = log_k.masked_fill(key_mask[..., part, None], -math.inf)
-                phi_k = _exp(log_k - reference, mult_k)
-            if grad_v is not None:
-                grad_v[..., part, :] = phi_k.detach() @ grad_state[..., :-1]
-            grad_phi_k = _with_ones(v[..., part, :]) @ grad_state.mT
-            (dk,) = _param_grads([phi_k], [grad_phi_k], [k_part], params, totals)
-            if grad_k is not None:
-                assert dk is not None, "k_part requires grad whenever grad_k is allocated"
-                grad_k[..., part, :] = dk
-        return grad_q, grad_k, grad_v, None, None, None, None, *totals
-
-
-def _query_features(
-    features: FeatureFn, q: torch.Tensor, reference: torch.Tensor, inplace: bool = False
-) -> tuple[torch.Tensor, bool]:
-    """Query features times the keys' column maxima ``exp(M)``, each row divided by its largest entry.
-
-    ``inplace`` (no autograd): update the fresh log-feature tensor in place, one buffer per chunk.
+    The query features are multiplied by the keys' column scales ``exp(reference)`` and each row divided by
+    its largest entry; with positive features every normalizer is then at least 1 (0 without keys).
     """
     log_q, mult_q = features(q, True)
     log_q = log_q + reference
-    top = log_q.amax(dim=-1, keepdim=True).detach()
-    if inplace:
-        phi = log_q.sub_(top).exp_()
-        return (phi if mult_q is None else phi * mult_q), mult_q is not None
-    return _exp(log_q - top, mult_q), mult_q is not None
+    phi_q = _exp(log_q - log_q.detach().amax(dim=-1, keepdim=True), mult_q)
+    y = phi_q @ state
+    bound = None
+    if magnitude is not None or mult_q is not None:
+        normalizer = magnitude if magnitude is not None else state[..., -1:].mT
+        bound = phi_q.detach().abs() @ normalizer.detach().mT
+    den, _ = guarded_denominator(y[..., -1:], bound, eps)
+    return y[..., :-1] / den
 
 
-def _row_stabilized(
+def noncausal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    features: FeatureFn,
+    *,
+    width: int,
+    rows: int | None,
+    eps: float,
+) -> torch.Tensor:
+    """``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` by groups of rows (Eq. 7).
+
+    Key groups' sums are combined by their column maxima (the sums of a group with a smaller maximum are
+    scaled down by ``exp(M_g - M)``), so keys are divided per feature column by ``exp(M_l)``, which moves to
+    the query side: the scale of the normalizer is never lost, whatever the logits.
+
+    Args:
+        q: ``(..., N_q, d)``.
+        k: ``(..., N_k, d)``.
+        v: ``(..., N_k, Dv)``.
+        key_mask: bool ``(..., N_k)``, True at padding, or None.
+        features: the feature map of queries and keys.
+        width: ``m``, the feature width (for the group rule).
+        rows: rows per group; None: [`group_rows`][rf_attention._kernels.group_rows].
+        eps: relative guard of the normalizer.
+    """
+    key_rows = rows or group_rows(k.shape[-2], k.shape[-1], width)
+    sums = [
+        _recomputed(_key_sums, features, k[..., part, :], v[..., part, :], _part(key_mask, part))
+        for part in _groups(k.shape[-2], key_rows)
+    ]
+    column_max = sums[0][2]
+    for _, _, top in sums[1:]:
+        column_max = torch.maximum(column_max, top)
+    reference = finite_or_zero(column_max)
+    state: torch.Tensor | None = None
+    magnitude: torch.Tensor | None = None
+    for group_state, group_magnitude, top in sums:
+        decay = torch.exp(top - reference)  # 0 for a column whose keys in the group are all padding
+        scaled = group_state * decay.mT
+        state = scaled if state is None else state + scaled
+        if group_magnitude is not None:
+            scaled_magnitude = group_magnitude * decay
+            magnitude = scaled_magnitude if magnitude is None else magnitude + scaled_magnitude
+    assert state is not None, "k has at least one row"
+    query_rows = rows or group_rows(q.shape[-2], q.shape[-1], width)
+    outs = [
+        _recomputed(_query_outputs, features, q[..., part, :], state, magnitude, reference, eps)
+        for part in _groups(q.shape[-2], query_rows)
+    ]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _part(mask: torch.Tensor | None, part: slice) -> torch.Tensor | None:
+    return None if mask is None else mask[..., part]
+
+
+# ------------------------------------------------------------------------------------------------- causal
+
+
+def weighted_key_sums(
+    phi_k: torch.Tensor, key_log_scale: torch.Tensor, v_ones: torch.Tensor, reference: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sum_j exp(c_j - R) phi_k_j^T [v_j, 1]`` ``(..., m, Dv + 1)`` and ``sum_j exp(c_j - R) |phi_k_j|``.
+
+    ``phi_k (..., n, m)``, ``key_log_scale`` ``c (..., n)`` (``-inf`` at padding),
+    ``v_ones (..., n, Dv + 1)``, ``reference`` ``R (...)``, finite and at least every ``c_j``.
+    """
+    weighted = phi_k * torch.exp(key_log_scale - reference.unsqueeze(-1)).unsqueeze(-1)
+    return weighted.mT @ v_ones, weighted.abs().sum(dim=-2)
+
+
+def causal_block(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    key_log_scale: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor | None,
+    magnitude: torch.Tensor | None,
+    reference: torch.Tensor | None,
+    *,
+    chunk: int,
+    eps: float,
+    signed: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    r"""Causal attention of ``n`` positions continuing a state, all chunks at once (chunkwise-parallel Eq. 7).
+
+    Key ``j``'s true features are $\phi_{k_j} e^{c_j}$; query $i$ uses the reference
+    $R_i = \max(R_0, \max_{j \le i} c_j)$ (past keys only). With $E_t$ the reference at the end of chunk $t$
+    ($E_{-1} = R_0$): chunk $t$'s key sums $S_t = \sum_{j \in t} e^{c_j - E_t} \phi_{k_j}^\top [v_j, 1]$
+    (one batched matmul), the state entering chunk $t$,
+    $P_t = e^{R_0 - E_{t-1}} S_0 + \sum_{u < t} e^{E_u - E_{t-1}} S_u$ (one ``(T + 1) x T`` decay matrix
+    times the stacked $S_u$: a prefix sum whose weights are at most 1), and query $i$ of chunk $t$ gets
+    $e^{E_{t-1} - R_i} \phi_{q_i} P_t
+    + \sum_{j \in t, j \le i} e^{c_j - R_i} \phi_{q_i} \phi_{k_j}^\top [v_j, 1]$.
+
+    Args:
+        phi_q: ``(..., n, m)``, rows stabilized by their own constants.
+        phi_k: ``(..., n, m)``, rows divided by ``exp(key_log_scale)``; 0 at padding.
+        key_log_scale: ``(..., n)``, detached, ``-inf`` at padding.
+        v: ``(..., n, Dv)``.
+        state: ``(..., m, Dv + 1)`` sums ``[numerator, normalizer]`` of the earlier keys relative to
+            ``reference``, or None (no earlier key).
+        magnitude: ``(..., m)`` sums of ``|phi_k|`` likewise, or None (then computed only if ``signed``).
+        reference: ``(...)`` ``R_0`` (``-inf``: no earlier key), or None.
+        chunk: positions per chunk.
+        eps: relative guard of the normalizer.
+        signed: the features have signs (the guard then needs ``|phi_q| . sum |phi_k|``).
+
+    Returns:
+        ``out (..., n, Dv)``, the state, magnitude (None if neither given nor ``signed``) and reference
+        after the ``n`` positions.
+    """
+    lead, n, m = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
+    c = min(chunk, n)
+    t = -(-n // c)
+    pad = t * c - n
+    v_ones = with_ones(v)
+    if pad:
+        phi_q, phi_k, v_ones = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, phi_k, v_ones))
+        key_log_scale = F.pad(key_log_scale, (0, pad), value=-math.inf)
+    w = v_ones.shape[-1]
+    if reference is None:
+        reference = phi_q.new_full(lead, -math.inf)
+    track_magnitude = signed or magnitude is not None
+    # references: R_i per position, E_t per chunk end, and the one entering each chunk (and the final one)
+    refs = torch.maximum(torch.cummax(key_log_scale, dim=-1).values, reference.unsqueeze(-1))
+    safe_refs = finite_or_zero(refs).view(*lead, t, c)
+    ends = refs.view(*lead, t, c)[..., -1]
+    entering = torch.cat((reference.unsqueeze(-1), ends), dim=-1)  # (..., t + 1)
+    safe_entering = finite_or_zero(entering)
+    pq = phi_q.reshape(*lead, t, c, m)
+    pk = phi_k.reshape(*lead, t, c, m)
+    pv = v_ones.reshape(*lead, t, c, w)
+    scales = key_log_scale.view(*lead, t, c)
+    # per-chunk key sums relative to the chunk's end reference
+    chunk_sums, chunk_magnitudes = weighted_key_sums(pk, scales, pv, finite_or_zero(ends))
+    # prefix over chunks: row r (0..t) is the state entering chunk r (r = t: after the block)
+    # only u < r counts (tril); there E_u <= E_{r-1}, elsewhere the exponent is clamped (then zeroed)
+    decay = (ends.unsqueeze(-2) - safe_entering.unsqueeze(-1)).clamp_max(0).exp().tril(-1)
+    carried = torch.exp(reference.unsqueeze(-1) - safe_entering)  # (..., t + 1), 0 for an empty state
+    states = decay @ chunk_sums.flatten(-2)
+    if state is not None:
+        states = states + carried.unsqueeze(-1) * state.flatten(-2).unsqueeze(-2)
+    states = states.unflatten(-1, (m, w))
+    magnitudes = None
+    if track_magnitude:
+        magnitudes = decay @ chunk_magnitudes
+        if magnitude is not None:
+            magnitudes = magnitudes + carried.unsqueeze(-1) * magnitude.unsqueeze(-2)
+    # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
+    carry = torch.exp(entering[..., :-1].unsqueeze(-1) - safe_refs).unsqueeze(-1)  # (..., t, c, 1)
+    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
+    scores = (pq @ pk.mT) * weights
+    y = carry * (pq @ states[..., :-1, :, :]) + scores @ pv
+    bound = None
+    if signed:
+        assert magnitudes is not None, "tracked with the states"
+        abs_q = pq.detach().abs()
+        inside = ((abs_q @ pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
+        bound = carry * (abs_q @ magnitudes[..., :-1, :].detach().unsqueeze(-1)) + inside
+    den, _ = guarded_denominator(y[..., -1:], bound, eps)
+    out = (y[..., :-1] / den).reshape(*lead, t * c, w - 1)
+    if pad:
+        out = out[..., :n, :]
+    final_magnitude = None if magnitudes is None else magnitudes[..., -1, :]
+    return out, states[..., -1, :, :], final_magnitude, entering[..., -1]
+
+
+def _causal_group(
+    features: FeatureFn,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    state: torch.Tensor | None,
+    magnitude: torch.Tensor | None,
+    reference: torch.Tensor | None,
+    chunk: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Features of one group of positions and its ``causal_block``."""
+    phi_q, _, query_signed = row_stabilized_features(features, q, True, None)
+    phi_k, scale, key_signed = row_stabilized_features(features, k, False, mask)
+    signed = query_signed or key_signed
+    return causal_block(
+        phi_q, phi_k, scale, v, state, magnitude, reference, chunk=chunk, eps=eps, signed=signed
+    )
+
+
+def row_stabilized_features(
     features: FeatureFn, x: torch.Tensor, is_query: bool, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Features ``(n, m)``, each row divided by ``exp`` of its largest log-feature.
+    """Features ``(..., n, m)``, each row divided by ``exp`` of its largest log-feature.
 
-    Also returns that log-scale ``(n,)`` (``-inf`` at padding, whose features are 0) and whether the
-    features have signs.
+    Also returns that log-scale ``(..., n)`` (detached; ``-inf`` at padding, whose features are 0) and
+    whether the features have signs.
     """
     log_x, mult_x = features(x, is_query)
-    top = log_x.amax(dim=-1, keepdim=True).detach()
+    top = log_x.detach().amax(dim=-1, keepdim=True)
     if mask is not None:
         top = top.masked_fill(mask[..., None], -math.inf)
-    phi = _exp(log_x - _finite_or_zero(top), mult_x)
+    phi = _exp(log_x - finite_or_zero(top), mult_x)
     if mask is not None:
         phi = phi.masked_fill(mask[..., None], 0.0)
     return phi, top.squeeze(-1), mult_x is not None
 
 
-class CausalRFAttention(torch.autograd.Function):
-    """Causal ``sum_{j<=i} phi_q_i . phi_k_j v_j / sum_{j<=i} phi_q_i . phi_k_j`` by chunked prefix sums.
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    features: FeatureFn,
+    *,
+    width: int,
+    chunk: int,
+    eps: float,
+) -> torch.Tensor:
+    """Causal ``sum_{j<=i} phi_q_i . phi_k_j v_j / sum_{j<=i} phi_q_i . phi_k_j`` by groups of chunks.
 
-    Each key ``j`` is divided by ``exp(c_j)`` (its largest log-feature), each query ``i`` uses the reference
-    ``R_i = max_{j <= i} c_j``: within a chunk an explicit masked ``chunk x chunk`` product weighted by
-    ``exp(c_j - R_i) <= 1``, across chunks the ``m x (Dv + 1)`` state ``sum phi_k^T [v, 1]`` rescaled by
-    ``exp(R_prev - R_i) <= 1``. The state entering each chunk is kept for the backward pass, which runs
-    the chunks in reverse carrying the state's gradient.
+    Each group is one [`causal_block`][rf_attention._kernels.causal_block] (all its chunks at once); the
+    state leaving a group enters the next.
 
-    ``apply(q, k, v, key_mask, features, chunk_size, eps, *params)`` as ``NonCausalRFAttention``
-    with ``N_q == N_k``.
+    Args:
+        q: ``(..., N, d)``.
+        k: ``(..., N, d)``.
+        v: ``(..., N, Dv)``.
+        key_mask: bool ``(..., N)``, True at padding, or None.
+        features: the feature map of queries and keys.
+        width: ``m``, the feature width (for the group rule).
+        chunk: positions per chunk.
+        eps: relative guard of the normalizer.
     """
-
-    @staticmethod
-    def forward(
-        ctx: Any,  # torch types the context of a custom Function as Any
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        features: FeatureFn,
-        chunk_size: int,
-        eps: float,
-        *params: torch.Tensor,
-    ) -> torch.Tensor:
-        previous = q.new_full((*q.shape[:-2], 1), -math.inf)
-        state: torch.Tensor | None = None
-        abs_normalizer: torch.Tensor | None = None
-        states: list[torch.Tensor] = []
-        previouses: list[torch.Tensor] = []
-        out = v.new_empty(*q.shape[:-1], v.shape[-1])
-        den = v.new_empty(*q.shape[:-1], 1)
-        guarded = torch.empty(*q.shape[:-1], 1, dtype=torch.bool, device=q.device)
-        for part in _chunks(q.shape[-2], chunk_size):
-            mask = None if key_mask is None else key_mask[..., part]
-            phi_q, _, query_signed = _row_stabilized(features, q[..., part, :], True, None)
-            phi_k, scale, key_signed = _row_stabilized(features, k[..., part, :], False, mask)
-            if state is None:
-                state = v.new_zeros(*q.shape[:-2], phi_k.shape[-1], v.shape[-1] + 1)
-                abs_normalizer = v.new_zeros(*q.shape[:-2], 1, phi_k.shape[-1]) if key_signed else None
-            states.append(state)
-            previouses.append(previous)
-            weights, carry, decay, key_weight, end = _causal_weights(scale, previous)
-            scores = (phi_q @ phi_k.mT).mul_(weights)
-            v_ones = _with_ones(v[..., part, :])
-            num, plain_den = _split(carry * (phi_q @ state) + scores @ v_ones)
-            bound = None
-            if key_signed or query_signed:
-                abs_q = phi_q.abs()
-                past = abs_normalizer if abs_normalizer is not None else _split(state)[1].mT
-                inside = ((abs_q @ phi_k.abs().mT) * weights).sum(-1, keepdim=True)
-                bound = carry * (abs_q @ past.mT) + inside
-            den[..., part, :], guarded[..., part, :] = guarded_denominator(plain_den, bound, eps)
-            torch.div(num, den[..., part, :], out=out[..., part, :])
-            weighted_k = phi_k * key_weight
-            state = state * decay.unsqueeze(-1) + weighted_k.mT @ v_ones
-            if abs_normalizer is not None:
-                abs_normalizer = abs_normalizer * decay.unsqueeze(-1) + weighted_k.abs().sum(-2, keepdim=True)
-            previous = end
-        ctx.save_for_backward(q, k, v, den, guarded, torch.stack(states), torch.stack(previouses), *params)
-        ctx.key_mask, ctx.features, ctx.chunk_size = key_mask, features, chunk_size
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, den, guarded, states, previouses, *params = ctx.saved_tensors
-        features, chunk_size, key_mask = ctx.features, ctx.chunk_size, ctx.key_mask
-        totals: list[torch.Tensor | None] = [None] * len(params)
-        grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
-        grad_k = torch.zeros_like(k) if ctx.needs_input_grad[1] else None
-        grad_v = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
-        grad_state = torch.zeros_like(states[0])
-        parts = _chunks(q.shape[-2], chunk_size)
-        for index in reversed(range(len(parts))):
-            part, state, previous = parts[index], states[index], previouses[index]
-            mask = None if key_mask is None else key_mask[..., part]
-            q_part = _leaf(q[..., part, :], grad_q is not None)
-            k_part = _leaf(k[..., part, :], grad_k is not None)
-            with torch.enable_grad():
-                phi_q_graph, _, _ = _row_stabilized(features, q_part, True, None)
-                phi_k_graph, scale, _ = _row_stabilized(features, k_part, False, mask)
-            phi_q, phi_k = phi_q_graph.detach(), phi_k_graph.detach()
-            weights, carry, decay, key_weight, _ = _causal_weights(scale, previous)
-            scores = (phi_q @ phi_k.mT).mul_(weights)
-            v_ones = _with_ones(v[..., part, :])
-            y = carry * (phi_q @ state) + scores @ v_ones
-            grad_y = _output_grads(grad_out[..., part, :], y, den[..., part, :], guarded[..., part, :])
-            grad_scores = (grad_y @ v_ones.mT).mul_(weights)
-            grad_phi_q = carry * (grad_y @ state.mT) + grad_scores @ phi_k
-            grad_phi_k = grad_scores.mT @ phi_q + key_weight * (v_ones @ grad_state.mT)
-            if grad_v is not None:
-                grad_v[..., part, :] = (
-                    scores.mT @ grad_y[..., :-1] + (phi_k * key_weight) @ grad_state[..., :-1]
-                )
-            grad_state = grad_state * decay.unsqueeze(-1) + (carry * phi_q).mT @ grad_y
-            dq, dk = _param_grads(
-                [phi_q_graph, phi_k_graph], [grad_phi_q, grad_phi_k], [q_part, k_part], params, totals
-            )
-            if grad_q is not None:
-                assert dq is not None, "q_part requires grad whenever grad_q is allocated"
-                grad_q[..., part, :] = dq
-            if grad_k is not None:
-                assert dk is not None, "k_part requires grad whenever grad_k is allocated"
-                grad_k[..., part, :] = dk
-        return grad_q, grad_k, grad_v, None, None, None, None, *totals
-
-
-def _causal_weights(
-    scale: torch.Tensor, previous: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The constants of one causal chunk from the key log-scales ``c (..., n)`` and ``R_prev (..., 1)``.
-
-    Returns the masked intra-chunk weights ``exp(c_j - R_i)`` ``(..., n, n)``, the carry
-    ``exp(R_prev - R_i)`` ``(..., n, 1)``, the state decay ``exp(R_prev - R_end)`` ``(..., 1)``, the
-    key weights ``exp(c_j - R_end)`` ``(..., n, 1)`` and ``R_end (..., 1)``.
-    """
-    reference = torch.maximum(torch.cummax(scale, dim=-1).values, previous)
-    safe = _finite_or_zero(reference)
-    n = scale.shape[-1]
-    lower = torch.ones(n, n, dtype=torch.bool, device=scale.device).tril()
-    weights = torch.exp(scale.unsqueeze(-2) - safe.unsqueeze(-1)).masked_fill(~lower, 0.0)
-    end = reference[..., -1:]
-    safe_end = _finite_or_zero(end)
-    carry = _decay(previous, safe).unsqueeze(-1)
-    decay = _decay(previous, safe_end)
-    key_weight = torch.exp(scale - safe_end).unsqueeze(-1)
-    return weights, carry, decay, key_weight, end
+    n = q.shape[-2]
+    rows = group_rows(n, q.shape[-1], width, multiple=min(chunk, n))
+    state: torch.Tensor | None = None
+    magnitude: torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+    outs = []
+    for part in _groups(n, rows):
+        out, state, magnitude, reference = _recomputed(
+            _causal_group,
+            features,
+            q[..., part, :],
+            k[..., part, :],
+            v[..., part, :],
+            _part(key_mask, part),
+            state,
+            magnitude,
+            reference,
+            chunk,
+            eps,
+        )
+        outs.append(out)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)

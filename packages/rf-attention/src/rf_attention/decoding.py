@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rf_attention._kernels import guarded_denominator
+from rf_attention._kernels import (
+    causal_block,
+    finite_or_zero,
+    weighted_key_sums,
+    with_ones,
+)
 from rf_attention.functional import _accumulation_dtype, linear_attention
 
 #: New tokens per block when ``recurrent_attention`` is given many at once.
@@ -94,8 +99,21 @@ class RecurrentState:
         return self.numerator, self.normalizer, self.magnitude, self.reference
 
 
-def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+def _packed(state: RecurrentState) -> torch.Tensor:
+    """``[numerator, normalizer]`` ``(..., m, Dv + 1)``, the kernels' layout of the sums."""
+    return torch.cat((state.numerator, state.normalizer.unsqueeze(-1)), dim=-1)
+
+
+def _unpacked(
+    sums: torch.Tensor, magnitude: torch.Tensor, reference: torch.Tensor, length: int | torch.Tensor
+) -> RecurrentState:
+    return RecurrentState(
+        numerator=sums[..., :-1],
+        normalizer=sums[..., -1],
+        magnitude=magnitude,
+        reference=reference,
+        length=length,
+    )
 
 
 def accumulate_keys(
@@ -103,49 +121,20 @@ def accumulate_keys(
 ) -> RecurrentState:
     """The state after keys ``phi_k (..., T, m)`` with log-scales ``(..., T)`` and values ``v (..., T, Dv)``.
 
-    Padded keys have zero features and log-scale ``-inf``; they change nothing but ``length``.
+    Padded keys have zero features and log-scale ``-inf``; they change nothing but ``length``. The sums are
+    those of the causal kernel ([`weighted_key_sums`][rf_attention._kernels.weighted_key_sums]), relative
+    to ``M = max(M_old, max_j c_j)``, the old ones rescaled by ``exp(M_old - M) <= 1``.
     """
     reference = torch.maximum(state.reference, key_log_scale.amax(dim=-1))
-    safe = _finite_or_zero(reference)
+    safe = finite_or_zero(reference)
     decay = torch.exp(state.reference - safe)  # 0 for an empty state (reference -inf)
-    weighted = phi_k * torch.exp(key_log_scale - safe.unsqueeze(-1)).unsqueeze(-1)
-    return RecurrentState(
-        numerator=state.numerator * decay[..., None, None] + weighted.mT @ v,
-        normalizer=state.normalizer * decay.unsqueeze(-1) + weighted.sum(dim=-2),
-        magnitude=state.magnitude * decay.unsqueeze(-1) + weighted.abs().sum(dim=-2),
-        reference=reference,
-        length=state.length + phi_k.shape[-2],
+    sums, magnitude = weighted_key_sums(phi_k, key_log_scale, with_ones(v), safe)
+    return _unpacked(
+        _packed(state) * decay[..., None, None] + sums,
+        state.magnitude * decay.unsqueeze(-1) + magnitude,
+        reference,
+        state.length + phi_k.shape[-2],
     )
-
-
-def _attend_block(
-    state: RecurrentState,
-    phi_q: torch.Tensor,
-    phi_k: torch.Tensor,
-    key_log_scale: torch.Tensor,
-    v: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, RecurrentState]:
-    r"""Outputs of $T$ new positions (queries see the state and the new keys $j \le i$), and the new state.
-
-    Query $i$ uses the reference $R_i = \max(M, \max_{j \le i} c_j)$: the state weighs
-    $e^{M - R_i} \le 1$, new key $j$ weighs $e^{c_j - R_i} \le 1$.
-    """
-    t = phi_q.shape[-2]
-    reference = torch.maximum(state.reference.unsqueeze(-1), torch.cummax(key_log_scale, dim=-1).values)
-    safe = _finite_or_zero(reference)  # positions that have seen only padding: zero weights, zero output
-    carry = torch.exp(state.reference.unsqueeze(-1) - safe).unsqueeze(-1)  # (..., T, 1)
-    lower = torch.ones(t, t, dtype=torch.bool, device=phi_q.device).tril()
-    weights = torch.exp((key_log_scale.unsqueeze(-2) - safe.unsqueeze(-1)).masked_fill(~lower, -math.inf))
-    scores = (phi_q @ phi_k.mT) * weights
-    num = carry * (phi_q @ state.numerator) + scores @ v
-    den = carry * (phi_q @ state.normalizer.unsqueeze(-1)) + scores.sum(-1, keepdim=True)
-    abs_q = phi_q.abs()
-    bound = carry * (abs_q @ state.magnitude.unsqueeze(-1)) + ((abs_q @ phi_k.abs().mT) * weights).sum(
-        -1, keepdim=True
-    )
-    out = num / guarded_denominator(den, bound, eps)[0]
-    return out, accumulate_keys(state, phi_k, key_log_scale, v)
 
 
 def recurrent_attention(
@@ -161,8 +150,9 @@ def recurrent_attention(
     r"""Causal linear attention of $T$ new tokens that continue ``state`` (recurrent Eq. 7).
 
     Position $i$ of the new tokens attends to every key in ``state`` and to the new keys $j \le i$,
-    exactly as in the causal forward pass over the whole sequence (same stabilization, same normalizer
-    guard). $T = 1$ is one decoding step, $O(m D_v)$ whatever the context.
+    exactly as in the causal forward pass over the whole sequence: the same chunk-parallel computation
+    ([`causal_block`][rf_attention._kernels.causal_block], all blocks of ``block_size`` tokens at once),
+    stabilization and normalizer guard. $T = 1$ is one decoding step, $O(m D_v)$ whatever the context.
 
     Args:
         state: the keys so far
@@ -175,7 +165,7 @@ def recurrent_attention(
             ($|D| \le \varepsilon\, |\phi_q| \cdot \sum_j |\phi_{k_j}|$ becomes $\operatorname{sign}(D)$ times
             that bound; for positive features only $D = 0$, a row without keys, changes); default: the state
             dtype's epsilon.
-        block_size: new tokens handled per block (``block x block`` products).
+        block_size: new tokens per chunk (``block x block`` products).
 
     Returns:
         ``(out (..., T, Dv) in the state's dtype, the state after the T tokens)``.
@@ -183,19 +173,20 @@ def recurrent_attention(
     acc = state.numerator.dtype
     eps = torch.finfo(acc).eps if eps is None else eps
     phi_q, phi_k, key_log_scale, v = phi_q.to(acc), phi_k.to(acc), key_log_scale.to(acc), v.to(acc)
-    if phi_q.shape[-2] == 1:  # one token: it sees the state updated with its own key
-        state = accumulate_keys(state, phi_k, key_log_scale, v)
-        bound = phi_q.abs() @ state.magnitude.unsqueeze(-1)
-        den = guarded_denominator(phi_q @ state.normalizer.unsqueeze(-1), bound, eps)[0]
-        return (phi_q @ state.numerator) / den, state
-    outs = []
-    for start in range(0, phi_q.shape[-2], block_size):
-        part = slice(start, start + block_size)
-        out, state = _attend_block(
-            state, phi_q[..., part, :], phi_k[..., part, :], key_log_scale[..., part], v[..., part, :], eps
-        )
-        outs.append(out)
-    return torch.cat(outs, dim=-2), state
+    out, sums, magnitude, reference = causal_block(
+        phi_q,
+        phi_k,
+        key_log_scale,
+        v,
+        _packed(state),
+        state.magnitude,
+        state.reference,
+        chunk=block_size,
+        eps=eps,
+        signed=True,
+    )
+    assert magnitude is not None, "a given magnitude is carried"
+    return out, _unpacked(sums, magnitude, reference, state.length + phi_q.shape[-2])
 
 
 @dataclass

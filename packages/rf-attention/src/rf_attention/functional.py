@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import overload
 
 import torch
 import torch.nn.functional as F
 
 from rf_attention import varlen
-from rf_attention._kernels import CausalRFAttention, FeatureFn, NonCausalRFAttention
+from rf_attention._kernels import DEFAULT_CHUNK_SIZE, FeatureFn, causal_attention, noncausal_attention
 from rf_features import FeatureMap
 
-#: Query/key block of the causal algorithm.
-DEFAULT_CHUNK_SIZE = 128
-#: Feature elements ``(leading dims) x rows x m`` per chunk of the non-causal algorithm (0.5 MiB in float32).
-NONCAUSAL_CHUNK_ELEMENTS = 2**17
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -91,7 +86,6 @@ def linear_attention(
         causal=causal,
         eps=eps,
         chunk_size=chunk_size,
-        params=(),
         width=phi_q.shape[-1],
     )
 
@@ -121,21 +115,21 @@ def _run_kernel(
     causal: bool,
     eps: float | None,
     chunk_size: int | None,
-    params: tuple[torch.Tensor, ...],
     width: int,
 ) -> torch.Tensor:
-    """Run the causal or non-causal chunked kernel (features ``width`` wide) in the accumulation dtype."""
+    """The causal or non-causal chunk-parallel kernel (features ``width`` wide) in the accumulation dtype."""
     out_dtype = v.dtype
     acc = _accumulation_dtype(q, k, v)
     eps = torch.finfo(acc).eps if eps is None else eps
-    if chunk_size is None:
-        rows = NONCAUSAL_CHUNK_ELEMENTS // max(1, math.prod(q.shape[:-2]) * width)
-        chunk_size = DEFAULT_CHUNK_SIZE if causal else max(256, rows)
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
-    kernel = CausalRFAttention if causal else NonCausalRFAttention
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
     with torch.autocast(q.device.type, enabled=False):
-        out = kernel.apply(q.to(acc), k.to(acc), v.to(acc), key_mask, features, chunk_size, eps, *params)
+        if causal:
+            chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+            out = causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)
+        else:
+            out = noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
     return out.to(out_dtype)
 
 
@@ -270,15 +264,9 @@ def rf_attention(
             x * scale, stats, is_query=is_query, stabilized=True, matrix=matrix
         )
 
-    params: tuple[torch.Tensor, ...] = tuple(p for p in feature_map.parameters() if p.requires_grad)
-    if matrix is not None:  # the kernel passes W's gradient on; autograd takes it to the learned entries
-        inside = {id(p) for p in feature_map.weight_matrix.parameters()}
-        params = (matrix, *(p for p in params if id(p) not in inside))
     mask = _broadcast_key_mask(key_padding_mask, k)
     width = feature_map.num_features
-    return _run_kernel(
-        q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, params=params, width=width
-    )
+    return _run_kernel(q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, width=width)
 
 
 def _learned_dense_matrix(feature_map: FeatureMap) -> torch.Tensor | None:

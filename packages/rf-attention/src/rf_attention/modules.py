@@ -354,7 +354,8 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         kernel: ``"softmax"`` (approximates softmax attention) or ``"gaussian"`` (Skyformer-style).
         redraw_interval: redraw the random features before every ``redraw_interval``-th training forward
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
-            (``fastfoodl``) are never redrawn.
+            (``fastfoodl``) are never redrawn. With 0 the module traces whole under ``torch.compile``
+            (``fullgraph=True``); a redraw is a host-side decision, a graph break.
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
@@ -403,9 +404,10 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     ) -> torch.Tensor:
         """[`rf_attention`][rf_attention.rf_attention] with this module's feature map."""
         if self.training:
-            calls = int(self.training_calls)
-            if self.redraw_interval and calls and calls % self.redraw_interval == 0:
-                self.feature_map.redraw()
+            if self.redraw_interval:  # a redraw is decided on the host (a graph break under torch.compile)
+                calls = int(self.training_calls)
+                if calls and calls % self.redraw_interval == 0:
+                    self.feature_map.redraw()
             self.training_calls += 1
         return rf_attention(
             q,

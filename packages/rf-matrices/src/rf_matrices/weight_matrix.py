@@ -112,8 +112,11 @@ class WeightMatrix(nn.Module):
 
         Only when autograd would record nothing through it (no learned entries, or grad mode off): a redraw,
         an optimizer step, a load or a move bumps a tensor's version or storage and recomputes it. Otherwise
-        (and for inference tensors, which have no version) ``compute()`` runs on every call.
+        (and for inference tensors, which have no version, and under ``torch.compile``, which traces
+        ``compute()`` into its graph) ``compute()`` runs on every call.
         """
+        if torch.compiler.is_compiling():
+            return compute()
         tensors = list(self._tensors())
         recorded = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         if recorded or any(t.is_inference() for t in tensors):
