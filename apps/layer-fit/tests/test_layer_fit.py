@@ -318,3 +318,17 @@ def test_config_rejects_bad_values():
     assert FitConfig().steps == 3000
     assert FitConfig().seed == tuple(range(10))
     assert json.dumps(FitConfig().protocol())
+
+
+def test_projection_floor_is_zero_on_the_rows_own_span_and_one_orthogonal_to_them():
+    # checked against what a projection floor must be, not against a second implementation
+    from layer_fit.floors import projection_floor
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 8, generator=gen, dtype=torch.float64)
+    b = torch.zeros(3, dtype=torch.float64)
+    assert projection_floor(w, b, w) < 1e-12  # the pre-activations themselves are seen
+    basis = torch.linalg.qr(w.mT, mode="complete").Q[:, 3:].mT  # directions orthogonal to every row
+    assert projection_floor(w, b, basis) == pytest.approx(1.0, abs=1e-9)
+    one = projection_floor(w, b, torch.randn(2, 8, generator=gen, dtype=torch.float64))
+    assert 0.0 < one < 1.0

@@ -92,8 +92,8 @@ class RaLiMP(FeatureLinearization):
     The fit is made on the pre-activations the layer really sees (`ralimp.calibration`): every input of
     ``sample`` paired with every weight row, fit range the robust quantiles of $t$; without a sample the
     inputs are assumed standard normal ($t \sim \mathcal N(0, \lVert w\rVert^2 + b^2)$ per row, seeded
-    draws). The fit is made in the basis this computes (``num_freqs`` nodes), so the layer's expectation over the
-    projections is the fit (``expected_output == fit`` at initialization). ``fit`` chooses how:
+    draws). The fit is made in the basis this computes (``num_freqs`` nodes), so the layer's expectation over
+    the projections is the fit (``expected_output == fit`` at initialization). ``fit`` chooses how:
     ``"variance"`` (default) minimizes bias$^2$ + the exact variance over the projections on the sample,
     ``"discretized"`` is least squares on the fit range, ``"paper"`` the continuous fit with node $k$
     weighted by $\gamma_k$ (the paper's initialization).
@@ -153,6 +153,8 @@ class RaLiMP(FeatureLinearization):
     atom_b: torch.Tensor
     atom_p: torch.Tensor
     atom_q_raw: torch.Tensor
+    node_cos: torch.Tensor
+    node_sin: torch.Tensor
 
     def __init__(
         self,
