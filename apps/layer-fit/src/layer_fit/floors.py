@@ -71,9 +71,11 @@ def projection_floor(
     r"""Least relative MSE of *any* function of ``directions @ x`` predicting ``f(W x + b)``, ``x ~ N(0, I)``.
 
     For standard-normal (LayerNorm-like) inputs, given $z = \Omega x$ each pre-activation is
-    $t_l = b_l + a_l g_1 + s_l g_2$ with $g_1$ determined by $z$, $g_2 \sim \mathcal N(0, 1)$ independent of it,
+    $t_l = b_l + a_l g_1 + s_l g_2$ with $g_1$ determined by $z$, $g_2 \sim \mathcal N(0, 1)$
+    independent of it,
     $a_l = \lVert P w_l\rVert$, $s_l = \lVert (I - P) w_l\rVert$ ($P$ the projection on the rows of $\Omega$).
-    The best predictor is $\mathbb E[f(t) | z]$ and its MSE is $\mathbb E_{g_1} \operatorname{Var}_{g_2} f(t)$;
+    The best predictor is $\mathbb E[f(t) | z]$ and its MSE is $\mathbb E_{g_1} \operatorname{Var}_{g_2}
+    f(t)$;
     summed over the outputs and divided by $\sum_l \operatorname{Var} f(t_l)$ (the per-column standardized
     target). Gauss-Hermite quadrature with ``nodes`` points per variable, float64.
 
@@ -117,7 +119,8 @@ def information_floors(dims: tuple[int, ...] = (64, 256, 768), *, seeds: int = 3
     unit norm, zero bias, GELU, standard-normal (LayerNorm-like) inputs. RaLiMP at budget 32
     (App. D.1: ``K = 2`` products of 8 projections, 3 nodes of 4) sees ``2 * 8 + 3 * 4 = 28`` random Gaussian
     directions, and ``2 * 32 = 64`` when the variance-aware fit chooses no atom (``J = 0``: the budget goes
-    to the polynomial block); a rank-32 low-rank layer at initialization sees the 32 top right singular directions of ``W``
+    to the polynomial block); a rank-32 low-rank layer at initialization sees the 32 top right singular
+    directions of ``W``
     (the best 32 directions for the linear part). Means over ``seeds``.
     """
     rows = []
