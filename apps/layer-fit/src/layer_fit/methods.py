@@ -35,8 +35,9 @@ Builder = Callable[..., nn.Module]
 #: ``METHODS.register("name")(builder)`` adds one.
 METHODS: Registry[Builder] = Registry("method")
 
-#: RaLiMP's shape in the paper's single-layer fit (App. D.1); the budget sets the feature counts.
-RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0}
+#: RaLiMP's shape and start in the paper's single-layer fit (App. D.1: one atom, 3 nodes, tau = 1, the
+#: continuous fit with node k weighted by gamma_k); the budget sets the feature counts.
+RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "paper"}
 
 
 @METHODS.register("lowrank")
@@ -101,7 +102,7 @@ def _width_builder(kind: str, shape: dict[str, object]) -> Builder:
 #: paper's count gives RaLiMP ``F = 41``, EUGen 65, low-rank rank 32 at ``B = 32``. SNNK's widths are even, so
 #: it has none.
 for _kind, _shape in (
-    ("ralimp", {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0}),
+    ("ralimp", RALIMP_SHAPE),
     ("eugen", {"poly_degree": 2}),
     ("lowrank", {}),
 ):
