@@ -242,6 +242,11 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
 OLD_FIT = {"fit": "discretized", "interval": (-4.0, 4.0)}
 
 
+def guard_cell(error: ValueError) -> str:
+    """The overflow guard's exponent from its message, as a table cell."""
+    return "ValueError (exponent " + str(error).split("reaches ")[1].split(" ")[0] + ")"
+
+
 def goal_rows(args: argparse.Namespace) -> list[list[str]]:
     """The three layers of ``--table goals``, each with ``OLD_FIT`` and the default fit."""
     rows = []
@@ -265,19 +270,18 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
         wide.bias.zero_()
     train, test = torch.randn(8192, 256, generator=gen), torch.randn(4096, 256, generator=gen)
     for label, options in (("discretized [-4, 4], J = 1", OLD_FIT), ("variance", {})):
-        layer = ralimp.create(
-            "ralimp", wide, "gelu", budget=256, sample=train, init="lstsq", seed=0, **options
-        )
-        with torch.no_grad():
-            value = relative(layer(test) - F.gelu(wide(test)), F.gelu(wide(test)))
-        rows.append(
-            [
-                "Linear(256, 256) unit rows, budget 256, lstsq held out",
-                label,
-                str(layer.num_atoms),
-                f"{value:.3g}",
-            ]
-        )
+        try:
+            layer = ralimp.create(
+                "ralimp", wide, "gelu", budget=256, sample=train, init="lstsq", seed=0, **options
+            )
+            with torch.no_grad():
+                cell, atoms = (
+                    f"{relative(layer(test) - F.gelu(wide(test)), F.gelu(wide(test))):.3g}",
+                    str(layer.num_atoms),
+                )
+        except ValueError as error:
+            cell, atoms = guard_cell(error), "1"
+        rows.append(["Linear(256, 256) unit rows, budget 256, lstsq held out", label, atoms, cell])
     torch.manual_seed(0)
     relu = nn.Linear(64, 64)
     direction = F.normalize(torch.randn(64), dim=0)
@@ -295,7 +299,7 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
                         f"{float(layer(x1).abs().max()):.3g} / {float(F.relu(relu(x1)).abs().max()):.3g}"
                     )
             except ValueError as error:
-                cells.append("ValueError (exponent " + str(error).split("reaches ")[1].split(" ")[0] + ")")
+                cells.append(guard_cell(error))
         rows.append(
             [
                 "64 -> 64 relu, |x| = 8, 16, 64: max |y| / target",
