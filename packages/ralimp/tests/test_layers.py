@@ -134,7 +134,8 @@ def test_the_fit_covers_the_range_the_sample_has(small_layer_data):
 def test_without_a_sample_standard_normal_inputs_are_assumed(small_layer_data):
     linear, _ = small_layer_data
     layer = RaLiMP.from_linear(linear, "gelu", seed=0)
-    rms = float((linear.weight.pow(2).sum(-1) + linear.bias**2).mean().sqrt())  # of t for x ~ N(0, I)
+    w, b = linear.weight.detach(), linear.bias.detach()
+    rms = float((w.pow(2).sum(-1) + b**2).mean().sqrt())  # of t for x ~ N(0, I)
     lo, hi = layer.fit.interval
     assert layer.fit_record()["calibration"] == "standard-normal inputs"
     assert 2.0 * rms < hi - lo < 8.0 * rms

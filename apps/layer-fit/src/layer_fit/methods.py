@@ -35,9 +35,10 @@ Builder = Callable[..., nn.Module]
 #: ``METHODS.register("name")(builder)`` adds one.
 METHODS: Registry[Builder] = Registry("method")
 
-#: RaLiMP's shape and start in the paper's single-layer fit (App. D.1: one atom, 3 nodes, tau = 1, the
-#: continuous fit with node k weighted by gamma_k); the budget sets the feature counts.
-RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "paper"}
+#: RaLiMP's shape in the paper's single-layer fit (App. D.1: at most one atom, 3 nodes, tau = 1), started
+#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, overflows
+#: float32 at width 256); the budget sets the feature counts.
+RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "variance"}
 
 
 @METHODS.register("lowrank")
