@@ -32,7 +32,8 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 ``--table variance``. At ``--widths``, budget 32, 1024 standard-normal inputs, ``fit="discretized"`` on
 ``[-4, 4]`` with one atom: the exact relative MSE of the ``Psi(W)`` start with ``balance=1`` (the paper)
 and ``"auto"``, next to the sampled MSE (median of ``--seeds`` draws, a lower bound), the median
-``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the largest node (``ralimp.variance.log_second_moment_bound``).
+``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the largest node
+(``ralimp.variance.log_second_moment_bound``).
 
 ``--table goals``. The fit modes side by side (``fit="discretized"`` on a fixed ``[-4, 4]`` with one
 atom, against the default ``fit="variance"`` with its chosen number of atoms), on three layers:
