@@ -230,7 +230,12 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
         exact = variance.expected_relative_mse(
             layer.expected_output(t), variance.ralimp_log_variance(layer, x), target, log=True
         )
-        sampled = statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds))
+        try:
+            sampled = (
+                f"{statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds)):.3g}"
+            )
+        except ValueError as error:  # the overflow guard: float32 cannot hold these features
+            sampled = guard_cell(error)
         q = min(atom[3] for atom in layer.fit.atoms)
         bound = variance.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
         rows.append(
@@ -238,7 +243,7 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
                 str(d),
                 str(balance),
                 scientific(exact),
-                f"{sampled:.3g}",
+                sampled,
                 f"{float(cos.abs().median()):.3g}",
                 f"{float(bound.median()):.3g}",
             ]
