@@ -29,12 +29,20 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 - ``Eckart-Young``: the rank-``F`` floor of the target matrix, ``F`` the width of the layer's ``Phi``
   (no separable layer ``Psi Phi(x)`` of width ``F`` does better).
 
-``--table variance``. At ``--widths``, budget 32, 1024 standard-normal inputs: the exact relative MSE of the
-``Psi(W)`` start with ``balance=1`` (the paper) and ``"auto"``, next to the sampled MSE (median of ``--seeds``
-draws, a lower bound), the median ``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the
-largest node (``ralimp.variance.log_second_moment_bound``).
+``--table variance``. At ``--widths``, budget 32, 1024 standard-normal inputs, ``fit="discretized"`` on
+``[-4, 4]`` with one atom: the exact relative MSE of the ``Psi(W)`` start with ``balance=1`` (the paper)
+and ``"auto"``, next to the sampled MSE (median of ``--seeds`` draws, a lower bound), the median
+``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the largest node
+(``ralimp.variance.log_second_moment_bound``).
 
-Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init|variance]``.
+``--table goals``. The fit modes side by side (``fit="discretized"`` on a fixed ``[-4, 4]`` with one
+atom, against the default ``fit="variance"`` with its chosen number of atoms), on three layers:
+``Linear(16, 24)`` with ``poly_features=512, freq_features=256`` (exact expected relative MSE of ``Psi(W)`` on
+standard-normal inputs); ``Linear(256, 256)`` with unit-norm rows at budget 256, ``init="lstsq"`` on 8192
+standard-normal rows, relative MSE on 4096 others; a ``64 -> 64`` relu layer fed one direction at
+``|x| = 8, 16, 64`` (max ``|y|`` against the target's, or the overflow guard's ``ValueError``).
+
+Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init|variance|goals]``.
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=("speed", "init", "variance"), default="speed")
+    parser.add_argument("--table", choices=("speed", "init", "variance", "goals"), default="speed")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 768, 1280])
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 128, 512], help="--table init")
     parser.add_argument("--tokens", type=int, default=512, help="rows of the timed input batch")
@@ -197,7 +205,11 @@ def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[li
 
 @torch.no_grad()
 def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[list[str]]:
-    """Exact against sampled MSE of the ``Psi(W)`` start at width ``d``, budget 32, and the bound."""
+    """Exact against sampled MSE of the ``Psi(W)`` start at width ``d``, budget 32, and the bound.
+
+    With ``OLD_FIT`` (one atom, least squares on ``[-4, 4]``): the variance of an atom fitted without regard
+    to it; the default ``fit="variance"`` chooses against exactly this variance.
+    """
     torch.manual_seed(0)
     fc1 = nn.Linear(d, 4 * d).to(device)
     x = torch.randn(1024, d, device=device)
@@ -210,13 +222,20 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
     for balance in (1.0, "auto"):
 
         def build(seed: int, balance=balance):
-            return ralimp.create("ralimp", fc1, "gelu", budget=32, balance=balance, sample=x, seed=seed)
+            return ralimp.create(
+                "ralimp", fc1, "gelu", budget=32, balance=balance, sample=x, seed=seed, **OLD_FIT
+            )
 
         layer = build(0)
         exact = variance.expected_relative_mse(
             layer.expected_output(t), variance.ralimp_log_variance(layer, x), target, log=True
         )
-        sampled = statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds))
+        try:
+            sampled = (
+                f"{statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds)):.3g}"
+            )
+        except ValueError as error:  # the overflow guard: float32 cannot hold these features
+            sampled = guard_cell(error)
         q = min(atom[3] for atom in layer.fit.atoms)
         bound = variance.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
         rows.append(
@@ -224,9 +243,81 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
                 str(d),
                 str(balance),
                 scientific(exact),
-                f"{sampled:.3g}",
+                sampled,
                 f"{float(cos.abs().median()):.3g}",
                 f"{float(bound.median()):.3g}",
+            ]
+        )
+    return rows
+
+
+OLD_FIT = {"fit": "discretized", "interval": (-4.0, 4.0)}
+
+
+def guard_cell(error: ValueError) -> str:
+    """The overflow guard's exponent from its message, as a table cell."""
+    return "ValueError (exponent " + str(error).split("reaches ")[1].split(" ")[0] + ")"
+
+
+def goal_rows(args: argparse.Namespace) -> list[list[str]]:
+    """The three layers of ``--table goals``, each with ``OLD_FIT`` and the default fit."""
+    rows = []
+    torch.manual_seed(0)
+    small = nn.Linear(16, 24)
+    x = torch.randn(4096, 16)
+    t = (x.double() @ small.weight.double().T + small.bias.double()).detach()
+    for label, options in (("discretized [-4, 4], J = 1", OLD_FIT), ("variance", {})):
+        layer = ralimp.RaLiMP.from_linear(
+            small, "gelu", poly_features=512, freq_features=256, seed=0, **options
+        )
+        with torch.no_grad():
+            value = variance.expected_relative_mse(
+                layer.expected_output(t), variance.ralimp_log_variance(layer, x.double()), F.gelu(t), log=True
+            )
+        rows.append(["Linear(16, 24), 512/256, Psi(W) exact", label, str(layer.num_atoms), scientific(value)])
+    gen = torch.Generator().manual_seed(1)
+    wide = nn.Linear(256, 256)
+    with torch.no_grad():
+        wide.weight.copy_(F.normalize(torch.randn(256, 256, generator=gen), dim=-1))
+        wide.bias.zero_()
+    train, test = torch.randn(8192, 256, generator=gen), torch.randn(4096, 256, generator=gen)
+    for label, options in (("discretized [-4, 4], J = 1", OLD_FIT), ("variance", {})):
+        try:
+            layer = ralimp.create(
+                "ralimp", wide, "gelu", budget=256, sample=train, init="lstsq", seed=0, **options
+            )
+            with torch.no_grad():
+                cell, atoms = (
+                    f"{relative(layer(test) - F.gelu(wide(test)), F.gelu(wide(test))):.3g}",
+                    str(layer.num_atoms),
+                )
+        except ValueError as error:
+            cell, atoms = guard_cell(error), "1"
+        rows.append(["Linear(256, 256) unit rows, budget 256, lstsq held out", label, atoms, cell])
+    torch.manual_seed(0)
+    relu = nn.Linear(64, 64)
+    direction = F.normalize(torch.randn(64), dim=0)
+    for label, options in (
+        ("discretized [-4, 4], J = 1, tau = 1", {**OLD_FIT, "tau": 1.0}),
+        ("variance", {}),
+    ):
+        layer = ralimp.RaLiMP.from_linear(relu, "relu", seed=0, **options)
+        cells = []
+        for radius in (8.0, 16.0, 64.0):
+            x1 = radius * direction[None]
+            try:
+                with torch.no_grad():
+                    cells.append(
+                        f"{float(layer(x1).abs().max()):.3g} / {float(F.relu(relu(x1)).abs().max()):.3g}"
+                    )
+            except ValueError as error:
+                cells.append(guard_cell(error))
+        rows.append(
+            [
+                "64 -> 64 relu, |x| = 8, 16, 64: max |y| / target",
+                label,
+                str(layer.num_atoms),
+                "; ".join(cells),
             ]
         )
     return rows
@@ -264,6 +355,9 @@ def main(argv: list[str] | None = None) -> None:
             "Eckart-Young floor",
         ]
         rows = [row for d in args.widths for row in init_rows(d, args, device)]
+    elif args.table == "goals":
+        header = ["layer", "fit", "atoms", "relative MSE (or outputs)"]
+        rows = goal_rows(args)
     else:
         header = [
             "d",

@@ -67,8 +67,10 @@ def test_every_method_spends_the_budget_exactly_through_ralimp_create(budget):
         model = build(method, "gelu", budget, dim=16, seed=0, sample=x)
         assert model.layer.num_random_features == budget, method
     layer = build("ralimp", "gelu", 32, dim=16, seed=0, sample=x).layer
-    assert (layer.poly_degree, layer.num_atoms, layer.num_freqs) == (2, 1, 3)
-    assert layer.poly_matrices[0].num_features == 8  # App. D.1: 8 + 2 * 3 * 4
+    assert (layer.poly_degree, layer.num_freqs) == (2, 3)
+    assert layer.num_atoms in (0, 1)  # the variance-aware fit chooses
+    # App. D.1: 8 + 2 * 3 * 4; without the atom its 24 features go to the polynomial block
+    assert layer.poly_matrices[0].num_features == 32 - 24 * layer.num_atoms
     assert all(m.num_features == 4 for m in layer.freq_matrices)
     assert float(layer.tau) == 1.0
 
@@ -318,3 +320,17 @@ def test_config_rejects_bad_values():
     assert FitConfig().steps == 3000
     assert FitConfig().seed == tuple(range(10))
     assert json.dumps(FitConfig().protocol())
+
+
+def test_projection_floor_is_zero_on_the_rows_own_span_and_one_orthogonal_to_them():
+    # checked against what a projection floor must be, not against a second implementation
+    from layer_fit.floors import projection_floor
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 8, generator=gen, dtype=torch.float64)
+    b = torch.zeros(3, dtype=torch.float64)
+    assert projection_floor(w, b, w) < 1e-12  # the pre-activations themselves are seen
+    basis = torch.linalg.qr(w.mT, mode="complete").Q[:, 3:].mT  # directions orthogonal to every row
+    assert projection_floor(w, b, basis) == pytest.approx(1.0, abs=1e-9)
+    one = projection_floor(w, b, torch.randn(2, 8, generator=gen, dtype=torch.float64))
+    assert 0.0 < one < 1.0

@@ -34,12 +34,27 @@ def test_width_matched_budgets_set_the_width_of_phi(kind, budget, linear):
 
 
 def test_ralimp_budget_of_32_is_app_d1s_split(linear):
-    layer = ralimp.create("ralimp", linear, "gelu", budget=32, seed=0)
+    layer = ralimp.create("ralimp", linear, "gelu", budget=32, seed=0, fit="discretized")
     assert layer.poly_matrices[0].num_features == 8
     assert [m.num_features for m in layer.freq_matrices] == [4, 4, 4]
     # the GPT-2 section's 2 nodes x 4 projections: the polynomial block takes the rest
-    gpt = ralimp.create("ralimp", linear, "gelu", budget=128, num_freqs=2, freq_features=4, seed=0)
+    gpt = ralimp.create(
+        "ralimp", linear, "gelu", budget=128, num_freqs=2, freq_features=4, seed=0, fit="discretized"
+    )
     assert gpt.poly_matrices[0].num_features == 128 - 2 * 2 * 4
+
+
+@pytest.mark.parametrize("count", ["paper", "width"])
+def test_a_variance_aware_choice_of_fewer_atoms_keeps_the_budget(count, linear):
+    # fit="variance" (the default) may choose fewer atoms; the features they free go to the polynomial
+    # block, so the budget (as counted) is spent exactly either way
+    x = torch.randn(256, 12, dtype=torch.float64) * 3.0
+    layer = ralimp.create("ralimp", linear, "gelu", budget=33, count=count, sample=x, seed=0, num_atoms=1)
+    spent = layer.num_random_features if count == "paper" else layer.feature_dim
+    assert spent == 33
+    record = ralimp.fit_summary(layer)[""]
+    assert record["num_atoms"] == layer.num_atoms <= 1
+    assert record["feature_width"] == layer.feature_dim
 
 
 def test_budgets_a_kind_cannot_spend_are_refused_with_the_nearest_valid_ones(linear):
@@ -94,7 +109,9 @@ def test_every_trainable_parameter_gets_a_gradient(kind, init, linear):
 
 def test_load_linear_after_a_fitted_readout_trains_w_again(linear):
     x = torch.randn(64, 12, dtype=torch.float64)
-    layer = ralimp.create("ralimp", linear, "gelu", budget=32, sample=x, init="lstsq", seed=0)
+    layer = ralimp.create(
+        "ralimp", linear, "gelu", budget=32, sample=x, init="lstsq", seed=0, fit="discretized"
+    )
     assert not layer.weight.requires_grad
     layer.load_linear(linear.weight.detach(), linear.bias.detach(), sample=x)
     assert layer.readout is None

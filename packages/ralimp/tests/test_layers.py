@@ -35,9 +35,20 @@ def test_ralimp_at_a_large_budget_approximates_gelu_and_the_error_falls_with_the
     ("name", "atoms", "freqs"), [("gelu", 1, 3), ("gelu_tanh", 2, 2), ("tanh", 2, 3), ("softsign", 3, 3)]
 )
 def test_expected_output_of_a_fresh_layer_is_its_fit_on_the_whole_interval(name, atoms, freqs):
-    # before the fit was made in the layer's basis, the 3-node layer missed gelu by 0.32 on [-4, 4]
-    # (fit error 2.4e-3), tanh J=2 by 0.23, softsign J=3 by 0.42 (after its pole-width refit)
-    layer = RaLiMP(4, 3, activation=name, num_atoms=atoms, num_freqs=freqs, seed=0, dtype=torch.float64)
+    # a node-by-node discretization of the continuous fit misses gelu by 0.32 on [-4, 4] at 3 nodes (fit
+    # error 2.4e-3), tanh J=2 by 0.23, softsign J=3 by 0.42; the least-squares fit in the layer's basis
+    # does not
+    layer = RaLiMP(
+        4,
+        3,
+        activation=name,
+        num_atoms=atoms,
+        num_freqs=freqs,
+        seed=0,
+        dtype=torch.float64,
+        fit="discretized",
+        interval=(-4.0, 4.0),
+    )
     t = torch.linspace(-4, 4, 4001, dtype=torch.float64)
     with torch.no_grad():
         expected = layer.expected_output(t)
@@ -76,18 +87,63 @@ def test_many_features_and_small_preactivations_reach_the_fits_accuracy():
     assert fit_error - cross <= error <= fit_error + 4 * noise + cross
 
 
-def test_tau_changes_the_units_of_the_poles_not_the_initial_layer(small_layer_data):
-    linear, x = small_layer_data
-    one = RaLiMP.from_linear(linear, "gelu", tau=1.0, seed=3)
-    three = RaLiMP.from_linear(linear, "gelu", tau=3.0, seed=3)
+@pytest.mark.parametrize("tau", [1.0, 3.0])
+def test_tau_dilates_a_given_atom_as_the_paper_does(tau, small_layer_data):
+    # App. C.1: features at u / tau estimate cos(s t / tau^2), so the layer realizes a(t / tau^2); with
+    # fit="paper" the nodes carry the Gauss-Laguerre weights, whose quadrature of the centered atom
+    # 1 / (1 + v^2) is checked against the plain integral, not against the layer
+    linear, _ = small_layer_data
+    atom = ralimp.RationalFunction([0.0], [(1.0, 0.0, 0.0, 1.0)])
+    layer = RaLiMP.from_linear(linear, atom, tau=tau, fit="paper", num_freqs=8, seed=0)
+    t = torch.linspace(-6, 6, 601, dtype=torch.float64)
+    v = t / tau**2
+    nodes, gammas = ralimp.gauss_laguerre(8)
+    quadrature = (gammas * torch.cos(nodes * v.unsqueeze(-1))).sum(-1)
     with torch.no_grad():
-        torch.testing.assert_close(one(x), three(x), rtol=1e-9, atol=1e-10)
-        assert float(three.atom_p.abs().sum() + three.pole_widths().sum()) < float(one.pole_widths().sum())
+        torch.testing.assert_close(layer.expected_output(t), quadrature, rtol=0, atol=1e-10)
+        assert float(layer.pole_widths()) == pytest.approx(1.0)  # the atom's width stays in v units
+    near = v.abs() <= 1  # where 8 nodes resolve the atom (the quadrature error grows with |v|)
+    assert float((quadrature - 1 / (1 + v**2))[near].abs().max()) < 0.01
+
+
+def test_tau_auto_puts_the_dilated_preactivations_at_one_over_c(small_layer_data):
+    linear, x = small_layer_data
+    for c in (0.5, 2.0):
+        layer = RaLiMP.from_linear(linear, "gelu", tau_c=c, sample=x, seed=0)
+        with torch.no_grad():
+            v = linear(x) / layer.tau**2
+        assert float(v.pow(2).mean().sqrt()) == pytest.approx(1 / c, rel=1e-6)
+
+
+def test_the_fit_covers_the_range_the_sample_has(small_layer_data):
+    linear, x = small_layer_data
+    for scale in (0.1, 1.0, 5.0):
+        layer = RaLiMP.from_linear(linear, "gelu", sample=scale * x, seed=0, fit="discretized")
+        t = linear(scale * x).detach()
+        lo, hi = layer.fit.interval
+        inside = ((t >= lo) & (t <= hi)).double().mean()
+        assert float(inside) >= 0.99
+        assert hi - lo <= float(t.max() - t.min()) + 1e-12
+        # the fit is accurate where the data is, at every scale (relative to the activation's size there)
+        with torch.no_grad():
+            expected = layer.expected_output(t)
+        error = float((expected - F.gelu(t)).pow(2).mean() / F.gelu(t).pow(2).mean())
+        assert error < 2e-3, (scale, error)
+
+
+def test_without_a_sample_standard_normal_inputs_are_assumed(small_layer_data):
+    linear, _ = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", seed=0)
+    w, b = linear.weight.detach(), linear.bias.detach()
+    rms = float((w.pow(2).sum(-1) + b**2).mean().sqrt())  # of t for x ~ N(0, I)
+    lo, hi = layer.fit.interval
+    assert layer.fit_record()["calibration"] == "standard-normal inputs"
+    assert 2.0 * rms < hi - lo < 8.0 * rms
 
 
 def test_gradients_reach_poles_node_coefficients_weights_and_bias(small_layer_data):
     linear, x = small_layer_data
-    layer = RaLiMP.from_linear(linear, "gelu", num_atoms=2, seed=0)
+    layer = RaLiMP.from_linear(linear, "gelu", num_atoms=2, seed=0, fit="discretized")
     layer.train()
     layer(x).pow(2).mean().backward()
     for name in (
@@ -157,11 +213,15 @@ def test_any_registered_weight_matrix_draws_the_projections(name, small_layer_da
 def test_sgq_frequency_blocks_keep_both_nodes_of_each_antipodal_pair(small_layer_data):
     # z_r(x) z_r(w) is not even in omega: the folded rule (one node per pair) leaves its odd moments in
     linear, _ = small_layer_data
-    layer = RaLiMP.from_linear(linear, "gelu", weight_matrix="sgq", poly_features=5, freq_features=10, seed=0)
+    layer = RaLiMP.from_linear(
+        linear, "gelu", weight_matrix="sgq", poly_features=5, freq_features=10, seed=0, fit="discretized"
+    )
     assert all(m.antipodal for m in layer.freq_matrices)
     assert not any(m.antipodal for m in layer.poly_matrices)  # products of (omega . u) pairs: even
     with pytest.raises(ValueError, match="antipodal=True"):  # 2 (d + 1) rows at least
-        RaLiMP.from_linear(linear, "gelu", weight_matrix="sgq", poly_features=5, freq_features=9, seed=0)
+        RaLiMP.from_linear(
+            linear, "gelu", weight_matrix="sgq", poly_features=5, freq_features=9, seed=0, fit="discretized"
+        )
     d, gen = 5, torch.Generator().manual_seed(0)
     x, w = (0.3 * F.normalize(torch.randn(d, generator=gen, dtype=torch.float64), dim=0) for _ in "xw")
     exact = torch.exp(1j * torch.dot(x, w))
@@ -277,10 +337,41 @@ def test_a_plain_callable_is_fitted_in_the_layers_basis():
     def softsign(t):
         return t / (1 + t.abs())
 
-    layer = RaLiMP(3, 2, activation=softsign, num_atoms=2, num_freqs=1, interval=(-4.0, 4.0), seed=0)
+    layer = RaLiMP(
+        3, 2, activation=softsign, num_atoms=2, num_freqs=1, interval=(-4.0, 4.0), seed=0, fit="discretized"
+    )
     t = torch.linspace(-4, 4, 4001, dtype=torch.float64)
     with torch.no_grad():
         error = float((layer.expected_output(t.float()).double() - softsign(t)).abs().max())
     assert error == pytest.approx(layer.fit.max_error, rel=1e-3, abs=1e-6)
     assert layer.fit.continuous is not None
     assert layer.fit.max_error < 0.05
+
+
+@pytest.mark.parametrize("radius", [8.0, 16.0, 64.0])
+def test_features_that_would_overflow_raise_instead_of_returning_nan(radius):
+    # a 64 -> 64 relu layer fed one direction, with the narrow pole of a least-squares fit on [-4, 4] at
+    # tau = 1: the exponent (s/q) ||x/lambda + lambda w||^2 / tau^2 is far above float32's ~80
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 64)
+    direction = F.normalize(torch.randn(64), dim=0)
+    layer = RaLiMP.from_linear(linear, "relu", seed=0, fit="discretized", interval=(-4.0, 4.0), tau=1.0)
+    layer.name = "trunk.1"
+    with pytest.raises(ValueError, match=r"layer trunk\.1, .* reaches .* \(limit 80\.7; .*Remedies"):
+        layer(radius * direction[None])
+    # the variance-aware default fit of the same layer stays finite (its choice avoids narrow poles)
+    default = RaLiMP.from_linear(linear, "relu", seed=0)
+    with torch.no_grad():
+        y = default(radius * direction[None])
+    assert torch.isfinite(y).all()
+
+
+def test_float64_carries_larger_exponents_than_float32():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 64)
+    x = 8 * F.normalize(torch.randn(1, 64), dim=-1)
+    layer = RaLiMP.from_linear(linear, "relu", seed=0, fit="discretized", interval=(-4.0, 4.0), tau=1.0)
+    with pytest.raises(ValueError, match=r"overflow torch\.float32"):
+        layer(x)
+    with torch.no_grad():
+        assert torch.isfinite(layer.double()(x.double())).all()  # exponent ~440 < 701.8

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ralimp
 from ralimp import variance
@@ -57,7 +58,13 @@ def test_ralimp_layer_variance_matches_the_spread_over_projection_draws():
     x = torch.randn(3, 3, generator=gen, dtype=torch.float64) * 0.3
     m, draws = 2, 20_000
     layer = ralimp.RaLiMP.from_linear(
-        linear, "gelu", poly_features=m * draws, freq_features=m * draws, seed=0
+        linear,
+        "gelu",
+        poly_features=m * draws,
+        freq_features=m * draws,
+        seed=0,
+        fit="discretized",
+        interval=(-4.0, 4.0),
     )
     with torch.no_grad():
         phi, psi = layer.feature_map(x)[:, 1:], layer.weight_features()[:, 1:]
@@ -66,7 +73,9 @@ def test_ralimp_layer_variance_matches_the_spread_over_projection_draws():
         shares.index_add_(-1, group, phi.unsqueeze(1) * psi.unsqueeze(0))
         outputs = layer.poly_coef[0] + draws * shares
         torch.testing.assert_close(outputs.mean(-1), layer(x))
-        small = ralimp.RaLiMP.from_linear(linear, "gelu", poly_features=m, freq_features=m, seed=0)
+        small = ralimp.RaLiMP.from_linear(
+            linear, "gelu", poly_features=m, freq_features=m, seed=0, fit="discretized", interval=(-4.0, 4.0)
+        )
         exact = variance.ralimp_log_variance(small, x).exp()
         t = linear(x)
         torch.testing.assert_close(outputs.var(-1), exact, rtol=0.1, atol=0)
@@ -120,3 +129,38 @@ def test_variance_rejects_orthogonal_rows_and_fitted_readouts():
     fitted = ralimp.RaLiMP.from_linear(linear, "gelu", sample=x.repeat(50, 1), init="lstsq", seed=0)
     with pytest.raises(ValueError, match="layer: has a fitted readout"):
         variance.ralimp_log_variance(fitted, x)
+
+
+def test_the_variance_aware_fit_of_a_small_layer_at_a_large_budget_has_a_small_expected_error():
+    # bias^2 + exact variance over the projections (not a sample of draws, which misses log-normal tails)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 24, dtype=torch.float64)
+    x = torch.randn(2048, 16, dtype=torch.float64)
+    t = linear(x).detach()
+    errors = {}
+    for fit in ("variance", "discretized"):
+        layer = ralimp.RaLiMP.from_linear(
+            linear, "gelu", poly_features=512, freq_features=256, seed=0, fit=fit
+        )
+        with torch.no_grad():
+            mean = layer.expected_output(t)
+            errors[fit] = variance.expected_relative_mse(
+                mean, variance.ralimp_log_variance(layer, x), torch.nn.functional.gelu(t)
+            )
+    assert errors["variance"] < 0.1
+    assert errors["variance"] < errors["discretized"]
+
+
+def test_a_least_squares_readout_on_the_variance_aware_features_generalizes():
+    # unit-norm rows, N(0, I) inputs; relative MSE on inputs not used for the readout
+    gen = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(64, 64)
+    with torch.no_grad():
+        linear.weight.copy_(F.normalize(torch.randn(64, 64, generator=gen), dim=-1))
+        linear.bias.zero_()
+    train, test = torch.randn(4096, 64, generator=gen), torch.randn(2048, 64, generator=gen)
+    layer = ralimp.create("ralimp", linear, "gelu", budget=64, sample=train, init="lstsq", seed=0)
+    with torch.no_grad():
+        target = F.gelu(linear(test))
+        error = float((layer(test) - target).pow(2).sum() / target.pow(2).sum())
+    assert error < 1.0

@@ -30,6 +30,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import app_common as ac
+import ralimp
 from gpt_uptrain import hf
 from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
@@ -312,6 +313,7 @@ def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | N
         )
     loop(config, model, optimizer, data, dist, progress, save, out / LOG)
     record = _record(config, model, data, progress, dist, tokens_per_step)
+    record["fits"] = ralimp.fit_summary(model)
     if dist.is_main:
         ac.append_jsonl(config.results, record)
         print(

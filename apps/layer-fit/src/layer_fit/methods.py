@@ -35,8 +35,10 @@ Builder = Callable[..., nn.Module]
 #: ``METHODS.register("name")(builder)`` adds one.
 METHODS: Registry[Builder] = Registry("method")
 
-#: RaLiMP's shape in the paper's single-layer fit (App. D.1); the budget sets the feature counts.
-RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0}
+#: RaLiMP's shape in the paper's single-layer fit (App. D.1: at most one atom, 3 nodes, tau = 1), started
+#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, overflows
+#: float32 at width 256); the budget sets the feature counts.
+RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "variance"}
 
 
 @METHODS.register("lowrank")
@@ -73,6 +75,39 @@ def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: i
     with torch.no_grad():
         eye.weight.copy_(torch.eye(linear.out_features))
     return layer.compress(eye)
+
+
+def equal_width(budget: int) -> int:
+    """``F = 2 B + 1``: the width of the equal-width methods at budget ``B`` (EUGen's, paper count)."""
+    return 2 * budget + 1
+
+
+def _width_builder(kind: str, shape: dict[str, object]) -> Builder:
+    def build(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+        return ralimp.create(
+            kind,
+            linear,
+            activation,
+            budget=equal_width(budget),
+            count="width",
+            seed=seed,
+            sample=sample,
+            **shape,
+        )
+
+    build.__doc__ = f"``{kind}`` whose feature width (``feature_dim``, rank for low-rank) is ``2 B + 1``."
+    return build
+
+
+#: The equal-width comparison: every method at the same width ``F = 2 B + 1`` (`equal_width`), where the
+#: paper's count gives RaLiMP ``F = 41``, EUGen 65, low-rank rank 32 at ``B = 32``. SNNK's widths are even, so
+#: it has none.
+for _kind, _shape in (
+    ("ralimp", RALIMP_SHAPE),
+    ("eugen", {"poly_degree": 2}),
+    ("lowrank", {}),
+):
+    METHODS.register(f"{_kind}-width")(_width_builder(_kind, _shape))
 
 
 def identity(t: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,8 @@ def _fmt(cell: Cell | None) -> str:
     if cell is None:
         return "-"
     text = "diverged" if math.isnan(cell.mean) else f"{cell.mean:.3e} ± {cell.std:.1e}"
-    return text + (f" ({cell.diverged} diverged)" if cell.diverged else "")
+    width = "" if cell.feature_dim is None else f" [F={cell.feature_dim}]"
+    return text + width + (f" ({cell.diverged} diverged)" if cell.diverged else "")
 
 
 def _axes(cells: dict) -> tuple[list[str], list[str], list[int]]:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import app_common as ac
+import ralimp
 from layer_fit.config import FitConfig
 from layer_fit.data import LayerData, make_data
 from layer_fit.floors import eckart_young_floor, fixed_features, information_floor, singular_values
@@ -118,6 +119,7 @@ def fit_one(
         "seed": seed,
         **config.protocol(),
         "departures": config.departures(),
+        "fits": ralimp.fit_summary(model),
         "mse": final if math.isfinite(final) else None,
         "mse_init": run.initial if math.isfinite(run.initial) else None,
         **floors,

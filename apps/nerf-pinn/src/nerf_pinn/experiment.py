@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 import app_common as ac
+import ralimp
 from nerf_pinn.config import CompareConfig
 from nerf_pinn.layers import DENSE, inference_parameters, linearize
 
@@ -260,6 +261,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
                 **{k: v for k, v in evaluation.items() if k not in ("outputs", family.metric)},
                 "params": ac.count_parameters(model),
                 "inference_params": inference_parameters(model),
+                "fits": ralimp.fit_summary(model),
                 "train_seconds": seconds,
                 "initial_loss": losses[0] if losses else float("nan"),
                 "final_loss": losses[-1] if losses else float("nan"),

@@ -99,10 +99,10 @@ def linearize(
     """Replace ``layers[i]`` (a `FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
 
     Each replacement is ``ralimp.create(kind, scaled_linear, activation, budget=budget, sample=...)``,
-    calibrated on the layer's own inputs (``inputs[i]``, e.g. from `stack_inputs`). Registered
-    activations (tanh, relu) use ``ralimp``'s fits on ``[-4, 4]``; ``sin`` is fitted on the range of the
-    layer's pre-activations over the sample (`sine_fit_interval`, RaLiMP by ``fit_rational``,
-    EUGen's polynomial and SNNK's Fourier series on the same interval).
+    calibrated on the layer's own inputs (``inputs[i]``, e.g. from `stack_inputs`): RaLiMP fits its
+    activation on the pre-activations of that sample (``fit="variance"``, which also chooses the number of
+    atoms up to ``num_atoms``); ``sin`` is fitted on the symmetric interval covering them
+    (`sine_fit_interval`, for RaLiMP as for EUGen's polynomial and SNNK's Fourier series).
 
     Args:
         layers: the stack, applied in order.
@@ -111,7 +111,7 @@ def linearize(
         indices: which layers to replace.
         inputs: a sample of each layer's inputs, ``inputs[i]`` of shape ``(n, layers[i].in_features)``.
         poly_degree: ``K`` of RaLiMP and EUGen.
-        num_atoms: ``J`` of RaLiMP.
+        num_atoms: the most atoms of RaLiMP (its fit chooses ``0..J``).
         num_freqs: Gauss-Laguerre nodes of RaLiMP.
         weight_matrix: ``rf_matrices`` name of the projections.
         balance: RaLiMP's and SNNK's ``balance``: 1 (the paper's layer) or ``"auto"`` (a departure).

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import app_common as ac
+import ralimp
 from vit_finetune import data as vdata
 from vit_finetune.config import TrainConfig, run_name
 from vit_finetune.surgery import LAYER_OPTIONS, compressed, replace_mlps, swap_attention
@@ -287,7 +288,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         device=device,
     )
     record = final_record(config, model, spec, changed, splits, eval_split, progress, device)
-    record.update(run=name, log=str(run_dir / LOG))
+    record.update(run=name, log=str(run_dir / LOG), fits=ralimp.fit_summary(model))
     ac.append_jsonl(config.results, record)
     save(finished=True)
     print(

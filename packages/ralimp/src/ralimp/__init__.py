@@ -10,7 +10,7 @@ representation at Gauss-Laguerre nodes with complex-exponential random features:
     ralimp.replace_mlp(model, "ralimp", budget=32, last_k=4, inputs=batch, init="lstsq")
 """
 
-from ralimp import variance
+from ralimp import calibration, variance
 from ralimp.activations import ACTIVATIONS, activation_name
 from ralimp.base import CompressedLinearization, FeatureLinearization, PoleWidthWarning
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
@@ -26,6 +26,7 @@ from ralimp.replace import (
     calibration_inputs,
     create,
     find_mlp_blocks,
+    fit_summary,
     names,
     register,
     replace_mlp,
@@ -49,6 +50,7 @@ __all__ = [
     "activation_fit",
     "activation_name",
     "atom_quadrature_error",
+    "calibration",
     "calibration_inputs",
     "complex_exponential_features",
     "cos_sin_estimate",
@@ -56,6 +58,7 @@ __all__ = [
     "find_mlp_blocks",
     "fit_discretized",
     "fit_rational",
+    "fit_summary",
     "gauss_laguerre",
     "layer_fit",
     "names",

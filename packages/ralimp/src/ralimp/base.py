@@ -131,6 +131,14 @@ class FeatureLinearization(nn.Module, abc.ABC):
         """``F``, the width of ``Phi(x)`` (the rank bound of every separable readout)."""
         return self.psi().shape[-1]
 
+    def fit_record(self) -> dict[str, object]:
+        """The kind, the budget as the paper counts it and the feature width ``F`` (`ralimp.fit_summary`)."""
+        return {
+            "kind": type(self).__name__,
+            "budget": self.num_random_features,
+            "feature_width": self.feature_dim,
+        }
+
     @classmethod
     def from_linear(
         cls,

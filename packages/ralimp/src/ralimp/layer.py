@@ -2,9 +2,10 @@ r"""The RaLiMP layer: $\sigma(W x + b) \approx \Psi(W) \Phi(x)$ through a ration
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -25,22 +26,57 @@ from ralimp.base import (
     work_dtype,
 )
 from ralimp.budget import check_budget, check_count, ralimp_split
+from ralimp.calibration import (
+    FITS,
+    Sizes,
+    calibrate,
+    dilated,
+    expected_squared_error,
+    variance_fit,
+)
 from ralimp.discretized import (
     DiscretizedFit,
     channel_coefficients,
     expected_value,
-    fit_discretized,
-    layer_fit,
+    nodewise_quadrature,
 )
 from ralimp.features import complex_exponential_features, product_features
 from ralimp.quadrature import gauss_laguerre
-from ralimp.rational import DEFAULT_INTERVAL, RationalFunction
+from ralimp.rational import RationalFunction
 from rf_matrices import WeightMatrix
 from spectraformer_core import check_positive_int
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
+
+
+def exponent_limit(dtype: torch.dtype) -> float:
+    """The largest feature exponent ``dtype`` carries with room to spare.
+
+    ``log(max) - 8``: 80.7 in float32, 701.8 in float64.
+    """
+    return math.log(torch.finfo(dtype).max) - 8
+
+
+def layer_scales(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    sample: torch.Tensor | None,
+    *,
+    tau: float | str,
+    tau_c: float,
+    balance: float | str,
+) -> tuple[float, float]:
+    r"""$(\tau, \lambda)$: $\tau^2 = c \operatorname{RMS}(t)$ for ``"auto"`` (App. C.1), and the balance."""
+    rms_t = rms_preactivation(weight, bias, sample)
+    tau_value = (tau_c * rms_t) ** 0.5 if tau == "auto" else float(tau)
+    if balance == "auto":
+        w_norm = float((weight.double().pow(2).sum(-1) + (0 if bias is None else bias.double() ** 2)).mean())
+        lam = (rms_input_norm(weight.shape[1], sample) / max(w_norm**0.5, 1e-12)) ** 0.5
+    else:
+        lam = float(balance)
+    return max(tau_value, 1e-6), lam
 
 
 class RaLiMP(FeatureLinearization):
@@ -53,33 +89,47 @@ class RaLiMP(FeatureLinearization):
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
       random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
-    The fit is made in the basis this computes (`ralimp.fit_discretized`: polynomial, per-node
-    coefficients and widths jointly, for these ``num_freqs`` nodes), so the layer's expectation over the
-    projections is the fit (``expected_output == fit`` at initialization).
+    The fit is made on the pre-activations the layer really sees (`ralimp.calibration`): every input of
+    ``sample`` paired with every weight row, fit range the robust quantiles of $t$; without a sample the
+    inputs are assumed standard normal ($t \sim \mathcal N(0, \lVert w\rVert^2 + b^2)$ per row, seeded
+    draws). The fit is made in the basis this computes (``num_freqs`` nodes), so the layer's expectation over
+    the projections is the fit (``expected_output == fit`` at initialization). ``fit`` chooses how:
+    ``"variance"`` (default) minimizes bias$^2$ + the exact variance over the projections on the sample,
+    ``"discretized"`` is least squares on the fit range, ``"paper"`` the continuous fit with node $k$
+    weighted by $\gamma_k$ (the paper's initialization).
 
-    Poles live in the scaled variable $v = t / \tau^2$ (features evaluated at $u / \tau$): the trainable
-    $A', B', p', q'$ are the fit's $A / \tau^4, B / \tau^2, p / \tau^2, q / \tau^2$, an exact change of
-    variables, so the layer approximates $\sigma(t)$ (``activation``) at initialization for every $\tau$.
+    The atoms live in the dilated variable $v = t / \tau^2$ (App. C.1: features at $u / \tau$ estimate
+    $\cos(s_k t / \tau^2)$): their trainable $A', B', p', q'$ are in $v$ units, the fit bounds $q' \ge$
+    ``q_floor``, and an atom given as a `RationalFunction` or `ralimp.DiscretizedFit` is realized as
+    $a(t / \tau^2)$. ``tau="auto"`` sets $\tau^2 = c \operatorname{RMS}(t)$, so $\operatorname{RMS}(v) = 1/c$.
+
+    A forward pass whose feature exponent (batch maximum of $(s_k / q') \lVert x / \lambda + \lambda w
+    \rVert^2 / \tau^2$, bounded by the largest input and weight-row norms) would overflow the work dtype
+    raises a ``ValueError`` (`check_exponent`) instead of returning ``inf`` or ``NaN``.
 
     Args:
         in_features: $d$.
         out_features: $l$.
         activation: a registered name (``"gelu"``, ``"gelu_tanh"``, ``"silu"``, ...; shipped fits), an
-            elementwise callable (fitted now), a `RationalFunction` (refitted in the layer's basis)
-            or a `ralimp.DiscretizedFit` (used as is); the last two fix ``poly_degree`` and
+            elementwise callable, a `RationalFunction` (its atoms dilated, $P(t) + \sum_j a_j(t / \tau^2)$,
+            then fitted like a callable, or used node by node with ``fit="paper"``) or a
+            `ralimp.DiscretizedFit` (dilated likewise, used as is); the last two fix ``poly_degree`` and
             ``num_atoms``.
         poly_degree: $K$.
         poly_features: $m$ of the polynomial block.
-        num_atoms: $J$.
+        num_atoms: $J$ (`from_linear` with ``fit="variance"`` chooses $0..J$, see there).
         num_freqs: Gauss-Laguerre nodes per atom.
         freq_features: random projections per node.
-        tau: the scale $\tau$, or ``"auto"``: $\tau^2 = c \operatorname{RMS}(t)$ over ``sample``
+        tau: the dilation $\tau$, or ``"auto"``: $\tau^2 = c \operatorname{RMS}(t)$ over ``sample``
             (standard-normal inputs when there is none).
         bias: learn a bias $b$ (folded in as $[x; 1] \cdot [w; b]$).
         learn_poles: train $A, B, p, q$ (else they are buffers).
         weight_matrix: ``rf_matrices`` name (or class) of every projection matrix.
         seed: seed of the projections.
-        interval: the interval of the rational fit.
+        interval: fit on this interval instead of the sample's pre-activations (None: the sample's).
+        fit: ``"variance"``, ``"discretized"`` or ``"paper"`` (`ralimp.calibration.FITS`).
+        q_floor: the smallest atom width $q'$, in $v = t / \tau^2$ units.
+        budget_count: the count (``"paper"`` or ``"width"``) that `from_linear`'s choice of $J$ keeps.
         tau_c: the constant $c$ of ``tau="auto"``.
         balance: $\lambda$ of the rational features, evaluated at $[x; 1] / \lambda$ and $\lambda [w; b]$
             ($t$ unchanged). 1 (the default) is the paper's layer. ``"auto"`` (a departure from the paper)
@@ -88,7 +138,7 @@ class RaLiMP(FeatureLinearization):
             variance (Prop. 1); it keeps float32 features finite when $\lVert x\rVert \gg \lVert w\rVert$ but
             cannot lower the bound of
             `ralimp.variance`.
-        sample: inputs ``(..., in_features)`` for ``tau="auto"`` and ``balance="auto"``.
+        sample: calibration inputs ``(..., in_features)``: the fit, ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
         dtype: parameter dtype.
         matrix_kw: extra keyword arguments of ``rf_matrices.create``.
@@ -103,6 +153,8 @@ class RaLiMP(FeatureLinearization):
     atom_b: torch.Tensor
     atom_p: torch.Tensor
     atom_q_raw: torch.Tensor
+    node_cos: torch.Tensor
+    node_sin: torch.Tensor
 
     def __init__(
         self,
@@ -120,7 +172,10 @@ class RaLiMP(FeatureLinearization):
         learn_poles: bool = True,
         weight_matrix: str | type = "base",
         seed: int | None = None,
-        interval: tuple[float, float] = DEFAULT_INTERVAL,
+        interval: tuple[float, float] | None = None,
+        fit: str = "variance",
+        q_floor: float = 0.05,
+        budget_count: str = "paper",
         tau_c: float = 1.0,
         balance: float | str = 1.0,
         sample: torch.Tensor | None = None,
@@ -141,13 +196,18 @@ class RaLiMP(FeatureLinearization):
             raise ValueError(f"balance: expected 'auto' or a positive number, got {balance!r}")
         if not tau_c > 0:
             raise ValueError(f"tau_c: expected a positive constant, got {tau_c!r}")
+        if not q_floor > 0:
+            raise ValueError(f"q_floor: expected a positive width, got {q_floor!r}")
         self.tau_option, self.tau_c, self.balance_option = tau, float(tau_c), balance
-        self.interval, self.learn_poles = tuple(interval), learn_poles
+        self.interval = None if interval is None else (float(interval[0]), float(interval[1]))
+        self.learn_poles, self.fit_mode, self.q_floor = learn_poles, fit, float(q_floor)
+        FITS.get(fit)
+        self.budget_count = check_count(budget_count)
+        self.name = ""  # the module path, set by `replace_mlp` (error messages, `fit_record`)
         factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
         self.num_freqs = check_positive_int("num_freqs", num_freqs)
-        self.fit = self._layer_fit(activation, poly_degree, num_atoms, interval)
-        self.poly_degree, self.num_atoms = self.fit.poly_degree, self.fit.num_atoms
+        self._set_target(activation, poly_degree, num_atoms)
 
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
         self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
@@ -179,14 +239,19 @@ class RaLiMP(FeatureLinearization):
         self.poly_coef = nn.Parameter(torch.zeros(self.poly_degree + 1, **factory))
         pole = nn.Parameter if learn_poles else (lambda v: v)
         self._pole_names = ("atom_a", "atom_b", "atom_p", "atom_q_raw")
+        # without atoms the (empty) atom tensors are buffers: a parameter that never gets a gradient stops DDP
         for name in self._pole_names:
             value = torch.zeros(self.num_atoms, **factory)
-            if learn_poles:
+            if learn_poles and self.num_atoms:
                 self.register_parameter(name, pole(value))
             else:
                 self.register_buffer(name, value)
-        self.node_cos = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
-        self.node_sin = nn.Parameter(torch.zeros(self.num_atoms, self.num_freqs, **factory))
+        for name in ("node_cos", "node_sin"):
+            value = torch.zeros(self.num_atoms, self.num_freqs, **factory)
+            if self.num_atoms:
+                self.register_parameter(name, nn.Parameter(value))
+            else:
+                self.register_buffer(name, value)
         self.readout: nn.Parameter | None = None
         self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
         self.load_linear(
@@ -196,52 +261,68 @@ class RaLiMP(FeatureLinearization):
         )
 
     # ----------------------------------------------------------------------------------------------- init
-    def _layer_fit(
+    def _set_target(
         self,
-        activation: str | Elementwise | RationalFunction,
+        activation: str | Elementwise | RationalFunction | DiscretizedFit,
         poly_degree: int,
         num_atoms: int,
-        interval: tuple[float, float],
-    ) -> DiscretizedFit:
-        """The fit made in the basis this layer computes (``num_freqs`` nodes): its expectation is the fit."""
-        if isinstance(activation, DiscretizedFit):
-            self.activation_name = None
-            if activation.num_atoms and activation.num_freqs != self.num_freqs:
+    ) -> None:
+        """Keep what the fit approximates; a given rational or discretized fit fixes ``K`` and ``J``."""
+        self.given: RationalFunction | DiscretizedFit | None = None
+        if isinstance(activation, DiscretizedFit | RationalFunction):
+            if (
+                isinstance(activation, DiscretizedFit)
+                and activation.num_atoms
+                and activation.num_freqs != self.num_freqs
+            ):
                 raise ValueError(
-                    f"activation: a DiscretizedFit for num_freqs={activation.num_freqs}, but the layer has "
-                    f"num_freqs={self.num_freqs}"
+                    f"activation: a DiscretizedFit for num_freqs={activation.num_freqs}, but the layer "
+                    f"has num_freqs={self.num_freqs}"
                 )
-            return activation
-        if isinstance(activation, RationalFunction):
-            self.activation_name = None
-            return fit_discretized(
-                activation,
-                activation.interval,
-                poly_degree=activation.poly_degree,
-                num_atoms=activation.num_atoms,
-                num_freqs=self.num_freqs,
-            )
-        self.activation_name, fn = resolve_activation(activation)
-        if self.activation_name is not None:
-            return layer_fit(
-                self.activation_name,
-                poly_degree=poly_degree,
-                num_atoms=num_atoms,
-                num_freqs=self.num_freqs,
-                interval=interval,
-            )
-        return fit_discretized(
-            fn, interval, poly_degree=poly_degree, num_atoms=num_atoms, num_freqs=self.num_freqs
+            self.activation_name, self.given = None, activation
+            self.poly_degree, self.num_atoms = activation.poly_degree, activation.num_atoms
+            return
+        self.activation_name, self.target = resolve_activation(activation)
+        self.poly_degree, self.num_atoms = poly_degree, num_atoms
+
+    def sizes(self) -> Sizes:
+        """The layer's shape as its fit sees it (`ralimp.calibration.Sizes`)."""
+        return Sizes(
+            self.poly_degree,
+            self.num_atoms,
+            self.num_freqs,
+            self.poly_matrices[0].num_features if self.poly_degree else 1,
+            self.freq_matrices[0].num_features if self.num_atoms else 1,
         )
+
+    def _fit_on(self, weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> None:
+        """Calibrate on ``sample`` and fit (``self.fit``, in $t$ units; ``self.calibration``)."""
+        tau, lam = layer_scales(
+            weight, bias, sample, tau=self.tau_option, tau_c=self.tau_c, balance=self.balance_option
+        )
+        cal = calibrate(weight, bias, sample, tau=tau, balance=lam)
+        self.calibration = cal
+        if isinstance(self.given, DiscretizedFit):
+            fit = dilated(self.given, tau)
+            assert isinstance(fit, DiscretizedFit)
+            self.fit = fit
+            return
+        target = self.target if self.given is None else dilated(self.given, tau)
+        if isinstance(target, RationalFunction) and self.fit_mode == "paper":
+            self.fit = nodewise_quadrature(target, self.num_freqs)
+            return
+        fit_mode = FITS.get(self.fit_mode)
+        self.fit = fit_mode(target, cal, self.sizes(), interval=self.interval, q_floor=self.q_floor)
 
     @torch.no_grad()
     def load_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
-        r"""Set ``W, b``; calibrate $\tau$, $\lambda$ and the poles (in $v = t / \tau^2$ units) from them.
+        r"""Set ``W, b``; calibrate $\tau$, $\lambda$ and fit on the pre-activations of ``sample`` with them.
 
-        Every trainable coefficient is (re)initialized from the discretized fit: $c_n$, $A', B', p', q'$,
-        and the per-node channel weights $\rho$; a free readout (``init="lstsq"``) is dropped.
+        Every trainable coefficient is (re)initialized from the fit (``fit`` mode): $c_n$, the atoms
+        $A', B', p', q'$ in $v = t / \tau^2$ units, and the per-node channel weights $\rho$; a free readout
+        (``init="lstsq"``) is dropped. ``sample`` None: standard-normal inputs are assumed.
         """
         if weight.shape != self.weight.shape:
             raise ValueError(f"weight: expected shape {tuple(self.weight.shape)}, got {tuple(weight.shape)}")
@@ -255,17 +336,9 @@ class RaLiMP(FeatureLinearization):
         if bias is not None:
             assert self.bias is not None, "bias: this layer was built with bias=False"
             self.bias.copy_(bias)
-        rms_t = rms_preactivation(weight, bias, sample)
-        tau = (self.tau_c * rms_t) ** 0.5 if self.tau_option == "auto" else float(self.tau_option)
-        self.tau.fill_(max(tau, 1e-6))
-        if self.balance_option == "auto":
-            w_norm = float(
-                (weight.double().pow(2).sum(-1) + (0 if bias is None else bias.double() ** 2)).mean()
-            )
-            lam = (rms_input_norm(self.in_features, sample) / max(w_norm**0.5, 1e-12)) ** 0.5
-        else:
-            lam = float(self.balance_option)
-        self.scale.fill_(lam)
+        self._fit_on(weight, bias, sample)
+        self.tau.fill_(self.calibration.tau)
+        self.scale.fill_(self.calibration.balance)
         t2 = float(self.tau) ** 2
         self.poly_coef.copy_(torch.tensor(self.fit.poly, dtype=torch.float64))
         if self.num_atoms:
@@ -307,10 +380,11 @@ class RaLiMP(FeatureLinearization):
     @classmethod
     def budget_options(
         cls, budget: int | None, activation: object = None, *, count: str = "paper", **overrides: Any
-    ) -> dict[str, int]:
+    ) -> dict[str, Any]:
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
-        ``poly_degree``, ``num_atoms`` and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
+        Also ``budget_count``: the count `from_linear`'s choice of $J$ keeps. ``poly_degree``, ``num_atoms``
+        and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
         `RationalFunction` activation fixes $K$ and $J$); one of ``poly_features`` and
         ``freq_features`` may be fixed there too.
         """
@@ -320,7 +394,7 @@ class RaLiMP(FeatureLinearization):
                 "poly_degree": activation.poly_degree,
                 "num_atoms": activation.num_atoms,
             }
-        return ralimp_split(
+        sizes: dict[str, Any] = ralimp_split(
             check_budget(budget),
             check_count(count),
             poly_degree=overrides.get("poly_degree", 2),
@@ -329,6 +403,79 @@ class RaLiMP(FeatureLinearization):
             poly_features=overrides.get("poly_features"),
             freq_features=overrides.get("freq_features"),
         )
+        return {**sizes, "budget_count": count}
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        activation: str | Elementwise = "gelu",
+        *,
+        sample: torch.Tensor | None = None,
+        init: str = "psi",
+        ridge: float = 1e-6,
+        **kw: object,
+    ) -> Self:
+        r"""`FeatureLinearization.from_linear`; with ``fit="variance"`` (the default) it also chooses $J$.
+
+        Each $j = 0..J$ (``num_atoms`` is the most) is fitted (`ralimp.calibration.variance_fit`) and scored
+        by its expected squared error on the calibration pairs (bias$^2$ + exact variance,
+        `ralimp.calibration.expected_squared_error`); the best wins. The random features that fewer atoms
+        free go to the polynomial block, so ``num_random_features`` (``budget_count="paper"``) or
+        ``feature_dim`` (``"width"``) stays as given. ``layer.fit_record()`` records the choice.
+        """
+        if not isinstance(activation, RationalFunction | DiscretizedFit) and isinstance(linear, nn.Linear):
+            kw = {**kw, **cls._choose_atoms(linear, activation, sample, kw)}
+        return super().from_linear(linear, activation, sample=sample, init=init, ridge=ridge, **kw)
+
+    @classmethod
+    def _choose_atoms(
+        cls, linear: nn.Linear, activation: str | Elementwise, sample: torch.Tensor | None, kw: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``num_atoms`` and ``poly_features`` of the best ``j <= num_atoms`` (``fit="variance"`` only)."""
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name != "self"
+        }
+        opt = {**defaults, **kw}
+        if opt["fit"] != "variance" or not opt["num_atoms"]:
+            return {}
+        fn = resolve_activation(activation)[1]
+        weight = linear.weight.detach()
+        bias = None if linear.bias is None else linear.bias.detach()
+        tau, lam = layer_scales(
+            weight, bias, sample, tau=opt["tau"], tau_c=opt["tau_c"], balance=opt["balance"]
+        )
+        cal = calibrate(weight, bias, sample, tau=tau, balance=lam)
+        degree, atoms, freqs = opt["poly_degree"], opt["num_atoms"], opt["num_freqs"]
+        m_poly, m_freq = opt["poly_features"], opt["freq_features"]
+        per_poly = 1 if check_count(opt["budget_count"]) == "paper" else degree
+        best: tuple[float, int, int] | None = None
+        for j in range(atoms, -1, -1):
+            freed = 2 * (atoms - j) * freqs * m_freq
+            if (j == 0 and degree == 0) or (freed and (not degree or freed % per_poly)):
+                continue
+            sizes = Sizes(degree, j, freqs, m_poly + freed // per_poly if degree else m_poly, m_freq)
+            fit = variance_fit(fn, cal, sizes, interval=opt["interval"], q_floor=opt["q_floor"])
+            cost = expected_squared_error(fit, fn, cal, sizes)
+            if best is None or cost < best[0]:
+                best = (cost, j, sizes.poly_features)
+        assert best is not None, "j = num_atoms is always a candidate"
+        return {"num_atoms": best[1], "poly_features": best[2]}
+
+    def fit_record(self) -> dict[str, Any]:
+        """What the fit chose: `FeatureLinearization.fit_record` plus mode, range, ``tau``, ``J``, widths."""
+        cal = self.calibration
+        return {
+            **super().fit_record(),
+            "fit": self.fit_mode,
+            "fit_range": [round(v, 6) for v in self.fit.interval],
+            "calibration": "standard-normal inputs" if cal.synthetic else "sample",
+            "tau": round(float(self.tau), 6),
+            "num_atoms": self.num_atoms,
+            "pole_widths_v": [round(float(q), 6) for q in self.pole_widths().detach()],
+        }
 
     # ------------------------------------------------------------------------------------------- features
     @property
@@ -381,9 +528,43 @@ class RaLiMP(FeatureLinearization):
         poly, omega, _, freqs = self._projections(dtype)
         parts = [torch.ones_like(u[..., :1]), *product_features(u, poly)]
         if self.num_atoms:
+            self.check_exponent(u, freqs)
             re, im = complex_exponential_features(u / (self.scale * self.tau).to(dtype), omega, freqs)
             parts += [re, im]
         return torch.cat(parts, -1)
+
+    @torch.no_grad()
+    def check_exponent(self, u: torch.Tensor, freqs: torch.Tensor) -> None:
+        r"""Raise a ``ValueError`` when the features of ``u`` ``(..., D)`` ($[x; 1]$) would overflow.
+
+        The exponent is $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$ (Prop. 1;
+        the log of the estimator's second moment); its batch maximum is bounded by
+        $\max_k (s_k / q') (\max \lVert x\rVert / \lambda + \lambda \max \lVert w\rVert)^2 / \tau^2$ (equal
+        when the largest input and weight row are aligned; the weight side is 0 under a free readout). The
+        limit is `exponent_limit` of ``u``'s dtype (80.7 float32, 701.8 float64).
+        """
+        if not u.numel() or not freqs.numel():
+            return
+        lam, tau = float(self.scale), float(self.tau)
+        x_side = float(u.detach().norm(dim=-1).max()) / (lam * tau)
+        w_side = 0.0
+        if self.readout is None:
+            w = self.weight.detach()
+            w_sq = w.pow(2).sum(-1) + (0 if self.bias is None else self.bias.detach() ** 2)
+            w_side = float(w_sq.max().sqrt()) * lam / tau
+        exponent = float(freqs.max()) * (x_side + w_side) ** 2
+        limit = exponent_limit(u.dtype)
+        if not exponent <= limit:
+            name = self.name or f"RaLiMP({self.in_features} -> {self.out_features})"
+            raise ValueError(
+                f"x: in layer {name}, the complex-exponential features would overflow {u.dtype}: the "
+                "exponent "
+                f"(s_k/q) ||x/lambda + lambda w||^2 / tau^2 reaches {exponent:.4g} on this batch (limit "
+                f"{limit:.1f}; max ||[x; 1]|| = {x_side * lam * tau:.4g}, tau = {tau:.4g}, narrowest width "
+                f"q' = {float(self.pole_widths().min()):.4g}). Remedies: normalize or rescale the layer's "
+                "inputs, recalibrate on inputs like these (load_linear(..., sample=...)), fit='variance' "
+                "(wider poles or num_atoms=0), balance='auto', or float64."
+            )
 
     def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Per node, the coefficients $(w_c, w_s)$ of $C_k \approx \cos(s_k v / q')$ and $S_k$, ``(J, n)``.

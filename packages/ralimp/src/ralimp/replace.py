@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ralimp.activations import activation_name
-from ralimp.base import Elementwise
+from ralimp.base import Elementwise, FeatureLinearization
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
@@ -27,7 +27,7 @@ class LayerKind(Protocol):
 
     def budget_options(
         self, budget: int | None, activation: object = ..., *, count: str = ..., **overrides: Any
-    ) -> dict[str, int]:
+    ) -> dict[str, Any]:
         """The constructor sizes that spend ``budget`` exactly."""
         ...
 
@@ -272,6 +272,21 @@ def replace_mlp(
             init=init,
             **options,
         )
+        if isinstance(layer, RaLiMP):
+            layer.name = f"{block.name}.{block.up}" if block.name else block.up
         setattr(block.module, block.up, layer)
         setattr(block.module, block.act, nn.Identity())
     return [block.name for block in blocks]
+
+
+def fit_summary(model: nn.Module) -> dict[str, dict[str, object]]:
+    """Per linearized layer of ``model`` (module path, ``""`` for ``model`` itself) its ``fit_record()``.
+
+    For a RaLiMP: fit mode, fit range, calibration source, ``tau``, the chosen number of atoms and their
+    widths; for every kind the budget and the feature width ``F``. JSON-ready, for an app's results line.
+    """
+    return {
+        name: module.fit_record()
+        for name, module in model.named_modules()
+        if isinstance(module, FeatureLinearization)
+    }
