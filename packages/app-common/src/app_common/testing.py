@@ -1,8 +1,23 @@
-"""Test helpers the apps' test suites share: kill a run right after a checkpoint."""
+"""Test helpers the apps' test suites share: kill a run after a checkpoint, and the resume-equality check.
+
+Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
+with its own (small) run: the one resume policy of [`Trainer`][app_common.Trainer], checked in every app.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app_common.records import CHECKPOINT, LOG, RECORD, RUNS
+from app_common.results import read_jsonl
+
+#: Record keys that differ between two runs of one configuration (wall-clock readings).
+CLOCK_KEYS = ("train_seconds", "finished_at", "peak_memory_bytes")
 
 
 class Killed(Exception):
@@ -20,3 +35,82 @@ def kill_at(step: int) -> Callable[[int], None]:
             raise Killed(f"killed after the checkpoint of step {step}")
 
     return hook
+
+
+def _plain(value: Any, out: Path) -> Any:
+    """``value`` with the output folder's path replaced by ``<out>`` and clock readings dropped."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v, out) for k, v in value.items() if k not in CLOCK_KEYS}
+    if isinstance(value, list | tuple):
+        return [_plain(v, out) for v in value]
+    if isinstance(value, str):
+        return value.replace(str(out), "<out>")
+    return value
+
+
+def _tensors_equal(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype):
+            raise AssertionError(f"{where}: {a.shape} {a.dtype} vs {b!r:.80}")
+        assert torch.equal(a, b), f"{where}: differs (max abs {float((a.float() - b.float()).abs().max())})"
+    elif isinstance(a, Mapping):
+        if not (isinstance(b, Mapping) and set(a) == set(b)):
+            raise AssertionError(f"{where}: keys {sorted(a)} != {sorted(b) if isinstance(b, Mapping) else b}")
+        for k in a:
+            _tensors_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        if not (isinstance(b, list | tuple) and len(a) == len(b)):
+            raise AssertionError(f"{where}: lengths differ")
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _tensors_equal(x, y, f"{where}[{i}]")
+
+
+def run_files(out: Path) -> dict[str, dict[str, Any]]:
+    """Every run under ``out/runs``: its log lines, record and checkpoint (model, optimizers, state)."""
+    found: dict[str, dict[str, Any]] = {}
+    for folder in sorted((Path(out) / RUNS).iterdir()):
+        checkpoint = (
+            torch.load(folder / CHECKPOINT, weights_only=True) if (folder / CHECKPOINT).is_file() else {}
+        )
+        record_path = folder / RECORD
+        found[folder.name] = {
+            "log": read_jsonl(folder / LOG, missing_ok=True),
+            "record": json.loads(record_path.read_text()) if record_path.is_file() else None,
+            "weights": {k: checkpoint.get(k) for k in ("model", "optimizers", "state", "step")},
+        }
+    return found
+
+
+def assert_resume_equals_unbroken(
+    run: Callable[[Path, Callable[[int], None] | None], Any], tmp_path: Path, *, kill_step: int
+) -> None:
+    """A run killed right after its checkpoint of ``kill_step`` and resumed ends as the unbroken run.
+
+    Compares, for every run folder under ``out/runs``: the weights, optimizer states and extra state of
+    the final checkpoint (bit for bit), the log lines and the record (bar `CLOCK_KEYS` and the output
+    folder's path).
+
+    Args:
+        run: ``(out, on_save) -> anything``: the app's run (or grid) writing under ``out``, with
+            ``on_save`` as the harness's checkpoint hook (None: no hook).
+        tmp_path: a fresh folder (two output folders are made in it).
+        kill_step: the checkpoint after which the first attempt is killed (it must exist).
+    """
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    run(unbroken, None)
+    try:
+        run(broken, kill_at(kill_step))
+    except Killed:
+        pass
+    else:  # the hook never fired
+        raise AssertionError(f"the run saved no checkpoint at step {kill_step}: nothing was killed")
+    run(broken, None)
+    a, b = run_files(unbroken), run_files(broken)
+    assert set(a) == set(b), f"runs {sorted(a)} != {sorted(b)}"
+    for name in a:
+        assert a[name]["record"] is not None, f"{name}: the unbroken run wrote no record"
+        _tensors_equal(a[name]["weights"], b[name]["weights"], f"{name} checkpoint")
+        assert _plain(a[name]["log"], unbroken) == _plain(b[name]["log"], broken), f"{name}: log lines differ"
+        assert _plain(a[name]["record"], unbroken) == _plain(b[name]["record"], broken), (
+            f"{name}: records differ"
+        )
