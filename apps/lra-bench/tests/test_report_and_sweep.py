@@ -32,7 +32,7 @@ def _synthetic_results(path):
                 "features": features,
                 "seed": seed,
                 "test_accuracy": (acc + bonus + seed) / 100,
-                "train_time_s": 3600.0 * (1 + seed),
+                "train_seconds": 3600.0 * (1 + seed),
                 "peak_memory_bytes": 2**30 * (2 + seed),
             },
         )
@@ -122,7 +122,7 @@ def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, d
     second = run_sweep(dataclasses.replace(sweep, shard="1/2"), settings)
     assert (len(first["ran"]), len(second["ran"]), first["failed"], second["failed"]) == (1, 1, [], [])
     records = ac.read_jsonl(helpers.results(base))
-    assert sorted(r["attention"] for r in records) == ["performer", "softmax"]
+    assert sorted(r["details"]["attention"] for r in records) == ["performer", "softmax"]
     again = run_sweep(sweep, settings)
     assert again == {"done": first["ran"] + second["ran"], "ran": [], "failed": []}
     assert len(ac.read_jsonl(helpers.results(base))) == 2

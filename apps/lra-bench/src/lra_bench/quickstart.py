@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import app_common as ac
 import lra_data
 from lra_bench.config import QuickConfig, ReportConfig, SweepConfig
 from lra_bench.report import report
 from lra_bench.sweep import check_attentions, grid, run_sweep
-from lra_bench.train import RESULTS
 
 
 def quick(config: QuickConfig) -> str:
@@ -69,7 +69,7 @@ def quick(config: QuickConfig) -> str:
     run_sweep(sweep, settings)
     tables = report(
         ReportConfig(
-            results=out / RESULTS,
+            results=out / ac.RESULTS,
             out=out / "report",
             table1_features=config.attention_features,
             time_unit="s",

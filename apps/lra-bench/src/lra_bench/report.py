@@ -51,7 +51,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
         cells[key] = Cell(
             accuracy=statistics.fmean(accuracy),
             accuracy_std=statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
-            time_s=statistics.fmean(r["train_time_s"] for r in runs),
+            time_s=statistics.fmean(r["train_seconds"] for r in runs),
             memory_bytes=statistics.fmean(r["peak_memory_bytes"] for r in runs),
             seeds=len(runs),
         )
@@ -234,10 +234,10 @@ def report(config: ReportConfig) -> dict[str, str]:
         FileNotFoundError: no results file.
         ValueError: no records in it, or a record missing a field, naming the line.
     """
-    records = ac.read_jsonl(config.results)
+    records = [ac.flat_record(r) for r in ac.read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
-    needed = ("task", "attention", "features", "test_accuracy", "train_time_s", "peak_memory_bytes")
+    needed = ("task", "attention", "features", "test_accuracy", "train_seconds", "peak_memory_bytes")
     for number, record in enumerate(records, start=1):
         missing = [k for k in needed if k not in record]
         if missing:
