@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import app_common as ac
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
 from vit_finetune.report import report
 from vit_finetune.train import train
@@ -49,12 +50,12 @@ def quick(config: QuickConfig) -> str:
         device=config.device,
         dtype=config.dtype,
         threads=config.threads,
-        out=out / "runs",
-        results=out / "results.jsonl",
+        out=out,
+        results=out / ac.RESULTS,
     )
     if config.attention != "softmax":
         run_sweep(
             SweepConfig(layers=("dense",), ks=(config.ks[0],)), dataclasses.replace(base, attention="softmax")
         )
     run_sweep(SweepConfig(layers=config.layers, ks=config.ks), base)
-    return report(ReportConfig(results=out / "results.jsonl", out=out / "report"))
+    return report(ReportConfig(results=out / ac.RESULTS, out=out / "report"))

@@ -37,12 +37,12 @@ def kill_at(step: int) -> Callable[[int], None]:
     return hook
 
 
-def _plain(value: Any, out: Path) -> Any:
-    """``value`` with the output folder's path replaced by ``<out>`` and clock readings dropped."""
+def _plain(value: Any, out: Path, clock: tuple[str, ...] = CLOCK_KEYS) -> Any:
+    """``value`` with the output folder's path replaced by ``<out>`` and the ``clock`` keys dropped."""
     if isinstance(value, Mapping):
-        return {k: _plain(v, out) for k, v in value.items() if k not in CLOCK_KEYS}
+        return {k: _plain(v, out, clock) for k, v in value.items() if k not in clock}
     if isinstance(value, list | tuple):
-        return [_plain(v, out) for v in value]
+        return [_plain(v, out, clock) for v in value]
     if isinstance(value, str):
         return value.replace(str(out), "<out>")
     return value
@@ -82,7 +82,11 @@ def run_files(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def assert_resume_equals_unbroken(
-    run: Callable[[Path, Callable[[int], None] | None], Any], tmp_path: Path, *, kill_step: int
+    run: Callable[[Path, Callable[[int], None] | None], Any],
+    tmp_path: Path,
+    *,
+    kill_step: int,
+    clock_keys: tuple[str, ...] = (),
 ) -> None:
     """A run killed right after its checkpoint of ``kill_step`` and resumed ends as the unbroken run.
 
@@ -95,6 +99,7 @@ def assert_resume_equals_unbroken(
             ``on_save`` as the harness's checkpoint hook (None: no hook).
         tmp_path: a fresh folder (two output folders are made in it).
         kill_step: the checkpoint after which the first attempt is killed (it must exist).
+        clock_keys: further record keys (at any depth) that are wall-clock readings (throughput).
     """
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     run(unbroken, None)
@@ -107,10 +112,19 @@ def assert_resume_equals_unbroken(
     run(broken, None)
     a, b = run_files(unbroken), run_files(broken)
     assert set(a) == set(b), f"runs {sorted(a)} != {sorted(b)}"
+    clock = CLOCK_KEYS + tuple(clock_keys)
     for name in a:
         assert a[name]["record"] is not None, f"{name}: the unbroken run wrote no record"
         _tensors_equal(a[name]["weights"], b[name]["weights"], f"{name} checkpoint")
         assert _plain(a[name]["log"], unbroken) == _plain(b[name]["log"], broken), f"{name}: log lines differ"
-        assert _plain(a[name]["record"], unbroken) == _plain(b[name]["record"], broken), (
-            f"{name}: records differ"
-        )
+        records = [_plain(x[name]["record"], folder, clock) for x, folder in ((a, unbroken), (b, broken))]
+        _records_equal(*records, where=name)
+
+
+def _records_equal(a: Any, b: Any, where: str) -> None:
+    """Equal plain values; the message names the first key path that differs."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for key in sorted(set(a) | set(b)):
+            _records_equal(a.get(key), b.get(key), f"{where}.{key}")
+    elif a != b:
+        raise AssertionError(f"record {where}: {a!r:.200} != {b!r:.200}")
