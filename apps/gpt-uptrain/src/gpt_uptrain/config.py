@@ -218,8 +218,8 @@ class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
         return dataclasses.replace(
             QUICK_RUN,
             data=data,
-            out=Path(self.out) / "runs" / layer,
-            results=Path(self.out) / "results.jsonl",
+            out=Path(self.out),
+            results=Path(self.out) / ac.RESULTS,
             name=layer if layer == "dense" else f"{layer} (last {self.last_k})",
             resume=self.resume,
             model=model,

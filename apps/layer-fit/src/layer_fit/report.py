@@ -322,7 +322,7 @@ def claim_line(cells: dict, budget: int, method: str = "ralimp") -> str:
 
 def report(config: ReportConfig) -> dict[str, str]:
     """Write the tables and plots of ``config.results``; returns the Markdown texts by name."""
-    cells = aggregate(ac.read_jsonl(config.results))
+    cells = aggregate([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
     out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     _, _, budgets = _axes(cells)

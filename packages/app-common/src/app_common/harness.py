@@ -201,6 +201,7 @@ class Trainer:
         self.stopped: str | None = None
         self.diverged_at: int | None = None
         self.window: list[float] = []  # losses of the steps since the last log line
+        self.metrics: dict[str, Any] = {}  # the last evaluation's metrics
         self.model: torch.nn.Module | None = None
         self.forward: torch.nn.Module | None = None
         self.eval_forward: torch.nn.Module | None = None
@@ -331,6 +332,7 @@ class Trainer:
         self.step, self.train_seconds = int(state["step"]), float(counters["train_seconds"])
         self.stopped, self.diverged_at = counters["stopped"], counters["diverged_at"]
         self.window = list(counters["window"])
+        self.metrics = dict(counters["metrics"])
         set_rng_state(state["rng"][self.dist.rank])
         if self.is_main:
             print(f"{self.name}: resuming at step {self.step} from {self.checkpointer.path}")
@@ -347,6 +349,7 @@ class Trainer:
             "stopped": self.stopped,
             "diverged_at": self.diverged_at,
             "window": list(self.window),
+            "metrics": dict(self.metrics),
         }
         state = {
             "model": self.model.state_dict(),
@@ -421,7 +424,8 @@ class Trainer:
                 self._diverged(step, value)
             return value
         optimizer.zero_grad(set_to_none=True)
-        local = accumulate // self.dist.world_size
+        # One batch per process (its share of the global batch), or this process's share of the micro-batches.
+        local = 1 if accumulate == 1 else accumulate // self.dist.world_size
         total = torch.zeros((), device=self.device)
         for i in range(local):
             micro = batch if accumulate == 1 else self.dist.rank + i * self.dist.world_size
@@ -463,7 +467,8 @@ class Trainer:
                 gets the micro-batch index).
             accumulate: micro-batches per step, over all processes (a multiple of the world size); the
                 loss of each is divided by their number on this process.
-            evaluate: ``step -> metrics`` (plain numbers) at the evaluation cadence; may call `stop`.
+            evaluate: ``step -> metrics`` (plain numbers) at the evaluation cadence; may call `stop`. The
+                last evaluation's metrics stay in `metrics` (and in the checkpoint).
 
         Raises:
             ValueError: a checkpoint that cannot be resumed, or ``accumulate`` not a multiple of the
@@ -473,7 +478,7 @@ class Trainer:
         from spectraformer_core import check_int
 
         check_int("accumulate", accumulate, minimum=1)
-        if accumulate % self.dist.world_size:
+        if accumulate > 1 and accumulate % self.dist.world_size:
             raise ValueError(
                 f"accumulate: {accumulate} micro-batches are not divisible by the "
                 f"{self.dist.world_size} processes"
@@ -522,10 +527,10 @@ class Trainer:
             )
             if evaluated:
                 assert evaluate is not None
-                metrics = dict(evaluate(self.step))
+                self.metrics = dict(evaluate(self.step))
                 self.model.train()
                 if self.is_main:
-                    append_jsonl(self.log_path, {"step": self.step, **metrics})
+                    append_jsonl(self.log_path, {"step": self.step, **self.metrics})
             every = self.checkpoint_every
             if evaluated or last or self.stopped or (every is not None and self.step % every == 0):
                 self.save()
