@@ -186,6 +186,22 @@ def test_cli_train_reads_toml_then_flags(tmp_path, data):
     assert exit_info.value.code == 2
 
 
+def test_a_required_flag_is_satisfied_by_the_toml_file(tmp_path, data, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        f'task = "listops"\ndata = "{data}"\nout = "{tmp_path / "out"}"\ndevice = "cpu"\nsteps = 2\n'
+        "dim = 32\nembedding_dim = 32\n[table6.listops]\neval_every = 2\neval_steps = 1\nwarmup_steps = 1\n"
+        "max_length = 32\nbatch_size = 2\n"
+    )
+    assert main(["train", "--config", str(toml)]) == 0
+    (record,) = ac.read_jsonl(tmp_path / "out" / "results.jsonl")
+    assert record["details"]["task"] == "listops"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--steps", "2"])
+    assert exit_info.value.code == 2
+    assert "--task: required" in capsys.readouterr().err
+
+
 def test_threads_and_features_errors_name_the_flag(tmp_path, capsys):
     for argv, flag in (
         (["train", "--task", "listops", "--threads", "-3"], "--threads"),
