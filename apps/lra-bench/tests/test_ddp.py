@@ -22,7 +22,7 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
         "--task", "listops", "--attention", "softmax", "--attention-features", "16", "--device", "cpu",
         "--data", str(data), "--out", str(two_dir),
         "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "2", "--eval-every", "4",
-        "--eval-steps", "2", "--init-steps", "0", "--max-length", "32", "--steps", "8", "--dim", "32",
+        "--eval-batches", "2", "--init-steps", "0", "--max-length", "32", "--steps", "8", "--dim", "32",
         "--embedding-dim", "32", "--hidden-dim", "32", "--log-every", "1", "--dropout", "0",
         "--attention-dropout", "0",
     ]  # fmt: skip

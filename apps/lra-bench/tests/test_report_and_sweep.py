@@ -113,7 +113,7 @@ def _settings(config):
 
 
 def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, data, helpers):
-    base = helpers.tiny_config(tmp_path, steps=2, eval_every=2, eval_steps=1)
+    base = helpers.tiny_config(tmp_path, steps=2, eval_every=2, eval_batches=1)
     settings = _settings(base)
     sweep = SweepConfig(
         task=("listops",), attention=("softmax", "performer"), attention_features=(16,), seed=(0,)

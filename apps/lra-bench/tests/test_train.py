@@ -70,7 +70,7 @@ def test_loop_learns_an_easy_generated_task(tmp_path, helpers):
         warmup_steps=10,
         steps=150,
         eval_every=50,
-        eval_steps=0,
+        eval_batches=0,
         patience=10,
         dropout=0.0,
         attention_dropout=0.0,
@@ -92,7 +92,7 @@ def test_early_stopping_waits_for_init_steps_then_stops_after_patience_evaluatio
 def test_table6_fills_the_per_task_fields_once_and_overrides_win():
     config = train_config({"task": "retrieval"})
     assert (config.batch_size, config.lr, config.warmup_steps) == (16, 2e-4, 800)
-    assert (config.eval_every, config.eval_steps, config.init_steps, config.max_length) == (
+    assert (config.eval_every, config.eval_batches, config.init_steps, config.max_length) == (
         1000,
         300,
         3000,
@@ -107,8 +107,9 @@ def test_table6_fills_the_per_task_fields_once_and_overrides_win():
         10,
     )
     assert train_config({"task": "image", "batch_size": 4}).batch_size == 4
-    assert train_config({"task": "image"}, {"image": {"eval_steps": 7}}).eval_steps == 7
-    assert train_config({"task": "image", "eval_steps": 3}, {"image": {"eval_steps": 7}}).eval_steps == 3
+    assert train_config({"task": "image"}, {"image": {"eval_batches": 7}}).eval_batches == 7
+    given = train_config({"task": "image", "eval_batches": 3}, {"image": {"eval_batches": 7}})
+    assert given.eval_batches == 3
     assert set(TABLE_6) == set(lra_data.TASKS)
     with pytest.raises(ValueError, match=r"table6.image: unknown bacth_size"):
         train_config({"task": "image"}, {"image": {"bacth_size": 7}})
@@ -166,7 +167,7 @@ def test_cli_train_reads_toml_then_flags(tmp_path, data):
     toml.write_text(
         f'data = "{data}"\nout = "{tmp_path / "out"}"\n'
         'device = "cpu"\nbatch_size = 4\nsteps = 3\ndim = 32\nembedding_dim = 32\n'
-        "[table6.listops]\neval_every = 3\neval_steps = 1\nwarmup_steps = 1\nmax_length = 32\n"
+        "[table6.listops]\neval_every = 3\neval_batches = 1\nwarmup_steps = 1\nmax_length = 32\n"
         "batch_size = 2\n"
     )
     assert main(["train", "--config", str(toml), "--task", "listops", "--steps", "2"]) == 0
@@ -190,7 +191,7 @@ def test_a_required_flag_is_satisfied_by_the_toml_file(tmp_path, data, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text(
         f'task = "listops"\ndata = "{data}"\nout = "{tmp_path / "out"}"\ndevice = "cpu"\nsteps = 2\n'
-        "dim = 32\nembedding_dim = 32\n[table6.listops]\neval_every = 2\neval_steps = 1\nwarmup_steps = 1\n"
+        "dim = 32\nembedding_dim = 32\n[table6.listops]\neval_every = 2\neval_batches = 1\nwarmup_steps = 1\n"
         "max_length = 32\nbatch_size = 2\n"
     )
     assert main(["train", "--config", str(toml)]) == 0

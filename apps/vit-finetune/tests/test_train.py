@@ -74,10 +74,10 @@ def test_a_killed_run_resumes_bit_identical_to_an_unbroken_one(tmp_path, kill_st
 def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
     args = [
         "sweep",
-        "--layers",
+        "--layer",
         "dense",
         "eugen",
-        "--ks",
+        "--last-k",
         "1",
         "2",
         "--data",
@@ -140,8 +140,8 @@ def test_cli_errors_name_the_setting(tmp_path, capsys):
         )
     assert exit_info.value.code == 2
     assert "layer: unknown 'mlp'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--warmup: expected a fraction"):
-        TrainConfig(warmup=1.5)
+    with pytest.raises(ValueError, match="--warmup-steps: expected an integer >= 0"):
+        TrainConfig(warmup_steps=-1)
 
 
 def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tmp_path):

@@ -165,3 +165,29 @@ def test_param_groups_decay_matrices_only_and_never_ralimp_coefficients():
     assert by_id[id(model.pos_embed)]["weight_decay"] == 0.0
     with pytest.raises(ValueError, match="lr_scales"):
         ac.param_groups(model, 0.1, lr_scales=[("fc.", 2.0)])
+
+
+def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcommands():
+    from dataclasses import dataclass
+
+    from app_common.testing import assert_vocabulary, vocabulary_problems
+
+    @dataclass(frozen=True, kw_only=True)
+    class Good(ac.RuntimeFields, ac.OptimizerFields):
+        warmup_steps: int = ac.option("warmup_steps", 10, help="this app's default")
+
+    parser, commands = ac.app_parser("toy", "A toy app.")
+    for name in ("train", "quick", "report", "list"):
+        ac.add_dataclass_arguments(commands.add_parser(name), Good)
+    assert_vocabulary(parser)
+
+    bad, commands = ac.app_parser("bad", "A bad app.")
+    train = commands.add_parser("train")
+    train.add_argument("--warmup", type=float, help="fraction of the steps")
+    train.add_argument("--lr", type=float, help="a learning rate of some kind")
+    problems = vocabulary_problems(bad)
+    assert "bad: no 'quick' subcommand" in problems
+    assert "bad train: --warmup is spelled --warmup-steps in every app" in problems
+    assert any(p.startswith("bad train: --lr means 'a learning rate of some kind'") for p in problems)
+    with pytest.raises(AssertionError, match="flag vocabulary"):
+        assert_vocabulary(bad)

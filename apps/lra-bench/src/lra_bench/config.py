@@ -30,7 +30,7 @@ class TaskHyperparameters:
         lr: peak learning rate of AdamW.
         warmup_steps: steps of linear warm-up from 0 to the peak.
         eval_every: steps between evaluations on the validation split.
-        eval_steps: validation batches per evaluation (the first ``eval_steps`` batches, the same each
+        eval_batches: validation batches per evaluation (the first ``eval_batches`` batches, the same each
             time; 0 = the whole split).
         init_steps: steps before early stopping may stop the run (Table 6's "Num. init steps").
         max_length: tokens kept per document (Retrieval: per each of its two documents).
@@ -40,7 +40,7 @@ class TaskHyperparameters:
     lr: float
     warmup_steps: int
     eval_every: int
-    eval_steps: int
+    eval_batches: int
     init_steps: int
     max_length: int
 
@@ -133,7 +133,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     log_every: int = ac.option("log_every", 50)
     batch_size: int | None = field(default=None, metadata={"help": "global batch; None: Table 6"})
     warmup_steps: int | None = field(default=None, metadata={"help": "linear warm-up steps; None: Table 6"})
-    eval_steps: int | None = field(
+    eval_batches: int | None = field(
         default=None, metadata={"help": "validation batches per evaluation (0: whole split); None: Table 6"}
     )
     init_steps: int | None = field(
@@ -155,7 +155,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
                 raise ValueError(
                     f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}"
                 )
-        for name in ("warmup_steps", "eval_steps", "init_steps", "workers"):
+        for name in ("warmup_steps", "eval_batches", "init_steps", "workers"):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"--{name.replace('_', '-')}: expected an integer >= 0, got {getattr(self, name)}"

@@ -40,7 +40,7 @@ def quick(config: QuickConfig) -> str:
         "lr": config.lr,
         "warmup_steps": config.steps // 10,
         "eval_every": max(1, config.steps // 10),
-        "eval_steps": 0,
+        "eval_batches": 0,
         "init_steps": 0,
         "max_length": config.max_length,
         "steps": config.steps,

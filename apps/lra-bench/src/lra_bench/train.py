@@ -210,7 +210,7 @@ def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
         return F.cross_entropy(forward(*inputs).float(), labels)
 
     def validate(step: int) -> dict[str, float]:
-        accuracy = evaluate(model, val_set, config, dist, max_batches=config.eval_steps)
+        accuracy = evaluate(model, val_set, config, dist, max_batches=config.eval_batches)
         best.update(model, accuracy, step)
         if best.evals_since >= config.patience and step >= config.init_steps:
             trainer.stop("early_stopping")

@@ -92,7 +92,9 @@ class TrainConfig(
     # The optimizer flags of ac.OptimizerFields, whose steps may not be None (here: the data set's epochs).
     steps: int | None = ac.option("steps", None, help="optimizer steps (wins over --epochs)")
     grad_clip: float = ac.option("grad_clip", 1.0)
-    warmup: float = field(default=0.1, metadata={"help": "fraction of the steps in linear warm-up"})
+    warmup_steps: int | None = field(
+        default=None, metadata={"help": "linear warm-up steps; default: a tenth of the steps (at least 1)"}
+    )
     weight_decay: float = field(
         default=0.05, metadata={"help": "AdamW weight decay (not on biases, norms, embeddings)"}
     )
@@ -128,8 +130,8 @@ class TrainConfig(
             raise ValueError(f"--init: expected one of {', '.join(INITS)}, got {self.init!r}")
         if not self.replaced_lr_scale > 0:
             raise ValueError(f"--replaced-lr-scale: expected a factor > 0, got {self.replaced_lr_scale}")
-        if not 0 <= self.warmup < 1:
-            raise ValueError(f"--warmup: expected a fraction in [0, 1), got {self.warmup}")
+        if self.warmup_steps is not None:
+            check_int(ac.flag("warmup_steps"), self.warmup_steps, minimum=0)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"--dropout: expected a rate in [0, 1), got {self.dropout}")
         if self.lr is not None and not self.lr > 0:
@@ -162,10 +164,10 @@ class SweepConfig:
     Every flag of ``vit-finetune train`` is accepted too and applies to every run.
     """
 
-    layers: tuple[str, ...] = field(
-        default=("dense", "ralimp", "snnk", "eugen"), metadata={"help": "layer kinds"}
+    layer: tuple[str, ...] = ac.option(
+        "layer", ("dense", "ralimp", "snnk", "eugen"), help="one or more kinds (a grid)"
     )
-    ks: tuple[int, ...] = field(default=(4, 7, 9, 11), metadata={"help": "values of k (dense runs once)"})
+    last_k: tuple[int, ...] = ac.option("last_k", (4, 7, 9, 11), help="one or more values (dense runs once)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,10 +175,10 @@ class QuickConfig(ac.RuntimeFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
     out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="folder of runs, results, report")
-    layers: tuple[str, ...] = field(
-        default=("dense", "ralimp", "snnk", "eugen"), metadata={"help": "layer kinds"}
+    layer: tuple[str, ...] = ac.option(
+        "layer", ("dense", "ralimp", "snnk", "eugen"), help="one or more kinds (a grid)"
     )
-    ks: tuple[int, ...] = field(default=(4,), metadata={"help": "values of k"})
+    last_k: tuple[int, ...] = ac.option("last_k", (4,), help="one or more values (a grid)")
     epochs: int = field(default=40, metadata={"help": "epochs per run"})
     replaced_lr_scale: float = field(
         default=0.1, metadata={"help": "learning-rate factor of the replaced layers (all kinds alike)"}

@@ -18,9 +18,9 @@ from vit_finetune.train import train
 def runs_of(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
     """The runs of the grid: the dense model once (with ``--attention``: at every k), each kind at each k."""
     configs = []
-    for layer in sweep.layers:
+    for layer in sweep.layer:
         once = layer == "dense" and base.attention == "softmax"
-        for k in sweep.ks[:1] if once else sweep.ks:
+        for k in sweep.last_k[:1] if once else sweep.last_k:
             configs.append(dataclasses.replace(base, layer=layer, last_k=k))
     return configs
 
@@ -54,8 +54,7 @@ def quick(config: QuickConfig) -> str:
         results=out / ac.RESULTS,
     )
     if config.attention != "softmax":
-        run_sweep(
-            SweepConfig(layers=("dense",), ks=(config.ks[0],)), dataclasses.replace(base, attention="softmax")
-        )
-    run_sweep(SweepConfig(layers=config.layers, ks=config.ks), base)
+        dense = SweepConfig(layer=("dense",), last_k=(config.last_k[0],))
+        run_sweep(dense, dataclasses.replace(base, attention="softmax"))
+    run_sweep(SweepConfig(layer=config.layer, last_k=config.last_k), base)
     return report(ReportConfig(results=out / ac.RESULTS, out=out / "report"))

@@ -227,7 +227,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         lr=config.lr,
         lr_scales=[(f"{layer}.fc1.", config.replaced_lr_scale) for layer in changed["replaced"]],
     )
-    warmup = max(1, round(config.warmup * total))
+    warmup = config.warmup_steps if config.warmup_steps is not None else max(1, round(0.1 * total))
     forward = trainer.setup(
         model, torch.optim.AdamW(groups, lr=config.lr), schedule=ac.schedule("cosine", warmup, total)
     )

@@ -57,6 +57,7 @@ from app_common.distributed import (
     teardown_distributed,
 )
 from app_common.fields import (
+    ALIASES,
     FLAGS,
     AttentionFields,
     EvalFields,
@@ -96,6 +97,7 @@ from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, pa
 from app_common.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = [
+    "ALIASES",
     "CLOSURE_OPTIMIZERS",
     "CORE_KEYS",
     "DEVICES",

@@ -1,18 +1,22 @@
-"""Test helpers the apps' test suites share: kill a run after a checkpoint, and the resume-equality check.
+"""Test helpers the apps' test suites share: the resume-equality check and the flag-vocabulary contract.
 
 Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
-with its own (small) run: the one resume policy of [`Trainer`][app_common.Trainer], checked in every app.
+with its own (small) run (the one resume policy of [`Trainer`][app_common.Trainer], checked in every app)
+and [`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from app_common.config import flag
+from app_common.fields import ALIASES, FLAGS
 from app_common.records import CHECKPOINT, LOG, RECORD, RUNS
 from app_common.results import read_jsonl
 
@@ -128,3 +132,49 @@ def _records_equal(a: Any, b: Any, where: str) -> None:
             _records_equal(a.get(key), b.get(key), f"{where}.{key}")
     elif a != b:
         raise AssertionError(f"record {where}: {a!r:.200} != {b!r:.200}")
+
+
+def _subcommands(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:  # aliases share the parser
+                    seen.add(id(sub))
+                    yield from _subcommands(sub, f"{path} {name}")
+
+
+#: Subcommands every app has.
+REQUIRED_COMMANDS = ("train", "quick", "report", "list")
+
+
+def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
+    """What an app's command line breaks of the shared vocabulary (empty when it keeps to it).
+
+    Checks every subcommand: no flag is an alias of a vocabulary flag (`app_common.ALIASES`), every
+    vocabulary flag's help starts with its one meaning (`app_common.FLAGS`, what `app_common.option`
+    writes), and the app has the subcommands of `REQUIRED_COMMANDS`.
+    """
+    problems = []
+    commands = dict(_subcommands(parser, parser.prog))
+    top = {path.split()[-1] for path in commands if " " in path}
+    problems += [f"{parser.prog}: no {name!r} subcommand" for name in REQUIRED_COMMANDS if name not in top]
+    meanings = {flag(name): text for name, text in FLAGS.items()}
+    for path, sub in commands.items():
+        for action in sub._actions:
+            for option in action.option_strings:
+                if option in ALIASES:
+                    problems.append(f"{path}: {option} is spelled {ALIASES[option]} in every app")
+                elif option in meanings and option not in ("--config",):
+                    text = " ".join((action.help or "").split())
+                    if not text.startswith(meanings[option]):
+                        problems.append(f"{path}: {option} means {text!r}, not {meanings[option]!r}")
+    return problems
+
+
+def assert_vocabulary(parser: argparse.ArgumentParser) -> None:
+    """Fail, listing every problem, when ``parser`` breaks the flag vocabulary (`vocabulary_problems`)."""
+    problems = vocabulary_problems(parser)
+    if problems:
+        raise AssertionError("flag vocabulary:\n" + "\n".join(problems))
