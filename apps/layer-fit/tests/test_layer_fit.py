@@ -311,7 +311,7 @@ def test_cli_quick_reads_a_toml_config_and_prints_tables_with_floors(tmp_path, c
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="--steps: expected an integer >= 1, got 0"):
         FitConfig(steps=0)
-    with pytest.raises(ValueError, match="--features: expected integers >= 1"):
+    with pytest.raises(ValueError, match="--features: expected an integer >= 1"):
         FitConfig(features=(0,))
     assert math.isclose(FitConfig().lr, 1e-2)
     assert FitConfig().steps == 3000

@@ -92,20 +92,16 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
         """Positive sizes and at least one value of every grid field."""
         super().__post_init__()
         for name in ("samples", "dim", "log_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 1)
         for name in ("data_seed", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 0, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 0)
         for name in GRID:
             if not getattr(self, name):
                 raise ValueError(f"--{name}: expected at least one value")
         if any(s < 0 for s in self.seed):
             raise ValueError(f"--seed: expected integers >= 0, got {self.seed!r}")
-        if any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in self.features):
-            raise ValueError(f"--features: expected integers >= 1, got {self.features!r}")
+        for value in self.features:
+            ac.check_int("--features", value, 1)
 
     @property
     def balance(self) -> float | str:

@@ -92,9 +92,7 @@ class ModelConfig(ac.AttentionFields):
         """Widths and counts >= 1, heads dividing the width, rates in [0, 1)."""
         super().__post_init__()
         for name in ("dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 1)
         if self.dim % self.num_heads:
             raise ValueError(f"--num-heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
         for name in ("dropout", "attention_dropout"):
@@ -290,8 +288,6 @@ class QuickConfig(ac.RuntimeFields):
             "steps",
             "batch_size",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 1)
         if not self.lr > 0:
             raise ValueError(f"--lr: expected a number > 0, got {self.lr!r}")

@@ -95,6 +95,7 @@ from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_js
 from app_common.safetensors import SAFETENSORS_DTYPES, read_safetensors, write_safetensors
 from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
 from app_common.seeding import rng_state, seed_everything, set_rng_state
+from spectraformer_core import check_int  # the project's one integer validator, for the apps
 
 __all__ = [
     "ALIASES",
@@ -134,6 +135,7 @@ __all__ = [
     "autocast",
     "barrier",
     "changed_settings",
+    "check_int",
     "config_dict",
     "config_from",
     "count_parameters",

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from app_common.config import flat_settings
+from app_common.config import flag, flat_settings
 from app_common.device import DTYPES
+from spectraformer_core import check_int
 
 #: Flag (field name) -> what it means in every app. ``--help`` shows these texts.
 FLAGS: dict[str, str] = {
@@ -91,8 +92,7 @@ def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = 
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {value!r}")
+    check_int(flag(name), value, minimum)
 
 
 def _check_number(name: str, value: Any, *, minimum: float, strict: bool) -> None:
