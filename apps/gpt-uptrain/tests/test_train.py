@@ -146,7 +146,14 @@ def test_cli_trains_and_reports_errors_with_the_argument(tmp_path, data, capsys)
     assert "auto (CUDA when there is one), cpu, cuda or cuda:<index>" in " ".join(help_text.split())
     assert (
         main(
-            ["prepare", str(data.parent / "corpus.txt"), "--out", str(tmp_path / "d2"), "--tokenizer", "byte"]
+            [
+                "prepare",
+                str(data.parent / "corpus.txt"),
+                "--data",
+                str(tmp_path / "d2"),
+                "--tokenizer",
+                "byte",
+            ]
         )
         == 0
     )
@@ -160,7 +167,7 @@ def test_cli_trains_and_reports_errors_with_the_argument(tmp_path, data, capsys)
                 "train",
                 "--data",
                 str(data),
-                "--init-from",
+                "--weights",
                 str(tmp_path / "no-model"),
                 "--device",
                 "cpu",
@@ -213,12 +220,12 @@ def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers)
     pretrained = GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
     folder = save_pretrained(pretrained, tmp_path / "hf")
     config = helpers.tiny_config(
-        tmp_path, data, init_from=str(folder), layer="ralimp", last_k=1, steps=2, eval_every=2
+        tmp_path, data, weights=str(folder), layer="ralimp", last_k=1, steps=2, eval_every=2
     )
     record = ac.flat_record(train(config))
     assert record["init"] == "lstsq"  # auto: the calibrated start for pretrained MLPs
-    assert dataclasses.replace(config, init_from="scratch").start == "psi"
-    assert record["init_from"] == str(folder)
+    assert dataclasses.replace(config, weights="scratch").start == "psi"
+    assert record["weights"] == str(folder)
     assert record["replaced"] == ["transformer.h.1.mlp"]
     model, meta = load_model(_dir(config) / "checkpoint.pt")
     assert meta["tokenizer"] == "byte"
@@ -231,7 +238,7 @@ def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers)
         GPT(GPTConfig(block_size=32, vocab_size=8, n_layer=1, n_head=2, n_embd=8)), tmp_path / "s"
     )
     with pytest.raises(ValueError, match="does not fit the pretrained model's 8"):
-        train(dataclasses.replace(config, init_from=str(too_small), out=tmp_path / "small"))
+        train(dataclasses.replace(config, weights=str(too_small), out=tmp_path / "small"))
 
 
 def test_bfloat16_autocast_trains(tmp_path, data, helpers):
@@ -282,3 +289,10 @@ def test_a_split_shorter_than_the_block_is_refused_at_start(tmp_path, helpers, s
     ):
         train(config)
     assert not (_dir(config) / "log.jsonl").exists()
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from gpt_uptrain.cli import build_parser
+
+    assert_vocabulary(build_parser())

@@ -229,7 +229,7 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     path = tmp_path / "results.jsonl"
     for record in _synthetic_records():
         ac.append_jsonl(path, record)
-    texts = report(ReportConfig(results=path, features=32))
+    texts = report(ReportConfig(results=path, table_features=32))
     out = tmp_path / "report"
     table = (out / "table.md").read_text()
     assert texts["table"] in table
@@ -252,7 +252,7 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     assert (lowrank16["seeds"], lowrank16["diverged"]) == ("3", "1")
     assert "(1 diverged)" in (out / "sweep.md").read_text()
     ac.append_jsonl(path, {**_synthetic_records()[0], "activation": "silu"})  # one budget: not in the sweep
-    report(ReportConfig(results=path, features=32))
+    report(ReportConfig(results=path, table_features=32))
     assert "silu" not in (out / "sweep.md").read_text()
     floors = (out / "floors.md").read_text()
     gelu_floors = next(line for line in floors.splitlines() if line.startswith("| gelu"))
@@ -317,3 +317,10 @@ def test_config_rejects_bad_values():
     assert FitConfig().steps == 3000
     assert FitConfig().seed == tuple(range(10))
     assert json.dumps(FitConfig().protocol())
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from layer_fit.cli import build_parser
+
+    assert_vocabulary(build_parser())

@@ -41,7 +41,7 @@ def _synthetic_results(path):
 def test_report_writes_the_three_tables_as_markdown_and_csv_and_the_heatmaps(tmp_path):
     results = tmp_path / "results.jsonl"
     _synthetic_results(results)
-    tables = report(ReportConfig(results=results, out=tmp_path / "out"))
+    tables = report(ReportConfig(results=results, report_dir=tmp_path / "out"))
     out = tmp_path / "out"
     with (out / "table1.csv").open() as f:
         rows = list(csv.reader(f))

@@ -264,3 +264,10 @@ def test_attention_dropout_goes_only_to_attentions_that_state_support_for_it(att
     assert applied is applies
     if applies:
         assert module.attention_dropout == 0.2
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from lra_bench.cli import build_parser
+
+    assert_vocabulary(build_parser())

@@ -291,3 +291,21 @@ def test_train_family_runs_a_tiny_pinn_from_the_command_line(tmp_path, capsys):
     ]  # fmt: skip
     assert main(argv) == 0
     assert "| dense" in capsys.readouterr().out
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from nerf_pinn.cli import build_parser
+
+    assert_vocabulary(build_parser())
+
+
+def test_report_rewrites_the_table_of_a_results_file(tmp_path, capsys):
+    from nerf_pinn.cli import main
+
+    config = tiny_pinn(tmp_path, layer=("dense",), steps=3, time_repeats=2)
+    compare(PinnFamily(config))
+    capsys.readouterr()
+    assert main(["report", str(config.out / "results.jsonl"), "--report-dir", str(tmp_path / "rep")]) == 0
+    assert "| dense" in capsys.readouterr().out
+    assert (tmp_path / "rep" / "results.csv").read_text().startswith("kind,relative_l2,params")

@@ -66,9 +66,9 @@ def run_model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
     From scratch: ``config.model`` with the data's vocabulary; from an HF folder: the shape of its
     ``config.json`` (context cropped to ``model.block_size``) with the run's other model fields.
     """
-    if config.init_from == "scratch":
+    if config.weights == "scratch":
         return config.model_config(vocab_size)
-    shape = hf.gpt2_config_fields(hf.read_config(config.init_from))
+    shape = hf.gpt2_config_fields(hf.read_config(config.weights))
     shape["block_size"] = min(shape["block_size"], config.model.block_size)
     return dataclasses.replace(config.model_config(vocab_size), **shape)
 
@@ -128,7 +128,7 @@ def check_fits(model: GPTConfig, config: TrainConfig, device: torch.device) -> N
 
 
 def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> GPT:
-    """The run's model on ``device``: from scratch, or the HF GPT-2 of ``init_from`` with the run's changes.
+    """The run's model on ``device``: from scratch, or the HF GPT-2 of ``weights`` with the run's changes.
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
@@ -138,10 +138,10 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
         ValueError: the data's vocabulary does not fit the pretrained model's.
     """
     dense = dataclasses.replace(config.model_config(data.vocab_size), layer="dense")
-    if config.init_from == "scratch":
+    if config.weights == "scratch":
         model = GPT(dense)
     else:
-        pretrained = hf.gpt2_config_fields(hf.read_config(config.init_from))
+        pretrained = hf.gpt2_config_fields(hf.read_config(config.weights))
         if data.vocab_size > pretrained["vocab_size"]:
             raise ValueError(
                 f"data: its {data.vocab_size}-token vocabulary does not fit the pretrained model's "
@@ -149,7 +149,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
             )
         kept = ("dropout", "attention", "attention_features", "seed")
         model = GPT.from_pretrained(
-            config.init_from, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
+            config.weights, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
         )
     model.to(device)
     calibration = None
@@ -289,7 +289,7 @@ def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
             "init": config.start,
             "layer_options": LAYER_OPTIONS.get(model.config.layer, {}),
             "attention": model.config.attention,
-            "init_from": config.init_from,
+            "weights": config.weights,
             "eval_batches": config.eval_batches,
             "tokens": trainer.step * tokens_per_step,
             "tokenizer": data.meta["tokenizer"],

@@ -83,9 +83,7 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     out: Path = ac.option(
         "out", Path("results/layer-fit"), help="folder of results.jsonl, checkpoints/, report/"
     )
-    checkpoint_every: int = field(
-        default=500, metadata={"help": "save a resumable checkpoint every this many steps (0: never)"}
-    )
+    checkpoint_every: int = ac.option("checkpoint_every", 500, help="0: never")
     log_every: int = ac.option("log_every", 50, help="steps between the recorded training-loss points")
 
     def __post_init__(self) -> None:
@@ -142,7 +140,7 @@ class QuickConfig(FitConfig):
     samples: int = field(default=512, metadata={"help": "rows of X"})
     dim: int = field(default=64, metadata={"help": "input and output width (W is dim x dim)"})
     threads: int = ac.option("threads", 1)
-    checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every this many steps (0: never)"})
+    checkpoint_every: int = ac.option("checkpoint_every", 0, help="0: never")
     out: Path = ac.option("out", Path("results/layer-fit-quick"), help="folder of results.jsonl and report/")
 
 
@@ -151,7 +149,9 @@ class ReportConfig:
     """Tables (Markdown, CSV) and plots (PNG) of a results file: mean +/- std of the train MSE over seeds."""
 
     results: Path = field(metadata={"help": "the results.jsonl written by layer-fit train"})
-    out: Path | None = field(
-        default=None, metadata={"help": "output folder (default: RESULTS' folder/report)"}
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
     )
-    features: int = field(default=32, metadata={"help": "the features of the main table and the bar plot"})
+    table_features: int = field(
+        default=32, metadata={"help": "the budget of the main table and the bar plot"}
+    )

@@ -52,8 +52,8 @@ def quick(config: QuickConfig) -> str:
             lra_data.GenerateConfig(
                 task="listops",
                 n=config.train_examples,
-                val=config.eval_examples,
-                test=config.eval_examples,
+                val=config.heldout_examples,
+                test=config.heldout_examples,
                 out=data,
                 seed=config.seed,
                 listops=lra_data.ListOpsConfig(
@@ -70,7 +70,7 @@ def quick(config: QuickConfig) -> str:
     tables = report(
         ReportConfig(
             results=out / ac.RESULTS,
-            out=out / "report",
+            report_dir=out / "report",
             table1_features=config.attention_features,
             time_unit="s",
         )

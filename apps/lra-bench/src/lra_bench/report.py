@@ -228,7 +228,7 @@ def _write(out: Path, stem: str, header: list[str], rows: list[list[str]]) -> st
 def report(config: ReportConfig) -> dict[str, str]:
     """Write Tables 1, 7, 8 (``.md``, ``.csv``) and ``figure4_f*.png``; returns each table's Markdown.
 
-    The files go to ``config.out`` (default: ``report/`` beside the results file).
+    The files go to ``config.report_dir`` (default: ``report/`` beside the results file).
 
     Raises:
         FileNotFoundError: no results file.
@@ -244,7 +244,7 @@ def report(config: ReportConfig) -> dict[str, str]:
             raise ValueError(f"{config.results}: record {number} lacks {', '.join(missing)}")
     if config.time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit: expected one of {', '.join(TIME_UNITS)}, got {config.time_unit!r}")
-    out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
+    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     cells = aggregate(records)
     tables = {

@@ -58,9 +58,8 @@ class TrainConfig(
     model: str | None = field(
         default=None, metadata={"help": "model name (vit-finetune list models); default: the data set's"}
     )
-    weights: Path | None = field(
-        default=None,
-        metadata={"help": "local checkpoint file/folder (timm or HF); default: the hub when online"},
+    weights: Path | None = ac.option(
+        "weights", None, help="a local checkpoint file/folder (timm or HF); default: the hub when online"
     )
     weight_matrix: str | None = ac.option(
         "weight_matrix",
@@ -92,8 +91,8 @@ class TrainConfig(
     # The optimizer flags of ac.OptimizerFields, whose steps may not be None (here: the data set's epochs).
     steps: int | None = ac.option("steps", None, help="optimizer steps (wins over --epochs)")
     grad_clip: float = ac.option("grad_clip", 1.0)
-    warmup_steps: int | None = field(
-        default=None, metadata={"help": "linear warm-up steps; default: a tenth of the steps (at least 1)"}
+    warmup_steps: int | None = ac.option(
+        "warmup_steps", None, help="default: a tenth of the steps (at least 1)"
     )
     weight_decay: float = field(
         default=0.05, metadata={"help": "AdamW weight decay (not on biases, norms, embeddings)"}
@@ -113,9 +112,7 @@ class TrainConfig(
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
     workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
     out: Path = ac.option("out", RUNS, help="folder of the run folders (checkpoints, logs)")
-    results: Path = field(
-        default=Path("results/vit-finetune.jsonl"), metadata={"help": "JSON-lines file the result goes to"}
-    )
+    results: Path = ac.option("results", Path("results/vit-finetune.jsonl"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -198,4 +195,6 @@ class ReportConfig:
     """``vit-finetune report RESULTS``: Markdown/CSV table and PNG plots of a results file."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/sweep/quick"})
-    out: Path | None = field(default=None, metadata={"help": "output folder; None: RESULTS' folder/report"})
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
+    )

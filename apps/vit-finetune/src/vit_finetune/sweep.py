@@ -57,4 +57,4 @@ def quick(config: QuickConfig) -> str:
         dense = SweepConfig(layer=("dense",), last_k=(config.last_k[0],))
         run_sweep(dense, dataclasses.replace(base, attention="softmax"))
     run_sweep(SweepConfig(layer=config.layer, last_k=config.last_k), base)
-    return report(ReportConfig(results=out / ac.RESULTS, out=out / "report"))
+    return report(ReportConfig(results=out / ac.RESULTS, report_dir=out / "report"))
