@@ -56,7 +56,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -419,7 +419,8 @@ class Trainer:
                 loss.backward()
                 return loss
 
-            value = float(all_reduce(optimizer.step(closure).detach().float(), "mean").item())  # type: ignore[union-attr]
+            first = cast(torch.Tensor, optimizer.step(closure))  # type: ignore[arg-type]  # a Tensor closure
+            value = float(all_reduce(first.detach().float(), "mean").item())
             if not math.isfinite(value):
                 self._diverged(step, value)
             return value

@@ -122,7 +122,7 @@ def assert_resume_equals_unbroken(
         _tensors_equal(a[name]["weights"], b[name]["weights"], f"{name} checkpoint")
         assert _plain(a[name]["log"], unbroken) == _plain(b[name]["log"], broken), f"{name}: log lines differ"
         records = [_plain(x[name]["record"], folder, clock) for x, folder in ((a, unbroken), (b, broken))]
-        _records_equal(*records, where=name)
+        _records_equal(records[0], records[1], name)
 
 
 def _records_equal(a: Any, b: Any, where: str) -> None:
