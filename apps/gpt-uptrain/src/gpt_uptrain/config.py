@@ -29,7 +29,7 @@ from spectraformer_core import check_int
 GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed=1337)
 
 #: Where a run writes by default.
-RUN = Path("runs/gpt-uptrain/run")
+RUN = Path("runs/gpt-uptrain")
 
 
 def _positive(config, *names: str) -> None:
