@@ -65,7 +65,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     data: Path = field(
         default=Path("data/openwebtext"), metadata={"help": "folder with train.bin, val.bin, meta.json"}
     )
-    out: Path = ac.option("out", RUN, help="run folder: checkpoint.pt, log.jsonl")
+    out: Path = ac.option("out", RUN)
     results: Path = ac.option("results", Path("results/gpt-uptrain.jsonl"))
     name: str | None = field(
         default=None, metadata={"help": "label of the run in the results (default: its MLP kind)"}

@@ -111,7 +111,7 @@ class TrainConfig(
     throughput_batch: int = field(default=64, metadata={"help": "batch of the inference-throughput timing"})
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
     workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
-    out: Path = ac.option("out", RUNS, help="folder of the run folders (checkpoints, logs)")
+    out: Path = ac.option("out", RUNS)
     results: Path = ac.option("results", Path("results/vit-finetune.jsonl"))
 
     def __post_init__(self) -> None:
