@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import app_common as ac
-from app_common.testing import Killed, kill_at
+from app_common.testing import Killed, assert_resume_equals_unbroken, kill_at
 from gpt_uptrain import (
     SampleConfig,
     learning_rate,
@@ -20,51 +20,64 @@ from gpt_uptrain import (
 )
 from gpt_uptrain.cli import main
 from gpt_uptrain.model import GPT, GPTConfig
-from gpt_uptrain.train import training_memory
+from gpt_uptrain.train import run_name, training_memory
+
+
+def _dir(config):
+    return ac.run_dir(config.out, run_name(config))
 
 
 def _log(config):
-    return ac.read_jsonl(config.out / "log.jsonl")
+    return ac.read_jsonl(_dir(config) / "log.jsonl")
 
 
 @pytest.mark.parametrize("layer", ["dense", "ralimp", "eugen", "snnk"])
 def test_a_tiny_run_lowers_the_loss(tmp_path, data, helpers, layer):
     config = helpers.tiny_config(tmp_path, data, layer=layer, last_k=1, steps=40, eval_every=40)
-    record = train(config)
+    record = ac.flat_record(train(config))
     first = _log(config)[0]
     assert first["step"] == 1
-    assert record["val_loss"] < first["train_loss"] - 0.8  # from ln(vocab) ~ 3.4 to ~2.4 or below
+    # from ln(vocab) ~ 3.4 to ~2.6 or below (SNNK, the slowest: 2.58 under the shared warm-up rule)
+    assert record["val_loss"] < first["train_loss"] - 0.75
     assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
     assert record["replaced"] == ([] if layer == "dense" else ["transformer.h.1.mlp"])
     # the recorded departure: without it SNNK's loss stays at ln(vocab)
     assert record["layer_options"].get("balance") == ("auto" if layer in ("ralimp", "snnk") else None)
 
 
-def test_resume_reproduces_the_next_steps_loss(tmp_path, data, helpers):
+@pytest.mark.parametrize("kill_step", [3, 6])
+def test_a_killed_run_resumes_bit_identical_to_an_unbroken_one(tmp_path, data, helpers, kill_step):
     # Dropout and a causal OPRF attention (running statistics) make the random and buffer state matter.
     options = {"layer": "ralimp", "last_k": 1, "attention": "oprf-orf", "dropout": 0.1}
-    unbroken = helpers.tiny_config(tmp_path / "a", data, **options)
-    broken = helpers.tiny_config(tmp_path / "b", data, **options)
-    expected = train(unbroken)
+
+    def run(out, on_save):
+        config = helpers.tiny_config(out, data, **options)
+        return train(
+            dataclasses.replace(config, out=out, results=out / "results.jsonl"), on_checkpoint=on_save
+        )
+
+    assert_resume_equals_unbroken(run, tmp_path, kill_step=kill_step)
+
+
+def test_a_finished_run_is_skipped_and_a_checkpoint_of_other_settings_is_refused(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path, data, layer="ralimp", last_k=1)
+    train(config)
+    assert train(config) is None  # finished: nothing left to do
     with pytest.raises(Killed):
-        train(broken, on_checkpoint=kill_at(3))
-    assert max(r["step"] for r in _log(broken)) == 3
-    resumed = train(broken)
-    losses = [[r["train_loss"] for r in _log(c) if "train_loss" in r] for c in (unbroken, broken)]
-    assert len(losses[1]) == 6
-    assert losses[1][3] == losses[0][3]  # the next step after the checkpoint, exactly
-    assert losses[1] == losses[0]
-    assert resumed["val_loss"] == expected["val_loss"]
-    assert train(broken) is None  # finished: nothing left to do
-    with pytest.raises(ValueError, match=r"saved by a run with other settings \(lr: 0\.003 -> 0\.002\)"):
-        train(dataclasses.replace(broken, lr=2e-3))
-    assert train(dataclasses.replace(broken, lr=2e-3, resume=False))["steps"] == 6  # --no-resume: over
+        train(dataclasses.replace(config, resume=False), on_checkpoint=kill_at(3))
+    path = _dir(config) / "checkpoint.pt"
+    state = ac.load_checkpoint(path)
+    state["identity"]["lr"] = 0.002  # as if the folder held a run under another learning rate
+    ac.save_checkpoint(path, state)
+    with pytest.raises(ValueError, match=r"saved by a run with other settings \(lr: 0\.002 -> 0\.003\)"):
+        train(config)
+    assert train(dataclasses.replace(config, resume=False))["steps"] == 6  # --no-resume: over
 
 
 def test_learning_rate_warms_up_then_follows_the_cosine_to_min_lr(tmp_path, helpers):
     config = helpers.tiny_config(tmp_path, tmp_path, lr=6e-4, min_lr=6e-5, warmup_steps=500, steps=30_000)
-    assert learning_rate(0, config) == pytest.approx(6e-4 / 501)
-    assert learning_rate(499, config) == pytest.approx(6e-4 * 500 / 501)
+    assert learning_rate(0, config) == pytest.approx(6e-4 / 500)
+    assert learning_rate(499, config) == pytest.approx(6e-4)
     assert learning_rate(500, config) == pytest.approx(6e-4)
     assert learning_rate(15_250, config) == pytest.approx((6e-4 + 6e-5) / 2)
     assert learning_rate(30_000, config) == pytest.approx(6e-5)
@@ -75,7 +88,7 @@ def test_sample_generates_text_from_a_checkpoint_trained_with_an_rf_attention(tm
     train(config)
     texts = sample(
         SampleConfig(
-            checkpoint=config.out / "checkpoint.pt",
+            checkpoint=_dir(config) / "checkpoint.pt",
             prompt="the ",
             max_new_tokens=25,
             num_samples=2,
@@ -85,7 +98,10 @@ def test_sample_generates_text_from_a_checkpoint_trained_with_an_rf_attention(tm
     assert len(texts) == 2
     assert all(t.startswith("the ") and len(t) == 29 for t in texts)
     with pytest.raises(ValueError, match="--attention applies to Hugging Face folders"):
-        sample(SampleConfig(checkpoint=config.out / "checkpoint.pt", attention="performer", device="cpu"))
+        sample(SampleConfig(checkpoint=_dir(config) / "checkpoint.pt", attention="performer", device="cpu"))
+    missing = tmp_path / "nonexistent"
+    with pytest.raises(FileNotFoundError, match=f"checkpoint: no file or folder at {missing}"):
+        sample(SampleConfig(checkpoint=missing, attention="perfomer", device="cpu"))
 
 
 def test_sample_runs_an_hf_gpt2_with_an_rf_attention(tmp_path):
@@ -130,7 +146,14 @@ def test_cli_trains_and_reports_errors_with_the_argument(tmp_path, data, capsys)
     assert "auto (CUDA when there is one), cpu, cuda or cuda:<index>" in " ".join(help_text.split())
     assert (
         main(
-            ["prepare", str(data.parent / "corpus.txt"), "--out", str(tmp_path / "d2"), "--tokenizer", "byte"]
+            [
+                "prepare",
+                str(data.parent / "corpus.txt"),
+                "--data",
+                str(tmp_path / "d2"),
+                "--tokenizer",
+                "byte",
+            ]
         )
         == 0
     )
@@ -144,7 +167,7 @@ def test_cli_trains_and_reports_errors_with_the_argument(tmp_path, data, capsys)
                 "train",
                 "--data",
                 str(data),
-                "--init-from",
+                "--weights",
                 str(tmp_path / "no-model"),
                 "--device",
                 "cpu",
@@ -180,11 +203,13 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = ac.read_jsonl(two / "results.jsonl")
     assert record["world_size"] == 2
-    logs = [ac.read_jsonl(path) for path in (config.out / "log.jsonl", two / "run" / "log.jsonl")]
+    logs = [
+        ac.read_jsonl(ac.run_dir(out, run_name(config)) / "log.jsonl") for out in (config.out, two / "run")
+    ]
     losses = [[r["train_loss"] for r in log if "train_loss" in r] for log in logs]
     assert len(losses[1]) == 4
     assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
-    assert record["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4, abs=1e-5)
+    assert record["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-4, abs=1e-5)
 
 
 def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers):
@@ -195,14 +220,14 @@ def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers)
     pretrained = GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
     folder = save_pretrained(pretrained, tmp_path / "hf")
     config = helpers.tiny_config(
-        tmp_path, data, init_from=str(folder), layer="ralimp", last_k=1, steps=2, eval_every=2
+        tmp_path, data, weights=str(folder), layer="ralimp", last_k=1, steps=2, eval_every=2
     )
-    record = train(config)
+    record = ac.flat_record(train(config))
     assert record["init"] == "lstsq"  # auto: the calibrated start for pretrained MLPs
-    assert dataclasses.replace(config, init_from="scratch").start == "psi"
-    assert record["init_from"] == str(folder)
+    assert dataclasses.replace(config, weights="scratch").start == "psi"
+    assert record["weights"] == str(folder)
     assert record["replaced"] == ["transformer.h.1.mlp"]
-    model, meta = load_model(config.out / "checkpoint.pt")
+    model, meta = load_model(_dir(config) / "checkpoint.pt")
     assert meta["tokenizer"] == "byte"
     assert model.config.block_size == 16  # cropped from 32
     # Two small steps away from the pretrained weights, not a fresh initialization.
@@ -213,7 +238,7 @@ def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers)
         GPT(GPTConfig(block_size=32, vocab_size=8, n_layer=1, n_head=2, n_embd=8)), tmp_path / "s"
     )
     with pytest.raises(ValueError, match="does not fit the pretrained model's 8"):
-        train(dataclasses.replace(config, init_from=str(too_small), out=tmp_path / "small"))
+        train(dataclasses.replace(config, weights=str(too_small), out=tmp_path / "small"))
 
 
 def test_bfloat16_autocast_trains(tmp_path, data, helpers):
@@ -230,7 +255,7 @@ def test_bfloat16_autocast_trains(tmp_path, data, helpers):
     )
     record = train(config)
     assert record["dtype"] == "bfloat16"
-    assert record["val_loss"] < _log(config)[0]["train_loss"] - 0.5
+    assert record["metrics"]["val_loss"] < _log(config)[0]["train_loss"] - 0.45  # 2.88 from 3.38
 
 
 def test_a_model_too_large_for_the_device_is_refused_before_it_is_built(tmp_path, data, helpers):
@@ -239,7 +264,7 @@ def test_a_model_too_large_for_the_device_is_refused_before_it_is_built(tmp_path
     config = dataclasses.replace(config, batch_size=100_000)
     with pytest.raises(MemoryError, match=r"needs about \d+\.\d GB .* lower --batch-size"):
         train(config)
-    assert not (config.out / "checkpoint.pt").exists()
+    assert not (_dir(config) / "checkpoint.pt").exists()
 
 
 def test_training_memory_counts_parameters_activations_and_logits():
@@ -263,4 +288,11 @@ def test_a_split_shorter_than_the_block_is_refused_at_start(tmp_path, helpers, s
         ValueError, match=f"block_size: {block} needs more than {block + 1} tokens, but {split}.bin"
     ):
         train(config)
-    assert not (config.out / "log.jsonl").exists()
+    assert not (_dir(config) / "log.jsonl").exists()
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from gpt_uptrain.cli import build_parser
+
+    assert_vocabulary(build_parser())

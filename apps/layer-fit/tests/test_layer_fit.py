@@ -10,7 +10,7 @@ import torch
 
 import app_common as ac
 import ralimp
-from app_common.testing import Killed, kill_at
+from app_common.testing import assert_resume_equals_unbroken
 from layer_fit import (
     METHODS,
     PAPER_METHODS,
@@ -115,11 +115,15 @@ def test_records_carry_both_floors_and_the_trained_feature_methods_stay_above_th
     data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=30, **TINY)
     for method in ("eugen", "ralimp-psi"):
-        record = fit_one(data, method, 8, 0, config, device=torch.device("cpu"), progress=False)
+        record = ac.flat_record(
+            fit_one(data, method, 8, 0, config, device=torch.device("cpu"), progress=False)
+        )
         assert record["feature_dim"] > 8
         assert record["mse"] >= record["information_floor"] * (1 - 1e-4)  # Psi alone cannot beat its features
         assert record["information_floor"] >= record["eckart_young_floor"] - 1e-9
-    lowrank = fit_one(data, "lowrank", 8, 0, config, device=torch.device("cpu"), progress=False)
+    lowrank = ac.flat_record(
+        fit_one(data, "lowrank", 8, 0, config, device=torch.device("cpu"), progress=False)
+    )
     assert lowrank["information_floor"] is None
 
 
@@ -127,43 +131,38 @@ def test_records_carry_both_floors_and_the_trained_feature_methods_stay_above_th
 def test_each_method_loss_falls_on_a_tiny_run(method):
     data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=60, **TINY)
-    record = fit_one(data, method, 16, 0, config, device=torch.device("cpu"), progress=False)
+    record = ac.flat_record(fit_one(data, method, 16, 0, config, device=torch.device("cpu"), progress=False))
     assert record["departures"] == config.departures()
     assert not record["diverged"]
     assert record["mse"] < 0.8 * record["mse_init"]
     losses = [loss for _, loss in record["curve"]]
     assert losses[-1] < losses[0]
-    assert record["curve"][0][0] == 0
-    assert len(record["curve"]) == 12
+    assert [step for step, _ in record["curve"]] == list(range(5, 61, 5))  # mean loss of every 5 steps
 
 
-def test_killed_run_resumes_from_its_checkpoint_to_the_unbroken_result(tmp_path):
-    data = make_data("tanh", samples=TINY["samples"], dim=TINY["dim"], seed=0)
-    config = FitConfig(steps=20, **{**TINY, "checkpoint_every": 10})
-    cpu = torch.device("cpu")
-    unbroken = fit_one(data, "eugen", 16, 1, config, device=cpu, progress=False)
-    path = tmp_path / "run.pt"
-    with pytest.raises(Killed):
-        fit_one(
-            data,
-            "eugen",
-            16,
-            1,
-            config,
-            device=cpu,
-            checkpoint=path,
-            progress=False,
-            on_checkpoint=kill_at(10),
+def test_a_killed_grid_resumes_bit_identical_to_an_unbroken_one(tmp_path):
+    def run(out, on_save):
+        config = FitConfig(
+            activation=("tanh",),
+            layer=("eugen", "ralimp"),
+            features=(16,),
+            seed=(1,),
+            steps=20,
+            out=out,
+            **{**TINY, "checkpoint_every": 10},
         )
-    assert ac.load_checkpoint(path)["step"] == 10
-    other = FitConfig(steps=20, lr=0.5, **{**TINY, "checkpoint_every": 10})
-    with pytest.raises(ValueError, match=r"other settings \(lr: 0\.01 -> 0\.5\)"):
-        fit_one(data, "eugen", 16, 1, other, device=cpu, checkpoint=path, progress=False)
-    resumed = fit_one(data, "eugen", 16, 1, config, device=cpu, checkpoint=path, progress=False)
-    assert resumed["mse"] == pytest.approx(unbroken["mse"], rel=1e-5)
-    assert [s for s, _ in resumed["curve"]] == [s for s, _ in unbroken["curve"]]
-    assert [v for _, v in resumed["curve"]] == pytest.approx([v for _, v in unbroken["curve"]], rel=1e-5)
-    assert not path.exists()
+        return run_fit(config, progress=False, on_checkpoint=on_save)
+
+    assert_resume_equals_unbroken(run, tmp_path, kill_step=10)
+
+
+def test_a_diverging_run_stops_and_records_the_step(tmp_path):
+    data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
+    config = FitConfig(steps=10, lr=1e30, grad_clip=0.0, **TINY)
+    record = ac.flat_record(fit_one(data, "eugen", 8, 0, config, device=torch.device("cpu"), out=tmp_path))
+    assert record["diverged"]
+    assert record["mse"] is None
+    assert record["diverged_at_step"] == record["diverged_at"] < 10
 
 
 def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_protocol(tmp_path):
@@ -177,7 +176,7 @@ def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_p
         **TINY,
     )
     results = run_fit(config, progress=False)
-    records = ac.read_jsonl(results)
+    records = [ac.flat_record(r) for r in ac.read_jsonl(results)]
     assert sorted((r["method"], r["seed"]) for r in records) == [
         ("eugen", 0),
         ("eugen", 1),
@@ -232,7 +231,7 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     path = tmp_path / "results.jsonl"
     for record in _synthetic_records():
         ac.append_jsonl(path, record)
-    texts = report(ReportConfig(results=path, features=32))
+    texts = report(ReportConfig(results=path, table_features=32))
     out = tmp_path / "report"
     table = (out / "table.md").read_text()
     assert texts["table"] in table
@@ -255,7 +254,7 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     assert (lowrank16["seeds"], lowrank16["diverged"]) == ("3", "1")
     assert "(1 diverged)" in (out / "sweep.md").read_text()
     ac.append_jsonl(path, {**_synthetic_records()[0], "activation": "silu"})  # one budget: not in the sweep
-    report(ReportConfig(results=path, features=32))
+    report(ReportConfig(results=path, table_features=32))
     assert "silu" not in (out / "sweep.md").read_text()
     floors = (out / "floors.md").read_text()
     gelu_floors = next(line for line in floors.splitlines() if line.startswith("| gelu"))
@@ -314,7 +313,7 @@ def test_cli_quick_reads_a_toml_config_and_prints_tables_with_floors(tmp_path, c
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="--steps: expected an integer >= 1, got 0"):
         FitConfig(steps=0)
-    with pytest.raises(ValueError, match="--features: expected integers >= 1"):
+    with pytest.raises(ValueError, match="--features: expected an integer >= 1"):
         FitConfig(features=(0,))
     assert math.isclose(FitConfig().lr, 1e-2)
     assert FitConfig().steps == 3000
@@ -334,3 +333,10 @@ def test_projection_floor_is_zero_on_the_rows_own_span_and_one_orthogonal_to_the
     assert projection_floor(w, b, basis) == pytest.approx(1.0, abs=1e-9)
     one = projection_floor(w, b, torch.randn(2, 8, generator=gen, dtype=torch.float64))
     assert 0.0 < one < 1.0
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from layer_fit.cli import build_parser
+
+    assert_vocabulary(build_parser())

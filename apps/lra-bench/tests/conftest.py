@@ -70,7 +70,7 @@ def tiny_config(tmp_path, task="listops", **overrides):
         "lr": 1e-3,
         "warmup_steps": 2,
         "eval_every": 3,
-        "eval_steps": 2,
+        "eval_batches": 2,
         "init_steps": 0,
         "max_length": 32,
         "steps": 6,

@@ -22,7 +22,7 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
         "--task", "listops", "--attention", "softmax", "--attention-features", "16", "--device", "cpu",
         "--data", str(data), "--out", str(two_dir),
         "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "2", "--eval-every", "4",
-        "--eval-steps", "2", "--init-steps", "0", "--max-length", "32", "--steps", "8", "--dim", "32",
+        "--eval-batches", "2", "--init-steps", "0", "--max-length", "32", "--steps", "8", "--dim", "32",
         "--embedding-dim", "32", "--hidden-dim", "32", "--log-every", "1", "--dropout", "0",
         "--attention-dropout", "0",
     ]  # fmt: skip
@@ -31,7 +31,7 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
     assert done.returncode == 0, done.stderr[-3000:]
     (two,) = ac.read_jsonl(two_dir / "results.jsonl")
     assert two["world_size"] == 2
-    assert two["run"] == one["run"]
+    assert two["name"] == one["name"]
     logs = [
         ac.read_jsonl(helpers.run_dir(c) / "log.jsonl")
         for c in (config, dataclasses.replace(config, out=two_dir))
@@ -40,4 +40,4 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
     assert len(losses[0]) == len(losses[1]) == 8
     assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
     assert [r for r in logs[1] if "val_accuracy" in r] == [r for r in logs[0] if "val_accuracy" in r]
-    assert two["test_accuracy"] == one["test_accuracy"]
+    assert two["metrics"]["test_accuracy"] == one["metrics"]["test_accuracy"]

@@ -32,7 +32,7 @@ def _synthetic_results(path):
                 "features": features,
                 "seed": seed,
                 "test_accuracy": (acc + bonus + seed) / 100,
-                "train_time_s": 3600.0 * (1 + seed),
+                "train_seconds": 3600.0 * (1 + seed),
                 "peak_memory_bytes": 2**30 * (2 + seed),
             },
         )
@@ -41,7 +41,7 @@ def _synthetic_results(path):
 def test_report_writes_the_three_tables_as_markdown_and_csv_and_the_heatmaps(tmp_path):
     results = tmp_path / "results.jsonl"
     _synthetic_results(results)
-    tables = report(ReportConfig(results=results, out=tmp_path / "out"))
+    tables = report(ReportConfig(results=results, report_dir=tmp_path / "out"))
     out = tmp_path / "out"
     with (out / "table1.csv").open() as f:
         rows = list(csv.reader(f))
@@ -113,7 +113,7 @@ def _settings(config):
 
 
 def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, data, helpers):
-    base = helpers.tiny_config(tmp_path, steps=2, eval_every=2, eval_steps=1)
+    base = helpers.tiny_config(tmp_path, steps=2, eval_every=2, eval_batches=1)
     settings = _settings(base)
     sweep = SweepConfig(
         task=("listops",), attention=("softmax", "performer"), attention_features=(16,), seed=(0,)
@@ -122,7 +122,7 @@ def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, d
     second = run_sweep(dataclasses.replace(sweep, shard="1/2"), settings)
     assert (len(first["ran"]), len(second["ran"]), first["failed"], second["failed"]) == (1, 1, [], [])
     records = ac.read_jsonl(helpers.results(base))
-    assert sorted(r["attention"] for r in records) == ["performer", "softmax"]
+    assert sorted(r["details"]["attention"] for r in records) == ["performer", "softmax"]
     again = run_sweep(sweep, settings)
     assert again == {"done": first["ran"] + second["ran"], "ran": [], "failed": []}
     assert len(ac.read_jsonl(helpers.results(base))) == 2

@@ -7,7 +7,7 @@ import torch
 
 import app_common as ac
 import lra_data
-from app_common.testing import Killed, kill_at
+from app_common.testing import Killed, assert_resume_equals_unbroken, kill_at
 from lra_bench import TABLE_6, LRAClassifier, run_name, train, train_config
 from lra_bench.cli import main
 
@@ -17,19 +17,20 @@ def test_tiny_run_of_every_task_writes_a_result_a_checkpoint_and_a_log(tmp_path,
     config = helpers.tiny_config(tmp_path, task, attention="performer")
     record = train(config)
     assert record == ac.read_jsonl(helpers.results(config))[-1]
-    assert record["task"] == task
+    assert set(ac.CORE_KEYS) <= set(record)
+    assert record["details"]["task"] == task
     assert record["steps"] == 6
     assert record["stopped"] == "max_steps"
-    assert 0.0 <= record["test_accuracy"] <= 1.0
-    assert record["val_split"] == ("test" if task == "text" else "val")
+    assert 0.0 <= record["metrics"]["test_accuracy"] <= 1.0
+    assert record["details"]["val_split"] == ("test" if task == "text" else "val")
     assert record["peak_memory_bytes"] > 0
     assert record["memory_kind"] == "cpu_peak_rss"
     assert record["config"]["batch_size"] == 8
-    assert record["train_time_s"] > 0
+    assert record["train_seconds"] > 0
     run_dir = helpers.run_dir(config)
     state = ac.load_checkpoint(run_dir / "checkpoint.pt")
-    assert state["progress"]["finished"]
     assert state["step"] == 6
+    assert ac.finished_record(config.out, record["name"]) == record
     log = ac.read_jsonl(run_dir / "log.jsonl")
     assert [r["step"] for r in log if "train_loss" in r] == list(range(1, 7))
     assert all(np.isfinite(r["train_loss"]) for r in log if "train_loss" in r)
@@ -38,36 +39,24 @@ def test_tiny_run_of_every_task_writes_a_result_a_checkpoint_and_a_log(tmp_path,
     assert len(ac.read_jsonl(helpers.results(config))) == 1
 
 
-def test_resumed_run_ends_with_the_same_weights_and_result_as_an_unbroken_one(tmp_path, data, helpers):
-    # Dropout on: the random state in the checkpoint matters.
+@pytest.mark.parametrize("kill_step", [4, 10])
+def test_resumed_run_ends_bit_identical_to_an_unbroken_one(tmp_path, data, helpers, kill_step):
+    # Dropout on: the random state in the checkpoint matters; killed after an evaluation, and after the
+    # last step before the test.
     settings = {
         "attention": "performer",
         "steps": 10,
         "eval_every": 4,
+        "log_every": 3,
         "dropout": 0.1,
         "attention_dropout": 0.1,
     }
-    whole = helpers.tiny_config(tmp_path / "whole", data=data, **settings)
-    broken = helpers.tiny_config(tmp_path / "broken", data=data, **settings)
-    assert run_name(whole) == run_name(broken)
-    expected = train(whole)
-    with pytest.raises(Killed):
-        train(broken, on_checkpoint=kill_at(4))
-    assert not helpers.results(broken).exists()
-    got = train(dataclasses.replace(broken, resume=True))
-    for key in ("test_accuracy", "val_accuracy", "best_step", "steps", "stopped"):
-        assert got[key] == expected[key], key
-    a = ac.load_checkpoint(helpers.run_dir(whole) / "checkpoint.pt")
-    b = ac.load_checkpoint(helpers.run_dir(broken) / "checkpoint.pt")
-    for model_a, model_b in (
-        (a["model"], b["model"]),
-        (a["progress"]["best_model"], b["progress"]["best_model"]),
-    ):
-        for name, tensor in model_a.items():
-            if isinstance(tensor, torch.Tensor):
-                assert torch.equal(tensor, model_b[name]), name
-    loss = [ac.read_jsonl(helpers.run_dir(c) / "log.jsonl") for c in (whole, broken)]
-    assert loss[0] == loss[1]  # the lines the killed run wrote after its checkpoint were rewound
+
+    def run(out, on_save):
+        config = dataclasses.replace(helpers.tiny_config(out, data=data, **settings), out=out)
+        return train(config, on_checkpoint=on_save)
+
+    assert_resume_equals_unbroken(run, tmp_path, kill_step=kill_step)
 
 
 def test_loop_learns_an_easy_generated_task(tmp_path, helpers):
@@ -81,14 +70,14 @@ def test_loop_learns_an_easy_generated_task(tmp_path, helpers):
         warmup_steps=10,
         steps=150,
         eval_every=50,
-        eval_steps=0,
+        eval_batches=0,
         patience=10,
         dropout=0.0,
         attention_dropout=0.0,
         log_every=50,
     )
     record = train(config)
-    assert record["test_accuracy"] >= 0.9  # chance is 0.1
+    assert record["metrics"]["test_accuracy"] >= 0.9  # chance is 0.1
 
 
 def test_early_stopping_waits_for_init_steps_then_stops_after_patience_evaluations(tmp_path, data, helpers):
@@ -96,14 +85,14 @@ def test_early_stopping_waits_for_init_steps_then_stops_after_patience_evaluatio
     config = helpers.tiny_config(tmp_path, lr=1e-9, steps=60, eval_every=2, patience=2, init_steps=10)
     record = train(config)
     assert record["stopped"] == "early_stopping"
-    assert record["best_step"] == 2
+    assert record["details"]["best_step"] == 2
     assert record["steps"] == 10  # patience ran out at step 6, but not before init_steps
 
 
 def test_table6_fills_the_per_task_fields_once_and_overrides_win():
     config = train_config({"task": "retrieval"})
     assert (config.batch_size, config.lr, config.warmup_steps) == (16, 2e-4, 800)
-    assert (config.eval_every, config.eval_steps, config.init_steps, config.max_length) == (
+    assert (config.eval_every, config.eval_batches, config.init_steps, config.max_length) == (
         1000,
         300,
         3000,
@@ -118,8 +107,9 @@ def test_table6_fills_the_per_task_fields_once_and_overrides_win():
         10,
     )
     assert train_config({"task": "image", "batch_size": 4}).batch_size == 4
-    assert train_config({"task": "image"}, {"image": {"eval_steps": 7}}).eval_steps == 7
-    assert train_config({"task": "image", "eval_steps": 3}, {"image": {"eval_steps": 7}}).eval_steps == 3
+    assert train_config({"task": "image"}, {"image": {"eval_batches": 7}}).eval_batches == 7
+    given = train_config({"task": "image", "eval_batches": 3}, {"image": {"eval_batches": 7}})
+    assert given.eval_batches == 3
     assert set(TABLE_6) == set(lra_data.TASKS)
     with pytest.raises(ValueError, match=r"table6.image: unknown bacth_size"):
         train_config({"task": "image"}, {"image": {"bacth_size": 7}})
@@ -177,7 +167,7 @@ def test_cli_train_reads_toml_then_flags(tmp_path, data):
     toml.write_text(
         f'data = "{data}"\nout = "{tmp_path / "out"}"\n'
         'device = "cpu"\nbatch_size = 4\nsteps = 3\ndim = 32\nembedding_dim = 32\n'
-        "[table6.listops]\neval_every = 3\neval_steps = 1\nwarmup_steps = 1\nmax_length = 32\n"
+        "[table6.listops]\neval_every = 3\neval_batches = 1\nwarmup_steps = 1\nmax_length = 32\n"
         "batch_size = 2\n"
     )
     assert main(["train", "--config", str(toml), "--task", "listops", "--steps", "2"]) == 0
@@ -195,6 +185,22 @@ def test_cli_train_reads_toml_then_flags(tmp_path, data):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--config", str(toml), "--task", "listops"])
     assert exit_info.value.code == 2
+
+
+def test_a_required_flag_is_satisfied_by_the_toml_file(tmp_path, data, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        f'task = "listops"\ndata = "{data}"\nout = "{tmp_path / "out"}"\ndevice = "cpu"\nsteps = 2\n'
+        "dim = 32\nembedding_dim = 32\n[table6.listops]\neval_every = 2\neval_batches = 1\nwarmup_steps = 1\n"
+        "max_length = 32\nbatch_size = 2\n"
+    )
+    assert main(["train", "--config", str(toml)]) == 0
+    (record,) = ac.read_jsonl(tmp_path / "out" / "results.jsonl")
+    assert record["details"]["task"] == "listops"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--steps", "2"])
+    assert exit_info.value.code == 2
+    assert "--task: required" in capsys.readouterr().err
 
 
 def test_threads_and_features_errors_name_the_flag(tmp_path, capsys):
@@ -258,3 +264,10 @@ def test_attention_dropout_goes_only_to_attentions_that_state_support_for_it(att
     assert applied is applies
     if applies:
         assert module.attention_dropout == 0.2
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from lra_bench.cli import build_parser
+
+    assert_vocabulary(build_parser())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import app_common as ac
-from app_common.testing import Killed, kill_at
+from app_common.testing import assert_resume_equals_unbroken
 from vit_finetune import TrainConfig
 from vit_finetune.cli import main
 from vit_finetune.config import ReportConfig
@@ -30,10 +30,9 @@ def config(tmp_path, **kw):
         "throughput_repeats": 1,
         "device": "cpu",
         "tune": True,
-        "out": tmp_path / "runs",
         "results": tmp_path / "results.jsonl",
     }
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig(**{**base, "out": tmp_path, **kw})
 
 
 def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
@@ -41,52 +40,44 @@ def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
 
     # The calibrated start, which --init auto takes for pretrained weights (this tiny model has none).
     record = train(config(tmp_path, steps=40, lr=1e-2, eval_every=20, init="lstsq"))
+    assert set(ac.CORE_KEYS) <= set(record)
+    metrics, details = record["metrics"], record["details"]
     # The head starts at zero, so the loss before training is exactly ln(10) on any data.
-    assert record["eval_loss"] < math.log(10) - 0.15
-    log = ac.read_jsonl(record["log"])
+    assert metrics["eval_loss"] < math.log(10) - 0.15
+    log = ac.read_jsonl(details["log"])
     losses = [r["train_loss"] for r in log if "train_loss" in r]
     assert losses[-1] < losses[0]
-    assert record["replaced"] == ["blocks.2.mlp", "blocks.3.mlp"]
+    assert details["replaced"] == ["blocks.2.mlp", "blocks.3.mlp"]
     assert record["steps"] == 40
-    assert record["init"] == "lstsq"
-    assert record["layer_options"] == {"balance": "auto"}  # the recorded departure (ralimp, the default)
-    assert record["eval_split"] == "val"
-    assert record["parameters_compressed"] < record["parameters_dense"]
-    assert record["throughput"] > 0
-    assert record["throughput_dense"] > 0
-    assert ac.read_jsonl(tmp_path / "results.jsonl")[-1]["run"] == record["run"]
+    assert details["init"] == "lstsq"
+    assert details["layer_options"] == {"balance": "auto"}  # the recorded departure (ralimp, the default)
+    assert details["eval_split"] == "val"
+    assert details["parameters_compressed"] < details["parameters_dense"]
+    assert details["throughput"] > 0
+    assert details["throughput_dense"] > 0
+    assert ac.read_jsonl(tmp_path / "results.jsonl")[-1]["name"] == record["name"]
 
 
-def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
-    from vit_finetune.train import CHECKPOINT, train
+@pytest.mark.parametrize("kill_step", [8, 24])
+def test_a_killed_run_resumes_bit_identical_to_an_unbroken_one(tmp_path, kill_step):
+    from vit_finetune.train import train
 
-    whole = train(config(tmp_path / "a", attention="performer", attention_features=16))
+    def run(out, on_save):
+        settings = {"attention": "performer", "attention_features": 16, "dropout": 0.1, "augment": True}
+        return train(config(out, **settings, out=out), on_checkpoint=on_save)
 
-    with pytest.raises(Killed):
-        train(config(tmp_path / "b", attention="performer", attention_features=16), on_checkpoint=kill_at(16))
-    resumed = train(config(tmp_path / "b", attention="performer", attention_features=16))
-    assert resumed["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-5)
-    assert resumed["attention_copied"] == 8  # qkv and proj weights and biases of 2 blocks
-    a = torch.load(tmp_path / "a" / "runs" / whole["run"] / CHECKPOINT, weights_only=True)["model"]
-    b = torch.load(tmp_path / "b" / "runs" / resumed["run"] / CHECKPOINT, weights_only=True)["model"]
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
-    steps = [
-        r["step"]
-        for r in ac.read_jsonl(tmp_path / "b" / "runs" / resumed["run"] / "log.jsonl")
-        if "train_loss" in r
-    ]
-    assert steps == sorted(set(steps))  # no line twice after the resume
-    assert train(config(tmp_path / "b", attention="performer", attention_features=16)) is None
+    clock = ("throughput", "throughput_compressed", "throughput_dense")
+    assert_resume_equals_unbroken(run, tmp_path, kill_step=kill_step, clock_keys=clock)
+    assert run(tmp_path / "broken", None) is None  # finished: nothing to do
 
 
 def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
     args = [
         "sweep",
-        "--layers",
+        "--layer",
         "dense",
         "eugen",
-        "--ks",
+        "--last-k",
         "1",
         "2",
         "--data",
@@ -106,7 +97,7 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
         "--device",
         "cpu",
         "--out",
-        str(tmp_path / "runs"),
+        str(tmp_path),
         "--results",
         str(tmp_path / "r.jsonl"),
         "--features",
@@ -114,7 +105,8 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
     ]
     assert main(args) == 0
     records = ac.read_jsonl(tmp_path / "r.jsonl")
-    assert sorted((r["layer"], r["last_k"]) for r in records) == [("dense", 0), ("eugen", 1), ("eugen", 2)]
+    pairs = sorted((r["details"]["layer"], r["details"]["last_k"]) for r in records)
+    assert pairs == [("dense", 0), ("eugen", 1), ("eugen", 2)]
     table = report(ReportConfig(results=tmp_path / "r.jsonl"))
     assert "| dense" in table
     assert "eugen" in table
@@ -148,20 +140,20 @@ def test_cli_errors_name_the_setting(tmp_path, capsys):
         )
     assert exit_info.value.code == 2
     assert "layer: unknown 'mlp'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--warmup: expected a fraction"):
-        TrainConfig(warmup=1.5)
+    with pytest.raises(ValueError, match="--warmup-steps: expected an integer >= 0"):
+        TrainConfig(warmup_steps=-1)
 
 
 def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tmp_path):
     from vit_finetune.train import train
 
     record = train(config(tmp_path, layer="eugen", weight_matrix="orf", steps=2, eval_every=2, init="lstsq"))
-    assert record["init"] == "lstsq"
-    checkpoint = torch.load(tmp_path / "runs" / record["run"] / "checkpoint.pt", weights_only=True)
+    assert record["details"]["init"] == "lstsq"
+    checkpoint = torch.load(tmp_path / "runs" / record["name"] / "checkpoint.pt", weights_only=True)
     assert checkpoint["identity"]["weight_matrix"] == "orf"
     assert checkpoint["identity"]["init"] == "lstsq"
     # auto: the calibrated start for pretrained weights, Psi(W) for this randomly initialized model.
-    assert train(config(tmp_path / "auto", layer="eugen", steps=2, eval_every=2))["init"] == "psi"
+    assert train(config(tmp_path / "auto", layer="eugen", steps=2, eval_every=2))["details"]["init"] == "psi"
     with pytest.raises(ValueError, match="--init: expected one of auto, lstsq, psi"):
         TrainConfig(init="exact")
 
@@ -174,3 +166,10 @@ def test_help_is_plain_text_and_names_the_shared_flags(capsys):
         for markup in ("``", ":data:", ":func:"):
             assert markup not in text
         assert "auto (CUDA when there is one), cpu, cuda or cuda:<index>" in " ".join(text.split())
+
+
+def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
+    from app_common.testing import assert_vocabulary
+    from vit_finetune.cli import build_parser
+
+    assert_vocabulary(build_parser())

@@ -93,3 +93,13 @@ def test_resolve_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             resolve_device("cuda")
+
+
+def test_check_int_takes_bounds_and_names_the_range():
+    assert check_int("n", 5, 1, maximum=5) == 5
+    with pytest.raises(ValueError, match=r"n: expected an integer in \[1, 4\], got 5"):
+        check_int("n", 5, 1, maximum=4)
+    with pytest.raises(ValueError, match=r"k: expected an integer <= 3, got 7"):
+        check_int("k", 7, None, maximum=3)
+    with pytest.raises(ValueError, match=r"k: expected an integer >= 1, got True"):
+        check_int("k", True)

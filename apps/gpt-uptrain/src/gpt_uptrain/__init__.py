@@ -5,7 +5,7 @@ The command ``gpt-uptrain`` (``prepare``, ``train``, ``quick``, ``sample``, ``re
     from gpt_uptrain import GPT, GPTConfig, TrainConfig, train
     model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=100, layer="ralimp", last_k=2))
     model = GPT.from_pretrained("path/to/gpt2", layer="ralimp", last_k=6)   # local HF checkpoint
-    record = train(TrainConfig(data="data/owt", init_from="path/to/gpt2",
+    record = train(TrainConfig(data="data/owt", weights="path/to/gpt2",
                                model=GPTConfig(layer="ralimp", last_k=6)))
 """
 

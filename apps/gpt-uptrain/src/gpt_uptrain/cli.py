@@ -3,7 +3,7 @@
 Subcommands:
 
 - ``prepare [FILES...] --out DIR --tokenizer char|byte|gpt2``: nanoGPT's train.bin/val.bin from text files;
-- ``train --data DIR [--init-from HF_FOLDER] --layer ralimp --last-k K``: one run (``torchrun`` for DDP);
+- ``train --data DIR [--weights HF_FOLDER] --layer ralimp --last-k K``: one run (``torchrun`` for DDP);
 - ``quick``: a small character-level model on Python's stdlib sources, dense and each replacement, on CPU;
 - ``sample CHECKPOINT``: generate text from a run's checkpoint.pt or an HF GPT-2 folder (``--attention``);
 - ``report RESULTS``: the validation perplexity table (Markdown, CSV) and the loss curves (PNG);
@@ -69,10 +69,10 @@ def _prepare(args: argparse.Namespace) -> None:
     if not files:
         files, extra = stdlib_files(config.stdlib_max_chars), {"corpus": "python-stdlib"}
     meta = prepare(
-        files, config.out, tokenizer=config.tokenizer, val_fraction=config.val_fraction, extra_meta=extra
+        files, config.data, tokenizer=config.tokenizer, val_fraction=config.val_fraction, extra_meta=extra
     )
     print(
-        f"{config.out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
+        f"{config.data}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
         f"{meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']}, from {len(files)} files"
     )
 
@@ -102,7 +102,7 @@ def _report(args: argparse.Namespace) -> None:
     from gpt_uptrain.report import report
 
     config = _config(ReportConfig, args)
-    print(report(config.results, config.out))
+    print(report(config.results, config.report_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

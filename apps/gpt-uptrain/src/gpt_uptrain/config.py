@@ -29,7 +29,7 @@ from spectraformer_core import check_int
 GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed=1337)
 
 #: Where a run writes by default.
-RUN = Path("runs/gpt-uptrain/run")
+RUN = Path("runs/gpt-uptrain")
 
 
 def _positive(config, *names: str) -> None:
@@ -37,7 +37,7 @@ def _positive(config, *names: str) -> None:
         check_int(ac.flag(name), getattr(config, name), minimum=1)
 
 
-#: ``--init``: ``auto`` is ``lstsq`` for pretrained MLPs (``--init-from`` a folder), ``psi`` from scratch.
+#: ``--init``: ``auto`` is ``lstsq`` for pretrained MLPs (``--weights`` a folder), ``psi`` from scratch.
 STARTS = ("auto", *INITS)
 
 
@@ -54,7 +54,7 @@ def _init_field() -> dataclasses.Field:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
-    """One run: ``gpt-uptrain train`` (from scratch, or uptraining a local HF GPT-2 with ``--init-from``).
+    """One run: ``gpt-uptrain train`` (from scratch, or uptraining a local HF GPT-2 with ``--weights``).
 
     Its identity (what ``--resume`` compares) is every setting except ``device``, ``threads``,
     ``log_every``, ``out``, ``resume``, ``results``, ``name``, ``compile`` and ``memory_check``.
@@ -65,17 +65,12 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     data: Path = field(
         default=Path("data/openwebtext"), metadata={"help": "folder with train.bin, val.bin, meta.json"}
     )
-    out: Path = ac.option("out", RUN, help="run folder: checkpoint.pt, log.jsonl")
-    results: Path = field(
-        default=Path("results/gpt-uptrain.jsonl"),
-        metadata={"help": "JSON-lines file the final record goes to"},
-    )
+    out: Path = ac.option("out", RUN)
+    results: Path = ac.option("results", Path("results/gpt-uptrain.jsonl"))
     name: str | None = field(
         default=None, metadata={"help": "label of the run in the results (default: its MLP kind)"}
     )
-    init_from: str = field(
-        default="scratch", metadata={"help": "'scratch', or a local Hugging Face GPT-2 folder to uptrain"}
-    )
+    weights: str = ac.option("weights", "scratch", help="'scratch', or a local Hugging Face GPT-2 folder")
     model: GPTConfig = field(default=GPT2_LARGE)
     init: str = _init_field()
     # Optimization.
@@ -86,7 +81,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     steps: int = ac.option("steps", 30_000, help="optimizer steps: the fixed budget")
     lr: float = ac.option("lr", 6e-4, help="peak AdamW learning rate")
     min_lr: float = field(default=6e-5, metadata={"help": "learning rate at the end of the cosine"})
-    warmup_steps: int = field(default=500, metadata={"help": "linear warm-up steps"})
+    warmup_steps: int = ac.option("warmup_steps", 500)
     lr_decay_steps: int | None = field(
         default=None, metadata={"help": "end of the cosine (default: --steps)"}
     )
@@ -95,9 +90,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
     # Evaluation and bookkeeping.
     eval_every: int = ac.option("eval_every", 1000, help="steps between evaluations and checkpoints")
-    eval_batches: int = field(
-        default=200, metadata={"help": "validation batches averaged (the same ones every time)"}
-    )
+    eval_batches: int = ac.option("eval_batches", 200, help="validation batches, the same every time")
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
     memory_check: bool = field(
         default=True,
@@ -125,7 +118,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         """``init`` with ``auto`` resolved: ``lstsq`` for pretrained MLPs, ``psi`` from scratch."""
         if self.init != "auto":
             return self.init
-        return "psi" if self.init_from == "scratch" else "lstsq"
+        return "psi" if self.weights == "scratch" else "lstsq"
 
     @property
     def seed(self) -> int:
@@ -156,7 +149,7 @@ class PrepareConfig:
     files: tuple[Path, ...] = field(
         default=(), metadata={"help": "UTF-8 text files (none: the stdlib corpus)"}
     )
-    out: Path = field(default=Path("data/stdlib-char"), metadata={"help": "output data folder"})
+    data: Path = field(default=Path("data/stdlib-char"), metadata={"help": "folder the token files go to"})
     tokenizer: str = field(default="char", metadata={"help": "char, byte or gpt2 (BPE via tiktoken)"})
     val_fraction: float = field(
         default=0.1, metadata={"help": "share of the tokens held out (the last ones)"}
@@ -190,9 +183,7 @@ class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     """
 
     out: Path = ac.option("out", Path("runs/gpt-uptrain-quick"), help="folder of data, runs, report")
-    layers: tuple[str, ...] = field(
-        default=("dense", "ralimp", "eugen", "snnk"), metadata={"help": "MLP kinds, one run each"}
-    )
+    layer: tuple[str, ...] = ac.option("layer", ("dense", "ralimp", "eugen", "snnk"), help="one run each")
     corpus_chars: int = field(default=1_000_000, metadata={"help": "characters of stdlib source"})
     steps: int = ac.option("steps", QUICK_RUN.steps)
     lr: float = ac.option("lr", QUICK_RUN.lr)
@@ -218,8 +209,8 @@ class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
         return dataclasses.replace(
             QUICK_RUN,
             data=data,
-            out=Path(self.out) / "runs" / layer,
-            results=Path(self.out) / "results.jsonl",
+            out=Path(self.out),
+            results=Path(self.out) / ac.RESULTS,
             name=layer if layer == "dense" else f"{layer} (last {self.last_k})",
             resume=self.resume,
             model=model,
@@ -245,14 +236,13 @@ class SampleConfig:
     max_new_tokens: int = field(default=200, metadata={"help": "tokens per sample"})
     temperature: float = field(default=0.8, metadata={"help": "softmax temperature"})
     top_k: int | None = field(default=200, metadata={"help": "sample among the k likeliest tokens"})
-    attention: str | None = field(
-        default=None,
-        metadata={"help": "HF folders only: run with this causal rf_attention (default softmax)"},
+    attention: str | None = ac.option(
+        "attention", None, help="HF folders only, causal (default softmax; checkpoints bring theirs)"
     )
     tokenizer: str = field(
         default="gpt2", metadata={"help": "HF folders only: the tokenizer (checkpoints bring theirs)"}
     )
-    seed: int = ac.option("seed", 1337, help="seed of the sampling (and of an HF model's RF attention)")
+    seed: int = ac.option("seed", 1337, help="here: the sampling's (and an HF model's RF attention's)")
     device: str = ac.option("device", "auto", metavar="auto|cpu|cuda[:i]")
 
     def __post_init__(self) -> None:
@@ -266,4 +256,6 @@ class ReportConfig:
     """``gpt-uptrain report RESULTS``: the Markdown/CSV table of validation perplexity and the loss curves."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/quick"})
-    out: Path | None = field(default=None, metadata={"help": "output folder (default: beside RESULTS)"})
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
+    )

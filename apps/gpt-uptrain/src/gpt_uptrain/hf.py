@@ -4,7 +4,7 @@ The weights are ``model.safetensors`` or ``pytorch_model.bin``.
 
 No ``transformers`` and no ``safetensors`` package are needed: ``app_common.read_safetensors`` and
 ``write_safetensors`` handle the safetensors format, and ``pytorch_model.bin`` is read with
-``torch.load(weights_only=True)``. Nothing is downloaded: point ``--init-from`` at a folder written by
+``torch.load(weights_only=True)``. Nothing is downloaded: point ``--weights`` at a folder written by
 ``save_pretrained`` or a hub snapshot already on disk.
 """
 
@@ -31,7 +31,7 @@ def read_config(path: str | Path) -> dict:
     file = path / "config.json"
     if not file.is_file():
         raise FileNotFoundError(
-            f"init_from: {path} is no Hugging Face checkpoint folder (expected {file} and one of "
+            f"weights: {path} is no Hugging Face checkpoint folder (expected {file} and one of "
             f"{', '.join(WEIGHT_FILES)})"
         )
     try:
@@ -83,7 +83,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         return read_safetensors(path / "model.safetensors")
     if (path / "pytorch_model.bin").is_file():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"init_from: {path} holds none of {', '.join(WEIGHT_FILES)}")
+    raise FileNotFoundError(f"weights: {path} holds none of {', '.join(WEIGHT_FILES)}")
 
 
 def save_pretrained(model, path: str | Path) -> Path:

@@ -318,22 +318,12 @@ class GPT(nn.Module):
         return logits, loss
 
     # ------------------------------------------------------------------------------------ optimization
-    #: Trainable matrices that are coefficients, not weights, so get no weight decay (RaLiMP's per-node
-    #: channel weights).
-    NO_DECAY = ("node_cos", "node_sin")
-
     def configure_optimizers(
         self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
     ) -> torch.optim.AdamW:
-        """AdamW with weight decay on the matrices (dim >= 2) and none on biases, norms and coefficients."""
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() >= 2 and not name.endswith(self.NO_DECAY) else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        fused = device_type == "cuda"
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+        """AdamW over ``app_common.param_groups``: decay on matrices, none on biases, norms, coefficients."""
+        groups = ac.param_groups(self, weight_decay)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     # --------------------------------------------------------------------------------------- generation
     @torch.no_grad()

@@ -30,7 +30,7 @@ def quick(config: QuickConfig) -> str:
             f"characters, {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens -> {data}"
         )
     start = time.perf_counter()
-    for layer in config.layers:
+    for layer in config.layer:
         train(config.run(layer, data))
     print(f"quick: {time.perf_counter() - start:.0f} s of training and evaluation")
     return report(out / "results.jsonl", out / "report")

@@ -24,10 +24,10 @@ HEADER = [
 
 def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
     """One row per record, in file order (the latest record of a run label wins)."""
-    latest = {r["run"]: r for r in records}
+    latest = {r["label"]: r for r in records}
     rows = [
         [
-            r["run"],
+            r["label"],
             r["layer"],
             "-" if r["layer"] == "dense" else str(r["features"]),
             "-" if r["layer"] == "dense" else r["init"],
@@ -38,7 +38,7 @@ def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
             f"{r['val_loss']:.4f}",
             f"{r['val_ppl']:.3f}",
             f"{r['num_parameters'] / 1e6:.3f}",
-            f"{r['train_time_s']:.0f}",
+            f"{r['train_seconds']:.0f}",
         ]
         for r in latest.values()
     ]
@@ -53,7 +53,7 @@ def loss_curves(records: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots(figsize=(7, 4.2))
-    latest = {r["run"]: r for r in records}
+    latest = {r["label"]: r for r in records}
     for index, record in enumerate(latest.values()):
         log = ac.read_jsonl(record["log"], missing_ok=True)
         color = f"C{index % 10}"
@@ -67,7 +67,7 @@ def loss_curves(records: list[dict], path: Path) -> Path:
                 "o-",
                 color=color,
                 ms=4,
-                label=f"{record['run']} (val ppl {record['val_ppl']:.2f})",
+                label=f"{record['label']} (val ppl {record['val_ppl']:.2f})",
             )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross entropy (nats/token)")
@@ -87,11 +87,11 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
         FileNotFoundError: no results file.
         ValueError: an empty file or a record without the fields of a ``train`` record.
     """
-    records = ac.read_jsonl(results)
+    records = [ac.flat_record(r) for r in ac.read_jsonl(results)]
     if not records:
         raise ValueError(f"{results}: no results yet")
     needed = (
-        "run",
+        "label",
         "layer",
         "features",
         "init",

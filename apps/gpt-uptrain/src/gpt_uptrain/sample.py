@@ -26,6 +26,11 @@ def load_for_sampling(config: SampleConfig, device: torch.device) -> tuple[GPT, 
         FileNotFoundError: nothing at the path.
     """
     path = Path(config.checkpoint)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"checkpoint: no file or folder at {path} (expected a run's checkpoint.pt or a Hugging Face "
+            "folder)"
+        )
     if path.is_dir():
         model = GPT.from_pretrained(path, attention=config.attention or "softmax", seed=config.seed).to(
             device

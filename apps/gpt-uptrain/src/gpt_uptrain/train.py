@@ -17,17 +17,16 @@ random state, so ``--resume`` continues a killed run exactly.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import platform
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 import app_common as ac
 import ralimp
@@ -36,25 +35,30 @@ from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
 from gpt_uptrain.model import GPT, LAYER_OPTIONS, REPLACEMENT_FIELDS, GPTConfig
 
-CHECKPOINT = "checkpoint.pt"
-LOG = "log.jsonl"
 EVAL_SEED = 20_240_607  # validation batches are the same for every run and every evaluation
 CALIBRATION_SEED = 31_415_926  # the training batch that calibrates the replaced MLPs
 CALIBRATION_TOKENS = 4096  # its size (ralimp.replace_mlp keeps at most 4096 inputs per layer)
 
 
-def learning_rate(step: int, config: TrainConfig) -> float:
-    """The schedule of nanoGPT: linear warm-up to ``lr``, cosine to ``min_lr``.
+def lr_schedule(config: TrainConfig) -> ac.Schedule:
+    """NanoGPT's schedule as a factor of ``lr``: linear warm-up, cosine to ``min_lr`` at ``lr_decay_steps``.
 
-    The cosine reaches ``min_lr`` at ``lr_decay_steps`` (``steps`` when None) and stays there.
+    ``lr_decay_steps`` is ``steps`` when None; the rate stays at ``min_lr`` after it.
     """
     decay_steps = config.lr_decay_steps or config.steps
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / (config.warmup_steps + 1)
-    if step >= decay_steps:
-        return config.min_lr
-    ratio = (step - config.warmup_steps) / (decay_steps - config.warmup_steps)
-    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (config.lr - config.min_lr)
+    return ac.schedule("cosine", config.warmup_steps, decay_steps, final=config.min_lr / config.lr)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """The learning rate of the 0-based ``step`` (`lr_schedule` times ``lr``)."""
+    return config.lr * lr_schedule(config)(step)
+
+
+def run_name(config: TrainConfig) -> str:
+    """``ralimp-k1-softmax-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
+    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    m = config.model
+    return f"{m.layer}-k{m.last_k or 'half'}-{m.attention}-s{config.seed}-{digest}"
 
 
 def run_model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
@@ -63,9 +67,9 @@ def run_model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
     From scratch: ``config.model`` with the data's vocabulary; from an HF folder: the shape of its
     ``config.json`` (context cropped to ``model.block_size``) with the run's other model fields.
     """
-    if config.init_from == "scratch":
+    if config.weights == "scratch":
         return config.model_config(vocab_size)
-    shape = hf.gpt2_config_fields(hf.read_config(config.init_from))
+    shape = hf.gpt2_config_fields(hf.read_config(config.weights))
     shape["block_size"] = min(shape["block_size"], config.model.block_size)
     return dataclasses.replace(config.model_config(vocab_size), **shape)
 
@@ -125,7 +129,7 @@ def check_fits(model: GPTConfig, config: TrainConfig, device: torch.device) -> N
 
 
 def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> GPT:
-    """The run's model on ``device``: from scratch, or the HF GPT-2 of ``init_from`` with the run's changes.
+    """The run's model on ``device``: from scratch, or the HF GPT-2 of ``weights`` with the run's changes.
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
@@ -135,10 +139,10 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
         ValueError: the data's vocabulary does not fit the pretrained model's.
     """
     dense = dataclasses.replace(config.model_config(data.vocab_size), layer="dense")
-    if config.init_from == "scratch":
+    if config.weights == "scratch":
         model = GPT(dense)
     else:
-        pretrained = hf.gpt2_config_fields(hf.read_config(config.init_from))
+        pretrained = hf.gpt2_config_fields(hf.read_config(config.weights))
         if data.vocab_size > pretrained["vocab_size"]:
             raise ValueError(
                 f"data: its {data.vocab_size}-token vocabulary does not fit the pretrained model's "
@@ -146,7 +150,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
             )
         kept = ("dropout", "attention", "attention_features", "seed")
         model = GPT.from_pretrained(
-            config.init_from, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
+            config.weights, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
         )
     model.to(device)
     calibration = None
@@ -181,49 +185,13 @@ def evaluate(model: torch.nn.Module, data: TokenData, config: TrainConfig, dist:
     return (totals[0] / totals[1]).item()
 
 
-def train_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data: TokenData,
-    config: TrainConfig,
-    step: int,
-    dist: ac.Distributed,
-    block_size: int,
-) -> float:
-    """One optimizer step: this process's micro-batches of step ``step``, clipped AdamW; the mean loss.
-
-    Micro-batch ``j`` is drawn from ``(seed, step, j)``; process ``r`` takes ``j = r, r + W, ...`` and
-    gradients are synchronized (DDP) on its last one only.
-    """
-    local_steps = config.gradient_accumulation_steps // dist.world_size
-    for group in optimizer.param_groups:
-        group["lr"] = learning_rate(step, config)
-    total = torch.zeros((), device=dist.device)
-    for micro_step in range(local_steps):
-        micro = dist.rank + micro_step * dist.world_size
-        x, y = data.batch(
-            "train", config.batch_size, block_size, seed=(config.seed, step, micro), device=dist.device
-        )
-        sync = micro_step == local_steps - 1 or not dist.enabled
-        with contextlib.nullcontext() if sync else model.no_sync(), ac.autocast(dist.device, config.dtype):
-            _, loss = model(x, y)
-            loss = loss / local_steps
-        loss.backward()
-        total += loss.detach()
-    if config.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    loss = ac.all_reduce(total, "mean").item()
-    if not math.isfinite(loss):
-        raise RuntimeError(f"{config.label}: the training loss became {loss} at step {step + 1}")
-    return loss
-
-
 def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = None) -> dict | None:
-    """Train one run (resuming ``out/checkpoint.pt`` unless ``--no-resume``); append its record to results.
+    """Train one run (resuming ``<out>/runs/<name>/checkpoint.pt`` unless ``--no-resume``); append its record.
 
-    Works alone or in every process that ``torchrun`` started (DistributedDataParallel).
+    One optimizer step is ``gradient_accumulation_steps`` micro-batches, micro-batch ``j`` of step ``i``
+    drawn from ``(seed, i, j)`` and process ``r`` of ``W`` taking ``j = r, r + W, ...``
+    (``app_common.Trainer`` accumulates them, DDP synchronizing on the last), so any number of processes
+    computes the one-process update. Works alone or in every process that ``torchrun`` started.
 
     Args:
         config: the run.
@@ -231,24 +199,40 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             (``app_common.testing.kill_at`` raises there to stop the run as a kill would).
 
     Returns:
-        The results record, or None when the checkpoint says the run had already finished.
+        The results record, or None when the run had already finished.
 
     Raises:
         ValueError: bad settings, data or checkpoint (another run's: the changed settings are listed);
             FileNotFoundError: no data or no pretrained folder; MemoryError: the run would not fit the
-            device (``--memory-check``).
+            device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    dist = ac.setup_distributed(config.device)
+    trainer = ac.Trainer(
+        name=run_name(config),
+        out=config.out,
+        identity=ac.run_identity(config),
+        seed=config.seed,
+        steps=config.steps,
+        device=config.device,
+        dtype=config.dtype,
+        threads=config.threads,
+        resume=config.resume,
+        grad_clip=config.grad_clip,
+        log_every=config.log_every,
+        eval_every=config.eval_every,
+        on_save=on_checkpoint,
+    )
     try:
-        return _train(config, dist, on_checkpoint)
+        if trainer.finished() is not None:
+            if trainer.is_main:
+                print(f"{trainer.dir}: already finished; nothing to do")
+            return None
+        return _train(config, trainer)
     finally:
-        ac.teardown_distributed()
+        trainer.close()
 
 
-def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | None:
-    device, out = dist.device, Path(config.out)
+def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
+    dist, device = trainer.dist, trainer.device
     if config.gradient_accumulation_steps % dist.world_size:
         raise ValueError(
             f"--gradient-accumulation-steps: {config.gradient_accumulation_steps} is not divisible by the "
@@ -259,163 +243,69 @@ def _train(config: TrainConfig, dist: ac.Distributed, on_checkpoint) -> dict | N
     data.check_block_size(planned.block_size)
     if config.memory_check:
         check_fits(planned, config, device)
-
-    ac.seed_everything(config.seed)
     model = build_model(config, data, device)
     optimizer = model.configure_optimizers(
         config.weight_decay, config.lr, (config.beta1, config.beta2), device.type
     )
-    checkpointer = ac.Checkpointer(
-        out / CHECKPOINT, ac.run_identity(config), resume=config.resume, on_save=on_checkpoint
+    forward = trainer.setup(
+        model,
+        optimizer,
+        schedule=lr_schedule(config),
+        extra={"model_config": dataclasses.asdict(model.config), "tokenizer": data.meta},
+        compile=config.compile,
     )
-    state = checkpointer.load(map_location=device)
-    progress = {"step": 0, "train_time": 0.0, "val_loss": None}
-    if state is not None:
-        if state["progress"]["finished"]:
-            if dist.is_main:
-                print(f"{out}: already finished ({state['step']} steps); nothing to do")
-            return None
-        ac.load_state_dicts(state, model=model, optimizer=optimizer)
-        progress.update(step=state["step"], **{k: state["progress"][k] for k in ("train_time", "val_loss")})
-        if len(state["rng"]) == dist.world_size:
-            ac.set_rng_state(state["rng"][dist.rank])
-        if dist.is_main:
-            ac.rewind_log(out / LOG, progress["step"])
-    elif dist.is_main:
-        (out / LOG).unlink(missing_ok=True)
+    block_size = model.config.block_size
 
-    def save(finished: bool = False) -> None:
-        rngs = ac.all_gather_object(ac.rng_state())
-        counters = {
-            "train_time": progress["train_time"],
-            "val_loss": progress["val_loss"],
-            "finished": finished,
-        }
-        checkpointer.save(
-            progress["step"],
-            {
-                **ac.state_dicts(model=model, optimizer=optimizer),
-                "progress": counters,
-                "rng": rngs,
-                "model_config": dataclasses.asdict(model.config),
-                "tokenizer": data.meta,
-            },
-            write=dist.is_main,
+    def loss(step: int, micro: int) -> torch.Tensor:
+        x, y = data.batch(
+            "train", config.batch_size, block_size, seed=(config.seed, step, micro), device=device
         )
-        ac.barrier()
+        return forward(x, y)[1]
 
-    tokens_per_step = config.gradient_accumulation_steps * config.batch_size * model.config.block_size
+    tokens_per_step = config.gradient_accumulation_steps * config.batch_size * block_size
     if dist.is_main:
         print(
             f"{config.label}: {model.num_parameters() / 1e6:.2f}M parameters, "
             f"replaced {model.replaced or 'none'} ({config.start}), "
             f"{tokens_per_step} tokens per step, {device} {config.dtype}, {dist.world_size} process(es)"
         )
-    loop(config, model, optimizer, data, dist, progress, save, out / LOG)
-    record = _record(config, model, data, progress, dist, tokens_per_step)
-    record["fits"] = ralimp.fit_summary(model)
-    if dist.is_main:
-        ac.append_jsonl(config.results, record)
-        print(
-            f"{config.label}: val loss {progress['val_loss']:.4f}, perplexity {record['val_ppl']:.3f} after "
-            f"{progress['step']} steps ({progress['train_time']:.1f} s)"
-        )
-    save(finished=True)
-    return record
-
-
-def loop(
-    config: TrainConfig,
-    model: GPT,
-    optimizer: torch.optim.Optimizer,
-    data: TokenData,
-    dist: ac.Distributed,
-    progress: dict,
-    save: Callable[[], None],
-    log: Path,
-) -> None:
-    """Optimizer steps from ``progress["step"]`` to ``config.steps``, evaluating and checkpointing.
-
-    ``progress`` (``step``, ``train_time``, ``val_loss``) is updated in place.
-    """
-    device = dist.device
-    forward = torch.compile(model) if config.compile else model
     # Evaluation runs on the module itself: under DDP every forward pass is a collective (buffer
     # broadcast), and the processes evaluate different numbers of batches.
-    eval_model = forward
-    if dist.enabled:
-        forward = DistributedDataParallel(
-            forward, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    block_size = model.config.block_size
-    forward.train()
-    timer = ac.Timer(device, elapsed=progress["train_time"])
-    timer.start()
-    bar = ac.progress(
-        total=config.steps, initial=progress["step"], desc=config.label, disable=not dist.is_main
+    eval_model = trainer.eval_forward
+    trainer.fit(
+        loss,
+        accumulate=config.gradient_accumulation_steps,
+        evaluate=lambda step: {"val_loss": evaluate(eval_model, data, config, dist)},
     )
-    for step in range(progress["step"], config.steps):
-        train_loss = train_step(forward, optimizer, data, config, step, dist, block_size)
-        progress["step"] = step + 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.4f}")
-        if dist.is_main and ((step + 1) % config.log_every == 0 or step == 0):
-            ac.append_jsonl(
-                log, {"step": step + 1, "train_loss": train_loss, "lr": learning_rate(step, config)}
-            )
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            progress["train_time"] = timer.stop()
-            progress["val_loss"] = evaluate(eval_model, data, config, dist)
-            if dist.is_main:
-                ac.append_jsonl(log, {"step": step + 1, "val_loss": progress["val_loss"]})
-                bar.write(f"{config.label}: step {step + 1}: val loss {progress['val_loss']:.4f}")
-            save()
-            timer.start()
-    bar.close()
-    progress["train_time"] = timer.stop()
-
-
-def _record(
-    config: TrainConfig,
-    model: GPT,
-    data: TokenData,
-    progress: dict,
-    dist: ac.Distributed,
-    tokens_per_step: int,
-) -> dict:
-    """The run's results line: validation loss and perplexity, size, time, memory, machine, settings."""
-    peak = ac.peak_memory(dist.device)
-    peak_bytes = int(ac.all_reduce(torch.tensor([float(peak.bytes)], device=dist.device), "max").item())
-    return {
-        "run": config.label,
-        "layer": model.config.layer,
-        "last_k": model.config.replaced_blocks,
-        "replaced": model.replaced,
-        "features": model.config.features,
-        "init": config.start,
-        "layer_options": LAYER_OPTIONS.get(model.config.layer, {}),
-        "attention": model.config.attention,
-        "init_from": config.init_from,
-        "val_loss": progress["val_loss"],
-        "val_ppl": math.exp(progress["val_loss"]),
-        "eval_batches": config.eval_batches,
-        "steps": progress["step"],
-        "tokens": progress["step"] * tokens_per_step,
-        "train_time_s": progress["train_time"],
-        "peak_memory_bytes": peak_bytes,
-        "memory_kind": peak.kind,
-        "num_parameters": model.num_parameters(),
-        "tokenizer": data.meta["tokenizer"],
-        "vocab_size": data.vocab_size,
-        "device": ac.device_name(dist.device),
-        "dtype": config.dtype,
-        "world_size": dist.world_size,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "log": str(Path(config.out) / LOG),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": ac.config_dict(config),
-    }
+    val_loss = trainer.metrics["val_loss"]
+    record = trainer.record(
+        config,
+        metrics={"val_loss": val_loss, "val_ppl": math.exp(val_loss)},
+        details={
+            "label": config.label,
+            "layer": model.config.layer,
+            "last_k": model.config.replaced_blocks,
+            "replaced": model.replaced,
+            "features": model.config.features,
+            "init": config.start,
+            "fits": ralimp.fit_summary(model),
+            "layer_options": LAYER_OPTIONS.get(model.config.layer, {}),
+            "attention": model.config.attention,
+            "weights": config.weights,
+            "eval_batches": config.eval_batches,
+            "tokens": trainer.step * tokens_per_step,
+            "tokenizer": data.meta["tokenizer"],
+            "vocab_size": data.vocab_size,
+            "python": platform.python_version(),
+            "log": str(trainer.log_path),
+        },
+    )
+    if dist.is_main:
+        print(
+            f"{config.label}: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.3f} after "
+            f"{trainer.step} steps ({trainer.train_seconds:.1f} s)"
+        )
+    return trainer.finish(record, results=config.results)
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:

@@ -58,7 +58,7 @@ def _fit_and_report(args: argparse.Namespace) -> None:
     config = ac.config_from(args.config_class, args, toml=ac.read_config(args))
     results = run_fit(config)
     features = 32 if 32 in config.features else config.features[0]
-    _print(report(ReportConfig(results=results, features=features)))
+    _print(report(ReportConfig(results=results, table_features=features)))
     for departure in config.departures():
         print(f"departure from the paper: {departure}")
     print(f"\nresults: {results}\nreport (Markdown, CSV, PNG): {Path(results).parent / 'report'}")
@@ -69,7 +69,7 @@ def _report(args: argparse.Namespace) -> None:
 
     config = ac.config_from(ReportConfig, args)
     _print(report(config))
-    out = config.out if config.out is not None else Path(config.results).parent / "report"
+    out = config.report_dir if config.report_dir is not None else Path(config.results).parent / "report"
     print(f"tables (Markdown, CSV) and plots (PNG) written to {out}")
 
 

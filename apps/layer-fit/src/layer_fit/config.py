@@ -83,29 +83,23 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     out: Path = ac.option(
         "out", Path("results/layer-fit"), help="folder of results.jsonl, checkpoints/, report/"
     )
-    checkpoint_every: int = field(
-        default=500, metadata={"help": "save a resumable checkpoint every this many steps (0: never)"}
-    )
+    checkpoint_every: int = ac.option("checkpoint_every", 500, help="0: never")
     log_every: int = ac.option("log_every", 50, help="steps between the recorded training-loss points")
 
     def __post_init__(self) -> None:
         """Positive sizes and at least one value of every grid field."""
         super().__post_init__()
         for name in ("samples", "dim", "log_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 1)
         for name in ("data_seed", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 0, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 0)
         for name in GRID:
             if not getattr(self, name):
                 raise ValueError(f"--{name}: expected at least one value")
         if any(s < 0 for s in self.seed):
             raise ValueError(f"--seed: expected integers >= 0, got {self.seed!r}")
-        if any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in self.features):
-            raise ValueError(f"--features: expected integers >= 1, got {self.features!r}")
+        for value in self.features:
+            ac.check_int("--features", value, 1)
 
     @property
     def balance(self) -> float | str:
@@ -146,7 +140,7 @@ class QuickConfig(FitConfig):
     samples: int = field(default=512, metadata={"help": "rows of X"})
     dim: int = field(default=64, metadata={"help": "input and output width (W is dim x dim)"})
     threads: int = ac.option("threads", 1)
-    checkpoint_every: int = field(default=0, metadata={"help": "checkpoint every this many steps (0: never)"})
+    checkpoint_every: int = ac.option("checkpoint_every", 0, help="0: never")
     out: Path = ac.option("out", Path("results/layer-fit-quick"), help="folder of results.jsonl and report/")
 
 
@@ -155,7 +149,9 @@ class ReportConfig:
     """Tables (Markdown, CSV) and plots (PNG) of a results file: mean +/- std of the train MSE over seeds."""
 
     results: Path = field(metadata={"help": "the results.jsonl written by layer-fit train"})
-    out: Path | None = field(
-        default=None, metadata={"help": "output folder (default: RESULTS' folder/report)"}
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
     )
-    features: int = field(default=32, metadata={"help": "the features of the main table and the bar plot"})
+    table_features: int = field(
+        default=32, metadata={"help": "the budget of the main table and the bar plot"}
+    )

@@ -323,11 +323,11 @@ def claim_line(cells: dict, budget: int, method: str = "ralimp") -> str:
 
 def report(config: ReportConfig) -> dict[str, str]:
     """Write the tables and plots of ``config.results``; returns the Markdown texts by name."""
-    cells = aggregate(ac.read_jsonl(config.results))
-    out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
+    cells = aggregate([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
+    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     _, _, budgets = _axes(cells)
-    budget = config.features if config.features in budgets else budgets[0]
+    budget = config.table_features if config.table_features in budgets else budgets[0]
     _, methods, _ = _axes(cells)
     claims = [claim_line(cells, budget, m) for m in ("ralimp", "ralimp-psi") if m in methods]
     texts = {"table": "\n\n".join([ac.markdown_table(*main_table(cells, budget)), *claims])}

@@ -102,7 +102,7 @@ def _report(args: argparse.Namespace) -> None:
     config = ac.config_from(ReportConfig, args)
     tables = report(config)
     print(tables["table1"])
-    out = config.out if config.out is not None else Path(config.results).parent / "report"
+    out = config.report_dir if config.report_dir is not None else Path(config.results).parent / "report"
     print(f"\ntables (Markdown, CSV) and heatmaps written to {out}")
 
 

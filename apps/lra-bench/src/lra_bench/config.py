@@ -30,7 +30,7 @@ class TaskHyperparameters:
         lr: peak learning rate of AdamW.
         warmup_steps: steps of linear warm-up from 0 to the peak.
         eval_every: steps between evaluations on the validation split.
-        eval_steps: validation batches per evaluation (the first ``eval_steps`` batches, the same each
+        eval_batches: validation batches per evaluation (the first ``eval_batches`` batches, the same each
             time; 0 = the whole split).
         init_steps: steps before early stopping may stop the run (Table 6's "Num. init steps").
         max_length: tokens kept per document (Retrieval: per each of its two documents).
@@ -40,7 +40,7 @@ class TaskHyperparameters:
     lr: float
     warmup_steps: int
     eval_every: int
-    eval_steps: int
+    eval_batches: int
     init_steps: int
     max_length: int
 
@@ -92,9 +92,7 @@ class ModelConfig(ac.AttentionFields):
         """Widths and counts >= 1, heads dividing the width, rates in [0, 1)."""
         super().__post_init__()
         for name in ("dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 1)
         if self.dim % self.num_heads:
             raise ValueError(f"--num-heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
         for name in ("dropout", "attention_dropout"):
@@ -132,9 +130,9 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     eval_every: int | None = ac.option("eval_every", None, help="steps between evaluations; None: Table 6")
     log_every: int = ac.option("log_every", 50)
     batch_size: int | None = field(default=None, metadata={"help": "global batch; None: Table 6"})
-    warmup_steps: int | None = field(default=None, metadata={"help": "linear warm-up steps; None: Table 6"})
-    eval_steps: int | None = field(
-        default=None, metadata={"help": "validation batches per evaluation (0: whole split); None: Table 6"}
+    warmup_steps: int | None = ac.option("warmup_steps", None, help="None: Table 6")
+    eval_batches: int | None = ac.option(
+        "eval_batches", None, help="the first ones of the validation split (0: all of it); None: Table 6"
     )
     init_steps: int | None = field(
         default=None, metadata={"help": "steps before early stopping may stop; None: Table 6"}
@@ -155,7 +153,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
                 raise ValueError(
                     f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}"
                 )
-        for name in ("warmup_steps", "eval_steps", "init_steps", "workers"):
+        for name in ("warmup_steps", "eval_batches", "init_steps", "workers"):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"--{name.replace('_', '-')}: expected an integer >= 0, got {getattr(self, name)}"
@@ -211,13 +209,13 @@ class SweepConfig:
     task: tuple[str, ...] = field(
         default=lra_data.TASKS, metadata={"help": "tasks", "choices": lra_data.TASKS}
     )
-    attention: tuple[str, ...] = field(
-        default=("softmax", "performer", "oprf-fastfoodl"), metadata={"help": "attention names"}
+    attention: tuple[str, ...] = ac.option(
+        "attention", ("softmax", "performer", "oprf-fastfoodl"), help="one or more (a grid)"
     )
-    attention_features: tuple[int, ...] = field(
-        default=(64, 128, 256, 512), metadata={"help": "random-feature counts of the attention"}
+    attention_features: tuple[int, ...] = ac.option(
+        "attention_features", (64, 128, 256, 512), help="one or more (a grid)"
     )
-    seed: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata={"help": "seeds"})
+    seed: tuple[int, ...] = ac.option("seed", (0, 1, 2, 3, 4), help="one or more (a grid)")
     shard: str = field(default="0/1", metadata={"help": "i/n: run the i-th of n interleaved parts"})
 
     def __post_init__(self) -> None:
@@ -248,7 +246,9 @@ class ReportConfig:
     """What ``lra-bench report RESULTS`` writes: Tables 1, 7, 8 (Markdown and CSV) and Figure 4 (PNG)."""
 
     results: Path = field(metadata={"help": "JSON-lines results file of train/sweep"})
-    out: Path | None = field(default=None, metadata={"help": "output folder; None: RESULTS' folder/report"})
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
+    )
     table1_features: int = field(default=128, metadata={"help": "attention features of the Table 1 rows"})
     time_unit: str = field(
         default="h", metadata={"help": "unit of training time", "choices": ("s", "min", "h")}
@@ -264,7 +264,9 @@ class QuickConfig(ac.RuntimeFields):
         "attention", ("softmax", "performer", "oprf-fastfoodl"), help="attentions to train"
     )
     train_examples: int = field(default=4000, metadata={"help": "generated training expressions"})
-    eval_examples: int = field(default=500, metadata={"help": "generated validation and test expressions"})
+    heldout_examples: int = field(
+        default=500, metadata={"help": "generated validation and test expressions (each)"}
+    )
     max_depth: int = field(default=4, metadata={"help": "ListOps tree depth"})
     max_args: int = field(default=4, metadata={"help": "ListOps arguments per operator"})
     max_length: int = field(default=100, metadata={"help": "longest generated expression (tokens)"})
@@ -282,7 +284,7 @@ class QuickConfig(ac.RuntimeFields):
         super().__post_init__()
         for name in (
             "train_examples",
-            "eval_examples",
+            "heldout_examples",
             "max_depth",
             "max_args",
             "max_length",
@@ -290,8 +292,6 @@ class QuickConfig(ac.RuntimeFields):
             "steps",
             "batch_size",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value!r}")
+            ac.check_int(ac.flag(name), getattr(self, name), 1)
         if not self.lr > 0:
             raise ValueError(f"--lr: expected a number > 0, got {self.lr!r}")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import app_common as ac
 import lra_data
 from lra_bench.config import QuickConfig, ReportConfig, SweepConfig
 from lra_bench.report import report
 from lra_bench.sweep import check_attentions, grid, run_sweep
-from lra_bench.train import RESULTS
 
 
 def quick(config: QuickConfig) -> str:
@@ -40,7 +40,7 @@ def quick(config: QuickConfig) -> str:
         "lr": config.lr,
         "warmup_steps": config.steps // 10,
         "eval_every": max(1, config.steps // 10),
-        "eval_steps": 0,
+        "eval_batches": 0,
         "init_steps": 0,
         "max_length": config.max_length,
         "steps": config.steps,
@@ -52,8 +52,8 @@ def quick(config: QuickConfig) -> str:
             lra_data.GenerateConfig(
                 task="listops",
                 n=config.train_examples,
-                val=config.eval_examples,
-                test=config.eval_examples,
+                val=config.heldout_examples,
+                test=config.heldout_examples,
                 out=data,
                 seed=config.seed,
                 listops=lra_data.ListOpsConfig(
@@ -69,8 +69,8 @@ def quick(config: QuickConfig) -> str:
     run_sweep(sweep, settings)
     tables = report(
         ReportConfig(
-            results=out / RESULTS,
-            out=out / "report",
+            results=out / ac.RESULTS,
+            report_dir=out / "report",
             table1_features=config.attention_features,
             time_unit="s",
         )

@@ -51,7 +51,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
         cells[key] = Cell(
             accuracy=statistics.fmean(accuracy),
             accuracy_std=statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
-            time_s=statistics.fmean(r["train_time_s"] for r in runs),
+            time_s=statistics.fmean(r["train_seconds"] for r in runs),
             memory_bytes=statistics.fmean(r["peak_memory_bytes"] for r in runs),
             seeds=len(runs),
         )
@@ -228,23 +228,23 @@ def _write(out: Path, stem: str, header: list[str], rows: list[list[str]]) -> st
 def report(config: ReportConfig) -> dict[str, str]:
     """Write Tables 1, 7, 8 (``.md``, ``.csv``) and ``figure4_f*.png``; returns each table's Markdown.
 
-    The files go to ``config.out`` (default: ``report/`` beside the results file).
+    The files go to ``config.report_dir`` (default: ``report/`` beside the results file).
 
     Raises:
         FileNotFoundError: no results file.
         ValueError: no records in it, or a record missing a field, naming the line.
     """
-    records = ac.read_jsonl(config.results)
+    records = [ac.flat_record(r) for r in ac.read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
-    needed = ("task", "attention", "features", "test_accuracy", "train_time_s", "peak_memory_bytes")
+    needed = ("task", "attention", "features", "test_accuracy", "train_seconds", "peak_memory_bytes")
     for number, record in enumerate(records, start=1):
         missing = [k for k in needed if k not in record]
         if missing:
             raise ValueError(f"{config.results}: record {number} lacks {', '.join(missing)}")
     if config.time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit: expected one of {', '.join(TIME_UNITS)}, got {config.time_unit!r}")
-    out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
+    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     cells = aggregate(records)
     tables = {

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import app_common as ac
 from lra_bench.config import SweepConfig, TrainConfig, run_name, train_config
 from lra_bench.model import create_attention
-from lra_bench.train import RESULTS
 
 
 def grid(sweep: SweepConfig, settings: Mapping[str, Any], table6: Mapping | None = None) -> list[TrainConfig]:
@@ -86,11 +84,9 @@ def run_sweep(
     outcome: dict[str, list[str]] = {"done": [], "ran": [], "failed": []}
     if not runs:
         return outcome
-    results = Path(runs[0].out) / RESULTS
-    finished = {record.get("run") for record in ac.read_jsonl(results, missing_ok=True)}
     for config in ac.progress(runs, desc=f"sweep {sweep.shard}", unit="run"):
         name = run_name(config)
-        if name in finished:
+        if ac.finished_record(config.out, name) is not None:
             outcome["done"].append(name)
             continue
         exitcode = ac.run_child(_run, config, name=name)

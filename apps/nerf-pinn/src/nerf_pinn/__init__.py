@@ -9,7 +9,7 @@ runs it from the command line:
 """
 
 from nerf_pinn.config import FAMILIES, CompareConfig, NerfConfig, PinnConfig, SirenConfig, replaced_layers
-from nerf_pinn.experiment import Family, VariantCheckpoints, compare, results_table
+from nerf_pinn.experiment import Family, compare, results_table, train_variant
 from nerf_pinn.layers import DENSE, KINDS, FeedForward, inference_parameters, linearize, stack_inputs
 from nerf_pinn.nerf import NerfFamily
 from nerf_pinn.pinn import PINN, PinnFamily
@@ -29,11 +29,11 @@ __all__ = [
     "PinnFamily",
     "SirenConfig",
     "SirenFamily",
-    "VariantCheckpoints",
     "compare",
     "inference_parameters",
     "linearize",
     "replaced_layers",
     "results_table",
     "stack_inputs",
+    "train_variant",
 ]

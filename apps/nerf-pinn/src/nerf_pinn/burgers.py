@@ -19,6 +19,8 @@ import math
 import numpy as np
 import torch
 
+import app_common as ac
+
 NU = 0.01 / math.pi
 """The viscosity ``0.01 / pi`` of the classic benchmark."""
 
@@ -33,8 +35,7 @@ def hermite_nodes(n: int, dtype: torch.dtype = torch.float64) -> tuple[torch.Ten
 
     numpy's ``hermgauss`` (Golub-Welsch with Newton refinement) is used because torch has no such routine.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NODES:
-        raise ValueError(f"quadrature_nodes: expected an integer in [1, {MAX_NODES}], got {n!r}")
+    ac.check_int("quadrature_nodes", n, 1, maximum=MAX_NODES)
     z, w = np.polynomial.hermite.hermgauss(n)
     return torch.tensor(z, dtype=dtype), torch.tensor(np.log(w), dtype=dtype)
 

@@ -6,6 +6,8 @@ Subcommands:
   nerf-pinn <family> --help);
 - pinn, siren, nerf: shortcuts of train --family <family>: a PINN for viscous Burgers (relative L2 error
   against the Cole-Hopf reference), SIREN fitting an image (PSNR), NeRF on posed images (PSNR);
+- quick: the offline demo (the PINN family, small, on the CPU);
+- report RESULTS: the Markdown and CSV table of a family's results file;
 - list: the families and the layer kinds;
 - scene: render the offline synthetic scene to an npz file (the tiny_nerf format);
 - burgers-check: compare the reference solution with a burgers_shock.mat file.
@@ -32,10 +34,31 @@ from nerf_pinn.layers import KINDS
 class SceneConfig:
     """``nerf-pinn scene``: render the offline synthetic scene (analytic shapes) to an npz file."""
 
-    out: Path = field(default=Path("results/nerf-pinn/synthetic_scene.npz"), metadata={"help": "npz path"})
+    scene: Path = field(
+        default=Path("results/nerf-pinn/synthetic_scene.npz"), metadata={"help": "the npz file written"}
+    )
     num_views: int = field(default=40, metadata={"help": "views"})
     size: int = field(default=32, metadata={"help": "image height and width"})
-    seed: int = field(default=0, metadata={"help": "seed of the azimuth jitter"})
+    seed: int = ac.option("seed", 0, help="here: of the azimuth jitter")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuickConfig(ac.RuntimeFields, ac.OutputFields):
+    """``nerf-pinn quick``: the offline demo: the PINN family, dense against RaLiMP and EUGen, on the CPU."""
+
+    out: Path = ac.option("out", Path("results/nerf-pinn-quick"))
+    steps: int = ac.option("steps", 500, help="Adam steps (then 5 L-BFGS steps)")
+    seed: int = ac.option("seed", 0)
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """``nerf-pinn report RESULTS``: the Markdown and CSV table of one family's results file."""
+
+    results: Path = field(metadata={"help": "results.jsonl of one family (train, pinn, siren, nerf, quick)"})
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the table; None: report/ beside RESULTS"}
+    )
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,43 @@ def _run_family(args: argparse.Namespace) -> None:
 _ALL_FIELDS = {name for cls in FAMILIES.values() for name in ac.leaf_fields(cls)}
 
 
+def _quick(args: argparse.Namespace) -> None:
+    from nerf_pinn.config import PinnConfig
+    from nerf_pinn.experiment import compare
+    from nerf_pinn.pinn import PinnFamily
+
+    quick = ac.config_from(QuickConfig, args, toml=ac.read_config(args))
+    config = PinnConfig(
+        layer=("dense", "ralimp", "eugen"),
+        steps=quick.steps,
+        lbfgs_steps=5,
+        seed=quick.seed,
+        out=quick.out,
+        resume=quick.resume,
+        device=quick.device,
+        dtype=quick.dtype,
+        threads=quick.threads,
+    )
+    compare(PinnFamily(config))
+    print((Path(config.out) / "results.md").read_text())
+
+
+def _report(args: argparse.Namespace) -> None:
+    from nerf_pinn.experiment import results_table, write_csv
+
+    config = ac.config_from(ReportConfig, args)
+    records = [ac.flat_record(r) for r in ac.read_jsonl(config.results)]
+    if not records:
+        raise ValueError(f"{config.results}: no results yet")
+    metric = _family(records[0]["family"]).metric
+    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    table = results_table(records, metric)
+    (out / "results.md").write_text(table + "\n")
+    write_csv(records, metric, out / "results.csv")
+    print(table)
+
+
 def _list(args: argparse.Namespace) -> None:
     print("families: " + " ".join(FAMILIES))
     print("layer kinds: " + " ".join(KINDS))
@@ -81,7 +141,9 @@ def _scene(args: argparse.Namespace) -> None:
     from nerf_pinn.scenes import render_synthetic_scene
 
     config = ac.config_from(SceneConfig, args)
-    path = render_synthetic_scene(config.out, num_views=config.num_views, size=config.size, seed=config.seed)
+    path = render_synthetic_scene(
+        config.scene, num_views=config.num_views, size=config.size, seed=config.seed
+    )
     print(f"wrote {path}")
 
 
@@ -115,6 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
         ac.add_config_argument(sub)
         ac.add_dataclass_arguments(sub, cls)
         sub.set_defaults(run=_run_family, family=name)
+    quick = commands.add_parser(
+        "quick", help="offline demo: the PINN family, small", description=ac.plain_text(QuickConfig.__doc__)
+    )
+    ac.add_config_argument(quick)
+    ac.add_dataclass_arguments(quick, QuickConfig)
+    quick.set_defaults(run=_quick)
+    rep = commands.add_parser(
+        "report", help="the table of a results file", description=ac.plain_text(ReportConfig.__doc__)
+    )
+    ac.add_dataclass_arguments(rep, ReportConfig, positional=("results",))
+    rep.set_defaults(run=_report)
     names = commands.add_parser("list", help="list the families and layer kinds", description="Print them.")
     names.set_defaults(run=_list)
     scene = commands.add_parser(

@@ -80,8 +80,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
     seed: int = ac.option("seed", 0, help="seed of the data, the initialization and the projections")
     lr: float = ac.option("lr", 1e-3, help="Adam learning rate")
     grad_clip: float = ac.option("grad_clip", 0.0)
-    out: Path = ac.option("out", Path("results/nerf-pinn"), help="output folder of the family")
-    checkpoint_every: int = field(default=200, metadata=_help("optimizer steps between checkpoints"))
+    out: Path = ac.option("out", Path("results/nerf-pinn"))
+    checkpoint_every: int = ac.option("checkpoint_every", 200)
     time_repeats: int = field(default=10, metadata=_help("interleaved rounds of the inference timing"))
 
     def __post_init__(self) -> None:
@@ -128,7 +128,7 @@ class PinnConfig(CompareConfig):
     Adam then L-BFGS (``configs/pinn-paper.toml``).
     """
 
-    out: Path = field(default=Path("results/nerf-pinn/pinn"), metadata=_help("output folder"))
+    out: Path = ac.option("out", Path("results/nerf-pinn/pinn"))
     depth: int = field(default=8, metadata=_help("hidden layers"))
     width: int = field(default=20, metadata=_help("units per hidden layer"))
     num_boundary: int = field(default=100, metadata=_help("initial and boundary points"))
@@ -148,7 +148,7 @@ class SirenConfig(CompareConfig):
     (``configs/siren-paper.toml``).
     """
 
-    out: Path = field(default=Path("results/nerf-pinn/siren"), metadata=_help("output folder"))
+    out: Path = ac.option("out", Path("results/nerf-pinn/siren"))
     image: Path | None = field(default=None, metadata=_help("an image file (default: skimage's camera)"))
     size: int = field(default=96, metadata=_help("the image is resized to size x size"))
     depth: int = field(default=4, metadata=_help("sine layers (the first one included)"))
@@ -166,7 +166,7 @@ class NerfConfig(CompareConfig):
     256 with the skip at layer 4, view directions, 64 samples per ray (``configs/nerf-paper.toml``).
     """
 
-    out: Path = field(default=Path("results/nerf-pinn/nerf"), metadata=_help("output folder"))
+    out: Path = ac.option("out", Path("results/nerf-pinn/nerf"))
     num_atoms: int = field(default=1, metadata=_help("J of RaLiMP (relu: J >= 2 floors narrow poles)"))
     data: Path | None = field(
         default=None, metadata=_help("Blender folder or tiny_nerf npz (default: synthetic)")

@@ -1,8 +1,9 @@
 """The comparison every family runs: dense vs linearized variants, trained, evaluated and timed together.
 
-A family (PINN, SIREN, NeRF) gives a `Family`: how to build each variant, train it (with
-`VariantCheckpoints` for resuming), evaluate it, run its inference, and plot. `compare` trains the
-variants one after the other (a finished one is loaded from ``<out>/<kind>/final.pt``), then times the
+A family (PINN, SIREN, NeRF) gives a `Family`: how to build each variant, its training loss, optimizers
+and phases, evaluation, inference and plots. `compare` trains the variants one after the other through
+``app_common.Trainer`` (`train_variant`: ``<out>/runs/<kind>/``, resumed from its checkpoint, a finished
+one only restored), then times the
 inference of all of them in interleaved rounds so that each ratio to the dense model is measured in the
 same run under the same load, and writes ``results.jsonl``, ``results.md``, ``results.csv`` and the
 family's plots.
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,67 +24,6 @@ import app_common as ac
 import ralimp
 from nerf_pinn.config import CompareConfig
 from nerf_pinn.layers import DENSE, inference_parameters, linearize
-
-
-class VariantCheckpoints:
-    """Periodic checkpoints of one variant's training (model, optimizers, step, losses, RNG, seconds).
-
-    The one resume policy of the apps (``app_common.Checkpointer``): a checkpoint saved under another
-    identity is refused with the changed settings listed.
-
-    Args:
-        path: the checkpoint file.
-        every: steps between checkpoints.
-        identity: the variant's identity (``app_common.run_identity`` of the config, and the kind).
-        resume: read an existing checkpoint (else start over).
-        on_save: called with the step after every checkpoint (tests stop the run there).
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        every: int,
-        identity: dict[str, Any],
-        *,
-        resume: bool = True,
-        on_save: Callable[[int], None] | None = None,
-    ) -> None:
-        self.checkpointer = ac.Checkpointer(path, identity, resume=resume, on_save=on_save)
-        self.every = every
-        self.state = self.checkpointer.load()
-        self.timer = ac.Timer(elapsed=self.state["seconds"] if self.state else 0.0)
-
-    def restore(
-        self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]
-    ) -> tuple[int, list[float]]:
-        """Load the saved state into ``model`` and ``optimizers``; ``(next step, losses so far)``."""
-        if self.state is None:
-            return 0, []
-        ac.load_state_dicts(self.state, model=model)
-        ac.load_state_dicts(
-            self.state["optimizers"], **{k: v for k, v in optimizers.items() if k in self.state["optimizers"]}
-        )
-        ac.set_rng_state(self.state["rng"])
-        return int(self.state["step"]), list(self.state["losses"])
-
-    def step(
-        self, step: int, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], losses: list[float]
-    ) -> None:
-        """Save after ``step`` steps when ``step`` is a multiple of ``every``."""
-        if step % self.every:
-            return
-        state = {
-            **ac.state_dicts(model=model),
-            "optimizers": ac.state_dicts(**optimizers),
-            "losses": losses,
-            "rng": ac.rng_state(),
-            "seconds": self.timer.running_total,
-        }
-        self.checkpointer.save(step, state)
-
-    def remove(self) -> None:
-        """Delete the checkpoint (the variant finished)."""
-        self.checkpointer.remove()
 
 
 class Family(abc.ABC):
@@ -109,8 +47,20 @@ class Family(abc.ABC):
         """The model of variant ``kind`` (the dense model, linearized for the other kinds), on the device."""
 
     @abc.abstractmethod
-    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
-        """Train ``model`` in place (resuming from ``checkpoints``); the training losses."""
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        """The training loss of step ``step`` (the harness runs backward, clipping and the update)."""
+
+    def optimizers(self, model: nn.Module) -> dict[str, torch.optim.Optimizer]:
+        """The optimizers by name: Adam at ``lr`` by default."""
+        return {"adam": torch.optim.Adam(model.parameters(), lr=self.config.lr)}
+
+    def phases(self) -> list[tuple[str, int]]:
+        """``[(optimizer name, steps), ...]`` run one after the other: Adam for ``steps`` by default."""
+        return [("adam", self.config.steps)]
+
+    def training_state(self) -> dict[str, Any]:
+        """Random state the loss draws from besides the global one (checkpointed); none by default."""
+        return {}
 
     @abc.abstractmethod
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
@@ -143,36 +93,30 @@ class Family(abc.ABC):
             seed=config.seed,
         )
 
-    def record_step(
-        self,
-        bar: Any,
-        kind: str,
-        step: int,
-        value: float,
-        losses: list[float],
-        checkpoints: VariantCheckpoints,
-        model: nn.Module,
-        optimizers: dict[str, torch.optim.Optimizer],
-    ) -> bool:
-        """Log step ``step``'s loss; False (diverged: stop training) if it is not finite, else checkpoint."""
-        losses.append(value)
-        if not math.isfinite(value):
-            bar.write(
-                f"{self.name} {kind}: the loss became {value} at step {step}; training stops (diverged)"
-            )
-            return False
-        bar.set_postfix(loss=f"{value:.3g}")
-        checkpoints.step(step + 1, model, optimizers, losses)
-        return True
-
-    def clip(self, model: nn.Module) -> None:
-        """Clip the gradient norm at ``grad_clip`` (0: no clipping), before an optimizer step."""
-        if self.config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
-
     def settings(self) -> dict[str, Any]:
         """What the records say about the setting (the config, as plain values)."""
         return ac.config_dict(self.config)
+
+    def trainer(self, kind: str, on_checkpoint: Callable[[int], None] | None = None) -> ac.Trainer:
+        """The harness of variant ``kind``: ``<out>/runs/<kind>/``, one log line per step, NaN stops it."""
+        config = self.config
+        return ac.Trainer(
+            name=kind,
+            out=config.out,
+            identity=self.identity(kind),
+            seed=config.seed,
+            steps=sum(count for _, count in self.phases()),
+            device=self.device,
+            dtype=config.dtype,
+            threads=config.threads,
+            resume=config.resume,
+            grad_clip=config.grad_clip,
+            log_every=1,
+            checkpoint_every=config.checkpoint_every,
+            on_nan="stop",
+            on_save=on_checkpoint,
+            distributed=False,
+        )
 
     def identity(self, kind: str) -> dict[str, Any]:
         """A variant's identity: the family, the kind and the settings that may not change on resume."""
@@ -245,9 +189,10 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
     config = family.config
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    models, evaluations, records = {}, {}, []
+    models, evaluations, records, trainers = {}, {}, [], {}
     for kind in config.layer:
-        model, losses, seconds = _trained_variant(family, kind, on_checkpoint)
+        trainer, model, losses = train_variant(family, kind, on_checkpoint=on_checkpoint)
+        trainers[kind] = trainer
         model.eval()
         evaluation = family.evaluate(model)
         stride = max(1, len(losses) // 200)
@@ -262,7 +207,8 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
                 "params": ac.count_parameters(model),
                 "inference_params": inference_parameters(model),
                 "fits": ralimp.fit_summary(model),
-                "train_seconds": seconds,
+                "train_seconds": trainer.train_seconds,
+                "diverged_at": trainer.diverged_at,
                 "initial_loss": losses[0] if losses else float("nan"),
                 "final_loss": losses[-1] if losses else float("nan"),
                 "losses": losses[::stride],
@@ -280,13 +226,13 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
     for record in records:
         record["inference_seconds"] = times[record["kind"]]
         record["time_ratio"] = times[record["kind"]] / times[DENSE]
-        record["device"] = ac.device_name(family.device)
-        record["settings"] = family.settings()
-        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    results = out / "results.jsonl"
+    results = out / ac.RESULTS
     results.unlink(missing_ok=True)
     for record in records:
-        ac.append_jsonl(results, record)
+        metrics = {family.metric: record[family.metric], "time_ratio": record["time_ratio"]}
+        details = {k: v for k, v in record.items() if k not in (*metrics, "train_seconds", "diverged_at")}
+        full = trainers[record["kind"]].record(config, metrics=metrics, details=details)
+        trainers[record["kind"]].finish(full)
     table = results_table(records, family.metric)
     (out / "results.md").write_text(table + "\n")
     write_csv(records, family.metric, out / "results.csv")
@@ -295,30 +241,20 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
     return records
 
 
-def _trained_variant(family: Family, kind: str, on_checkpoint) -> tuple[nn.Module, list[float], float]:
-    """Variant ``kind`` trained: loaded from ``<out>/<kind>/final.pt`` when finished, else trained now."""
-    config = family.config
-    out = Path(config.out) / kind
-    ac.seed_everything(config.seed)
-    model = family.build(kind)
-    final = ac.Checkpointer(out / "final.pt", family.identity(kind), resume=config.resume)
-    state = final.load(map_location=family.device)
-    if state is not None:
-        ac.load_state_dicts(state, model=model)
-        return model, list(state["losses"]), float(state["seconds"])
-    checkpoints = VariantCheckpoints(
-        out / "checkpoint.pt",
-        config.checkpoint_every,
-        family.identity(kind),
-        resume=config.resume,
-        on_save=on_checkpoint,
-    )
-    with checkpoints.timer:
-        losses = family.train(model, checkpoints, kind)
-    seconds = checkpoints.timer.elapsed
-    final.save(len(losses), {**ac.state_dicts(model=model), "losses": losses, "seconds": seconds})
-    checkpoints.remove()
-    return model, losses, seconds
+def train_variant(
+    family: Family, kind: str, *, on_checkpoint: Callable[[int], None] | None = None
+) -> tuple[ac.Trainer, nn.Module, list[float]]:
+    """Variant ``kind`` trained through ``app_common.Trainer`` (or loaded: a finished one only restores).
+
+    Returns:
+        The harness (its ``train_seconds``, ``diverged_at``, ``record``), the model and the per-step losses.
+    """
+    trainer = family.trainer(kind, on_checkpoint)
+    model = family.build(kind)  # seeds itself: the same model fresh or resumed
+    trainer.setup(model, family.optimizers(model), phases=family.phases(), state=family.training_state())
+    trainer.fit(lambda step, batch: family.loss(model, step))
+    losses = [r["train_loss"] for r in ac.read_jsonl(trainer.log_path, missing_ok=True) if "train_loss" in r]
+    return trainer, model, losses
 
 
 def plot_losses(records: list[dict], path: Path) -> Path:

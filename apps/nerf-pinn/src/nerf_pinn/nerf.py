@@ -19,7 +19,7 @@ from torch import nn
 
 import app_common as ac
 from nerf_pinn.config import NerfConfig, replaced_layers
-from nerf_pinn.experiment import Family, VariantCheckpoints
+from nerf_pinn.experiment import Family
 from nerf_pinn.layers import DENSE, FeedForward
 from nerf_pinn.render import camera_rays, positional_encoding, stratified_samples, volume_render
 from nerf_pinn.scenes import Scene, load_scene, render_synthetic_scene
@@ -171,31 +171,19 @@ class NerfFamily(Family):
             **kw,
         )
 
-    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
-        """Adam on random batches of training rays, stratified depths redrawn every step."""
-        config = self.config
-        model.train()
-        adam = torch.optim.Adam(model.parameters(), lr=config.lr)
-        start, losses = checkpoints.restore(model, {"adam": adam})
-        gen = torch.Generator().manual_seed(config.seed + start)
-        bar = ac.progress(range(start, config.steps), total=config.steps, initial=start, desc=f"nerf {kind}")
-        for step in bar:
-            batch = torch.randint(0, self.origins.shape[0], (config.batch_rays,), generator=gen).to(
-                self.device
-            )
-            with ac.autocast(self.device, config.dtype):
-                colour = self.render(
-                    model, self.origins[batch], self.directions[batch], jitter=True, generator=gen
-                )
-            loss = (colour.float() - self.colours[batch]).pow(2).mean()
-            adam.zero_grad(set_to_none=True)
-            loss.backward()
-            self.clip(model)
-            adam.step()
-            value = loss.detach().item()
-            if not self.record_step(bar, kind, step, value, losses, checkpoints, model, {"adam": adam}):
-                break
-        return losses
+    def training_state(self) -> dict[str, Any]:
+        """The ray generator, seeded ``seed`` and checkpointed: a resumed run draws its rays."""
+        self.rays = torch.Generator().manual_seed(self.config.seed)
+        return {"rays": self.rays}
+
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        """A random batch of training rays, stratified depths redrawn: the mean squared colour error."""
+        batch = torch.randint(0, self.origins.shape[0], (self.config.batch_rays,), generator=self.rays)
+        batch = batch.to(self.device)
+        colour = self.render(
+            model, self.origins[batch], self.directions[batch], jitter=True, generator=self.rays
+        )
+        return (colour.float() - self.colours[batch]).pow(2).mean()
 
     @torch.no_grad()
     def render_view(self, model: nn.Module, index: int, chunk: int = 4096) -> torch.Tensor:

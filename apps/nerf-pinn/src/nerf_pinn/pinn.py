@@ -20,7 +20,7 @@ from torch import nn
 import app_common as ac
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig, replaced_layers
-from nerf_pinn.experiment import Family, VariantCheckpoints
+from nerf_pinn.experiment import Family
 from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
 
 
@@ -112,7 +112,7 @@ class PinnFamily(Family):
             )
         return model
 
-    def loss(self, model: nn.Module) -> torch.Tensor:
+    def loss(self, model: nn.Module, step: int = 0) -> torch.Tensor:
         """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in float32)."""
         t_f = self.t_f.clone().requires_grad_(True)
         x_f = self.x_f.clone().requires_grad_(True)
@@ -122,39 +122,18 @@ class PinnFamily(Family):
         misfit = u_b.float() - self.u_b
         return misfit.pow(2).mean() + residual.pow(2).mean()
 
-    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
-        """Adam for ``steps``, then ``lbfgs_steps`` L-BFGS steps (20 iterations each at most)."""
-        config = self.config
-        model.train()
-        adam = torch.optim.Adam(model.parameters(), lr=config.lr)
-        lbfgs = torch.optim.LBFGS(
-            model.parameters(), lr=1.0, max_iter=20, history_size=50, line_search_fn="strong_wolfe"
-        )
-        optimizers = {"adam": adam, "lbfgs": lbfgs}
-        start, losses = checkpoints.restore(model, optimizers)
-        total = config.steps + config.lbfgs_steps
-        bar = ac.progress(range(start, total), total=total, initial=start, desc=f"pinn {kind}")
-        for step in bar:
-            if step < config.steps:
-                adam.zero_grad(set_to_none=True)
-                loss = self.loss(model)
-                loss.backward()
-                self.clip(model)
-                adam.step()
-                value = loss.detach().item()
-            else:
+    def optimizers(self, model: nn.Module) -> dict[str, torch.optim.Optimizer]:
+        """Adam, then L-BFGS (20 iterations per step at most, strong-Wolfe line search)."""
+        return {
+            "adam": torch.optim.Adam(model.parameters(), lr=self.config.lr),
+            "lbfgs": torch.optim.LBFGS(
+                model.parameters(), lr=1.0, max_iter=20, history_size=50, line_search_fn="strong_wolfe"
+            ),
+        }
 
-                def closure() -> torch.Tensor:
-                    lbfgs.zero_grad(set_to_none=True)
-                    loss = self.loss(model)
-                    loss.backward()
-                    return loss
-
-                lbfgs.step(closure)
-                value = self.loss(model).detach().item()
-            if not self.record_step(bar, kind, step, value, losses, checkpoints, model, optimizers):
-                break
-        return losses
+    def phases(self) -> list[tuple[str, int]]:
+        """Adam for ``steps``, then ``lbfgs_steps`` L-BFGS steps."""
+        return [("adam", self.config.steps), ("lbfgs", self.config.lbfgs_steps)]
 
     @torch.no_grad()
     def infer(self, model: nn.Module) -> torch.Tensor:

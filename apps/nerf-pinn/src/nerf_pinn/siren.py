@@ -19,7 +19,7 @@ from torch import nn
 
 import app_common as ac
 from nerf_pinn.config import SirenConfig, replaced_layers
-from nerf_pinn.experiment import Family, VariantCheckpoints
+from nerf_pinn.experiment import Family
 from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
 
 
@@ -134,25 +134,9 @@ class SirenFamily(Family):
             )
         return model
 
-    def train(self, model: nn.Module, checkpoints: VariantCheckpoints, kind: str) -> list[float]:
-        """Full-batch Adam on the mean squared error over every pixel."""
-        config = self.config
-        model.train()
-        adam = torch.optim.Adam(model.parameters(), lr=config.lr)
-        start, losses = checkpoints.restore(model, {"adam": adam})
-        bar = ac.progress(range(start, config.steps), total=config.steps, initial=start, desc=f"siren {kind}")
-        for step in bar:
-            adam.zero_grad(set_to_none=True)
-            with ac.autocast(self.device, config.dtype):
-                prediction = model(self.coords)
-            loss = (prediction.float() - self.target).pow(2).mean()
-            loss.backward()
-            self.clip(model)
-            adam.step()
-            value = loss.detach().item()
-            if not self.record_step(bar, kind, step, value, losses, checkpoints, model, {"adam": adam}):
-                break
-        return losses
+    def loss(self, model: nn.Module, step: int) -> torch.Tensor:
+        """Full batch: the mean squared error over every pixel."""
+        return (model(self.coords).float() - self.target).pow(2).mean()
 
     @torch.no_grad()
     def infer(self, model: nn.Module) -> torch.Tensor:

@@ -4,7 +4,7 @@ Subcommands:
 
 - ``quick``: the offline demo (small random-init ViT on scikit-learn's digits, CPU, a few minutes);
 - ``train``: one run (``--data cifar100 --data-path DIR --layer ralimp --last-k 4 --weights FILE``);
-- ``sweep``: the dense run and each layer kind at each k (``--layers``, ``--ks``);
+- ``sweep``: the dense run and each layer kind at each k (``--layer a b``, ``--last-k 4 7``);
 - ``report RESULTS``: Markdown/CSV table and PNG plots;
 - ``list models|layers|attentions``: the names.
 
@@ -87,11 +87,18 @@ def _train(args: argparse.Namespace) -> None:
     train(ac.config_from(TrainConfig, args, toml=ac.read_config(args)))
 
 
+#: The sweep's grid flags: several values each, not the single value of ``train``.
+GRID = ("layer", "last_k")
+
+
 def _sweep(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import run_sweep
 
     grid, settings = ac.split_toml(ac.read_config(args), SweepConfig, TrainConfig, source=args.config)
-    run_sweep(ac.config_from(SweepConfig, args, toml=grid), ac.config_from(TrainConfig, args, toml=settings))
+    per_run = {k: v for k, v in vars(args).items() if k not in GRID}
+    per_run_toml = {k: v for k, v in settings.items() if k not in GRID}
+    base = ac.config_from(TrainConfig, per_run, toml=per_run_toml)
+    run_sweep(ac.config_from(SweepConfig, args, toml=grid), base)
 
 
 def _report(args: argparse.Namespace) -> None:

@@ -58,9 +58,8 @@ class TrainConfig(
     model: str | None = field(
         default=None, metadata={"help": "model name (vit-finetune list models); default: the data set's"}
     )
-    weights: Path | None = field(
-        default=None,
-        metadata={"help": "local checkpoint file/folder (timm or HF); default: the hub when online"},
+    weights: Path | None = ac.option(
+        "weights", None, help="a local checkpoint file/folder (timm or HF); default: the hub when online"
     )
     weight_matrix: str | None = ac.option(
         "weight_matrix",
@@ -92,7 +91,9 @@ class TrainConfig(
     # The optimizer flags of ac.OptimizerFields, whose steps may not be None (here: the data set's epochs).
     steps: int | None = ac.option("steps", None, help="optimizer steps (wins over --epochs)")
     grad_clip: float = ac.option("grad_clip", 1.0)
-    warmup: float = field(default=0.1, metadata={"help": "fraction of the steps in linear warm-up"})
+    warmup_steps: int | None = ac.option(
+        "warmup_steps", None, help="default: a tenth of the steps (at least 1)"
+    )
     weight_decay: float = field(
         default=0.05, metadata={"help": "AdamW weight decay (not on biases, norms, embeddings)"}
     )
@@ -110,10 +111,8 @@ class TrainConfig(
     throughput_batch: int = field(default=64, metadata={"help": "batch of the inference-throughput timing"})
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
     workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
-    out: Path = ac.option("out", RUNS, help="folder of the run folders (checkpoints, logs)")
-    results: Path = field(
-        default=Path("results/vit-finetune.jsonl"), metadata={"help": "JSON-lines file the result goes to"}
-    )
+    out: Path = ac.option("out", RUNS)
+    results: Path = ac.option("results", Path("results/vit-finetune.jsonl"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,8 +127,8 @@ class TrainConfig(
             raise ValueError(f"--init: expected one of {', '.join(INITS)}, got {self.init!r}")
         if not self.replaced_lr_scale > 0:
             raise ValueError(f"--replaced-lr-scale: expected a factor > 0, got {self.replaced_lr_scale}")
-        if not 0 <= self.warmup < 1:
-            raise ValueError(f"--warmup: expected a fraction in [0, 1), got {self.warmup}")
+        if self.warmup_steps is not None:
+            check_int(ac.flag("warmup_steps"), self.warmup_steps, minimum=0)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"--dropout: expected a rate in [0, 1), got {self.dropout}")
         if self.lr is not None and not self.lr > 0:
@@ -162,10 +161,10 @@ class SweepConfig:
     Every flag of ``vit-finetune train`` is accepted too and applies to every run.
     """
 
-    layers: tuple[str, ...] = field(
-        default=("dense", "ralimp", "snnk", "eugen"), metadata={"help": "layer kinds"}
+    layer: tuple[str, ...] = ac.option(
+        "layer", ("dense", "ralimp", "snnk", "eugen"), help="one or more kinds (a grid)"
     )
-    ks: tuple[int, ...] = field(default=(4, 7, 9, 11), metadata={"help": "values of k (dense runs once)"})
+    last_k: tuple[int, ...] = ac.option("last_k", (4, 7, 9, 11), help="one or more values (dense runs once)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,10 +172,10 @@ class QuickConfig(ac.RuntimeFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
     out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="folder of runs, results, report")
-    layers: tuple[str, ...] = field(
-        default=("dense", "ralimp", "snnk", "eugen"), metadata={"help": "layer kinds"}
+    layer: tuple[str, ...] = ac.option(
+        "layer", ("dense", "ralimp", "snnk", "eugen"), help="one or more kinds (a grid)"
     )
-    ks: tuple[int, ...] = field(default=(4,), metadata={"help": "values of k"})
+    last_k: tuple[int, ...] = ac.option("last_k", (4,), help="one or more values (a grid)")
     epochs: int = field(default=40, metadata={"help": "epochs per run"})
     replaced_lr_scale: float = field(
         default=0.1, metadata={"help": "learning-rate factor of the replaced layers (all kinds alike)"}
@@ -196,4 +195,6 @@ class ReportConfig:
     """``vit-finetune report RESULTS``: Markdown/CSV table and PNG plots of a results file."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/sweep/quick"})
-    out: Path | None = field(default=None, metadata={"help": "output folder; None: RESULTS' folder/report"})
+    report_dir: Path | None = field(
+        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
+    )

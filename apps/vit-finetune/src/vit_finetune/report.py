@@ -43,7 +43,7 @@ def latest(records: list[dict]) -> list[dict]:
     """The last record of each run, in first-seen order."""
     by_run: dict[str, dict] = {}
     for record in records:
-        by_run[record["run"]] = record
+        by_run[record["name"]] = record
     return list(by_run.values())
 
 
@@ -75,13 +75,13 @@ def table_rows(records: list[dict]) -> list[list[str]]:
                 swapped(r) or "softmax",
                 f"{100 * r['accuracy']:.1f}",
                 delta,
-                f"{r['parameters']:,}",
-                f"{r['parameters'] / r['parameters_dense']:.3f}",
+                f"{r['trainable_parameters']:,}",
+                f"{r['trainable_parameters'] / r['parameters_dense']:.3f}",
                 f"{r['parameters_compressed'] / r['parameters_dense']:.3f}",
                 f"{r['throughput']:.0f}",
                 f"{r['throughput'] / r['throughput_dense']:.2f}",
                 f"{r['throughput_compressed'] / r['throughput_dense']:.2f}",
-                f"{r['train_time_s']:.0f}",
+                f"{r['train_seconds']:.0f}",
             ]
         )
     return rows
@@ -151,10 +151,10 @@ def plot_accuracy_vs_k(records: list[dict], path: Path) -> None:
 
 def report(config: ReportConfig) -> str:
     """Write ``table.md``, ``table.csv``, ``curves.png`` (``accuracy_vs_k.png``); return the table."""
-    records = latest(ac.read_jsonl(config.results))
+    records = latest([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
     if not records:
         raise ValueError(f"results: {config.results} holds no record")
-    out = Path(config.out) if config.out is not None else Path(config.results).parent / "report"
+    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     table = ac.write_table(out / "table", HEADER, table_rows(records))
     plot_curves(records, out / "curves.png")

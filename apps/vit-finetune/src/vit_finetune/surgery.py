@@ -16,6 +16,7 @@ from torch import nn
 
 import ralimp
 import rf_attention
+from spectraformer_core import check_int
 from vit_finetune.model import ViT
 
 #: The layer name that keeps the dense MLPs.
@@ -91,8 +92,7 @@ def swap_attention(
         pretrained attention and those that start from their own initialization.
     """
     depth = len(model.blocks)
-    if isinstance(last_k, bool) or not isinstance(last_k, int) or not 0 < last_k <= depth:
-        raise ValueError(f"last_k: expected an integer in [1, {depth}] (the blocks), got {last_k!r}")
+    check_int("last_k", last_k, 1, maximum=depth)
     config = model.config
     copied, new = [], []
     for index in range(depth - last_k, depth):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import app_common as ac
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
 from vit_finetune.report import report
 from vit_finetune.train import train
@@ -17,9 +18,9 @@ from vit_finetune.train import train
 def runs_of(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
     """The runs of the grid: the dense model once (with ``--attention``: at every k), each kind at each k."""
     configs = []
-    for layer in sweep.layers:
+    for layer in sweep.layer:
         once = layer == "dense" and base.attention == "softmax"
-        for k in sweep.ks[:1] if once else sweep.ks:
+        for k in sweep.last_k[:1] if once else sweep.last_k:
             configs.append(dataclasses.replace(base, layer=layer, last_k=k))
     return configs
 
@@ -49,12 +50,11 @@ def quick(config: QuickConfig) -> str:
         device=config.device,
         dtype=config.dtype,
         threads=config.threads,
-        out=out / "runs",
-        results=out / "results.jsonl",
+        out=out,
+        results=out / ac.RESULTS,
     )
     if config.attention != "softmax":
-        run_sweep(
-            SweepConfig(layers=("dense",), ks=(config.ks[0],)), dataclasses.replace(base, attention="softmax")
-        )
-    run_sweep(SweepConfig(layers=config.layers, ks=config.ks), base)
-    return report(ReportConfig(results=out / "results.jsonl", out=out / "report"))
+        dense = SweepConfig(layer=("dense",), last_k=(config.last_k[0],))
+        run_sweep(dense, dataclasses.replace(base, attention="softmax"))
+    run_sweep(SweepConfig(layer=config.layer, last_k=config.last_k), base)
+    return report(ReportConfig(results=out / ac.RESULTS, report_dir=out / "report"))

@@ -57,6 +57,7 @@ from app_common.distributed import (
     teardown_distributed,
 )
 from app_common.fields import (
+    ALIASES,
     FLAGS,
     AttentionFields,
     EvalFields,
@@ -69,6 +70,7 @@ from app_common.fields import (
     option,
     run_identity,
 )
+from app_common.harness import CLOSURE_OPTIMIZERS, NAN_POLICIES, TrainData, Trainer, training_stream_seed
 from app_common.measure import (
     PeakMemory,
     Timer,
@@ -80,15 +82,33 @@ from app_common.measure import (
 )
 from app_common.process import Terminated, run_child
 from app_common.progress import progress
+from app_common.records import (
+    CORE_KEYS,
+    RESULTS,
+    finished_record,
+    flat_record,
+    make_record,
+    run_dir,
+    write_record,
+)
 from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_table
 from app_common.safetensors import SAFETENSORS_DTYPES, read_safetensors, write_safetensors
+from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
 from app_common.seeding import rng_state, seed_everything, set_rng_state
+from spectraformer_core import check_int  # the project's one integer validator, for the apps
 
 __all__ = [
+    "ALIASES",
+    "CLOSURE_OPTIMIZERS",
+    "CORE_KEYS",
     "DEVICES",
     "DTYPES",
     "FLAGS",
+    "NAN_POLICIES",
+    "NO_DECAY_NAMES",
+    "RESULTS",
     "SAFETENSORS_DTYPES",
+    "SCHEDULES",
     "USER_ERRORS",
     "AttentionFields",
     "Checkpointer",
@@ -100,9 +120,12 @@ __all__ = [
     "OutputFields",
     "PeakMemory",
     "RuntimeFields",
+    "Schedule",
     "StepBatches",
     "Terminated",
     "Timer",
+    "TrainData",
+    "Trainer",
     "add_config_argument",
     "add_dataclass_arguments",
     "all_gather_object",
@@ -112,11 +135,15 @@ __all__ = [
     "autocast",
     "barrier",
     "changed_settings",
+    "check_int",
     "config_dict",
     "config_from",
     "count_parameters",
+    "decays",
     "device_name",
+    "finished_record",
     "flag",
+    "flat_record",
     "flat_settings",
     "interleaved_medians",
     "iter_jsonl",
@@ -124,10 +151,12 @@ __all__ = [
     "leaf_fields",
     "load_checkpoint",
     "load_state_dicts",
+    "make_record",
     "markdown_table",
     "may_change_on_resume",
     "median_seconds",
     "option",
+    "param_groups",
     "peak_memory",
     "plain_text",
     "progress",
@@ -142,8 +171,10 @@ __all__ = [
     "rng_state",
     "run_child",
     "run_cli",
+    "run_dir",
     "run_identity",
     "save_checkpoint",
+    "schedule",
     "seed_everything",
     "set_rng_state",
     "setup_distributed",
@@ -151,6 +182,8 @@ __all__ = [
     "state_dicts",
     "stream_seed",
     "teardown_distributed",
+    "training_stream_seed",
+    "write_record",
     "write_safetensors",
     "write_table",
 ]

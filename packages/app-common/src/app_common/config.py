@@ -128,7 +128,9 @@ def add_dataclass_arguments(
             continue
         required = default is dataclasses.MISSING
         text = f.metadata.get("help", "")
-        if not required:
+        if required:  # checked by config_from, after the TOML file: its value satisfies the flag
+            text = f"{text} (required: as a flag or a key of --config)" if text else "required"
+        else:
             shown = " ".join(map(str, default)) if many and default is not None else default
             text = f"{text} (default: {shown})" if text else f"default: {shown}"
         kwargs: dict[str, Any] = {"help": text.replace("%", "%%"), "default": argparse.SUPPRESS}
@@ -146,7 +148,7 @@ def add_dataclass_arguments(
             kwargs.pop("default")
             parser.add_argument(name, **kwargs)
         else:
-            parser.add_argument(flag(name), dest=name, required=required, **kwargs)
+            parser.add_argument(flag(name), dest=name, **kwargs)
 
 
 def add_config_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -267,8 +269,8 @@ def config_from(
         **fixed: values of top-level fields that win over both.
 
     Raises:
-        ValueError: a TOML key that is no field of ``cls`` (listing the fields), or a value of the wrong
-            type.
+        ValueError: a TOML key that is no field of ``cls`` (listing the fields), a value of the wrong
+            type, or a required field (no default) given neither as a flag nor in the TOML table.
     """
     leaves = leaf_fields(cls)
     groups = {f.name for f in dataclasses.fields(cls) if _is_group(_field_types(cls)[f.name][0])}
@@ -287,6 +289,13 @@ def config_from(
         values[key] = _coerce(key, value, *leaves[key][1:3])
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     values.update({k: _coerce(k, v, *leaves[k][1:3]) for k, v in given.items() if k in leaves})
+    missing = [
+        flag(name)
+        for name, (_, _, _, default) in leaves.items()
+        if default is dataclasses.MISSING and name not in values and name not in fixed
+    ]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required: give it as a flag or as a key of the --config file")
     return _build(cls, values, fixed)
 
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from app_common.config import flat_settings
+from app_common.config import flag, flat_settings
 from app_common.device import DTYPES
+from spectraformer_core import check_int
 
 #: Flag (field name) -> what it means in every app. ``--help`` shows these texts.
 FLAGS: dict[str, str] = {
@@ -33,7 +34,7 @@ FLAGS: dict[str, str] = {
     "threads": "CPU threads of torch (0: torch's default)",
     "seed": "seed of the initialization, the random features and the data order",
     "config": "TOML file whose keys are the flags' names with underscores (flags given win)",
-    "out": "output folder of the run (results, checkpoints, report)",
+    "out": "folder holding runs/<name>/ (checkpoint, log, record of each run) and the results file",
     "resume": "continue from the run's checkpoint if there is one (refused if its identity settings "
     "differ); --no-resume starts over",
     "steps": "optimizer steps (the schedule ends there)",
@@ -47,6 +48,28 @@ FLAGS: dict[str, str] = {
     "last_k": "replace the MLPs of the last k blocks",
     "attention": "attention: any name of rf_attention.names()",
     "attention_features": "random features of the attention (rows of its weight matrix)",
+    "eval_batches": "batches of each evaluation",
+    "warmup_steps": "linear warm-up steps of the learning rate",
+    "checkpoint_every": "steps between checkpoints",
+    "results": "JSON-lines file the run's record is appended to",
+    "weights": "pretrained weights to start from",
+}
+
+#: Other spellings of vocabulary flags, which no app may use: alias -> the vocabulary's flag.
+ALIASES: dict[str, str] = {
+    "--layers": "--layer",
+    "--ks": "--last-k",
+    "--eval-steps": "--eval-batches",
+    "--eval-examples": "--eval-batches",
+    "--warmup": "--warmup-steps",
+    "--init-from": "--weights",
+    "--pretrained": "--weights",
+    "--save-every": "--checkpoint-every",
+    "--results-file": "--results",
+    "--learning-rate": "--lr",
+    "--max-steps": "--steps",
+    "--runs": "--out",
+    "--clip": "--grad-clip",
 }
 
 
@@ -56,7 +79,7 @@ def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = 
     Args:
         name: a key of [`FLAGS`][app_common.FLAGS] (its text is the help).
         default: the default (a tuple for a grid of values).
-        help: replaces the vocabulary's text (say what this app adds, keep the meaning).
+        help: what this app adds, after the vocabulary's text (``"<meaning>; <help>"``).
         **metadata: ``choices``, ``metavar``.
 
     Raises:
@@ -64,12 +87,12 @@ def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = 
     """
     if name not in FLAGS:
         raise KeyError(f"name: {name!r} is not in the flag vocabulary; expected one of {', '.join(FLAGS)}")
-    return field(default=default, metadata={"help": help or FLAGS[name], **metadata})
+    text = FLAGS[name] if help is None else f"{FLAGS[name]}; {help}"
+    return field(default=default, metadata={"help": text, **metadata})
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {value!r}")
+    check_int(flag(name), value, minimum)
 
 
 def _check_number(name: str, value: Any, *, minimum: float, strict: bool) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spectraformer_core import check_int
+
 
 class Timer:
     """Accumulating wall-clock timer (``time.perf_counter``); waits for CUDA work before reading the clock.
@@ -135,8 +137,7 @@ def interleaved_medians(
     Raises:
         ValueError: ``repeats`` < 1.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
+    check_int("repeats", repeats, 1)
     times: dict[str, list[float]] = {name: [] for name in fns}
     for round_ in range(warmup + repeats):
         for name, fn in fns.items():

@@ -75,13 +75,6 @@ def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
     return z
 
 
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` if it is an integer >= ``minimum``, else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """Uniform ``[0, 1)`` float64 draws made on the generator's device (CPU), moved to ``device``.
 

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 
 from rf_attention.baselines._common import (
     StepDraws,
-    check_int,
     compute_dtype,
     key_validity,
     masked_softmax,
@@ -18,6 +17,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
+from spectraformer_core import check_int
 
 
 @register("bigbird")

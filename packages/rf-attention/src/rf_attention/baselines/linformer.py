@@ -8,14 +8,13 @@ import torch
 from torch import nn
 
 from rf_attention.baselines._common import (
-    check_int,
     compute_dtype,
     key_validity,
     without_autocast,
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from spectraformer_core import make_generator
+from spectraformer_core import check_int, make_generator
 
 
 @register("linformer")

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from rf_attention.baselines._common import (
-    check_int,
     compute_dtype,
     iterative_pinv,
     key_validity,
@@ -18,7 +17,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
-from spectraformer_core import make_generator
+from spectraformer_core import check_int, make_generator
 
 
 def segment_means(x: torch.Tensor, valid: torch.Tensor, num_segments: int) -> torch.Tensor:

@@ -10,7 +10,6 @@ from torch import nn
 
 from rf_attention.baselines._common import (
     StepDraws,
-    check_int,
     compute_dtype,
     key_validity,
     masked_softmax,
@@ -18,6 +17,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
+from spectraformer_core import check_int
 
 #: Logit given to a query's own position: it is attended to only when nothing else is (Kitaev et al.;
 #: HF ``LSHSelfAttention``'s ``self_mask_value_float32``).

@@ -8,7 +8,6 @@ import torch
 
 from rf_attention.baselines._common import (
     StepDraws,
-    check_int,
     compute_dtype,
     iterative_pinv,
     key_validity,
@@ -17,6 +16,7 @@ from rf_attention.baselines._common import (
 )
 from rf_attention.modules import MultiheadSelfAttention
 from rf_attention.registry import register
+from spectraformer_core import check_int
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

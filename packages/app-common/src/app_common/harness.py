@@ -1,0 +1,590 @@
+"""The apps' one training harness: the app gives its model, data, loss and evaluation; `Trainer` runs them.
+
+In the spirit of Lightning Fabric and accelerate, an app keeps a short top-down ``train`` and the harness
+owns everything around the step:
+
+    trainer = ac.Trainer(name=name, out=config.out, identity=ac.run_identity(config), seed=config.seed,
+                         steps=config.steps, device=config.device, dtype=config.dtype, threads=config.threads,
+                         grad_clip=config.grad_clip, log_every=config.log_every, eval_every=config.eval_every)
+    if (record := trainer.finished()) is not None:
+        return record                                    # skip a finished run
+    model = build(...).to(trainer.device)
+    optimizer = torch.optim.AdamW(ac.param_groups(model, config.weight_decay), lr=config.lr)
+    warmup = ac.schedule("cosine", config.warmup_steps, config.steps)
+    forward = trainer.setup(model, optimizer, schedule=warmup)
+    trainer.fit(lambda step, batch: F.cross_entropy(forward(batch[0]), batch[1]),
+                data=ac.TrainData(train_set, config.batch_size, collate), evaluate=lambda step: {...})
+    return trainer.finish(trainer.record(config, metrics={...}, details={...}))
+
+What the harness does, in order, for every run:
+
+1. **Set-up** (`Trainer`): CPU threads, the device (``--device``), the process group under ``torchrun``
+   (DistributedDataParallel), seeding everything with ``seed`` (before the app builds its model).
+2. **Resume** (`Trainer.fit`, the apps' one policy): with ``resume`` on and ``runs/<name>/checkpoint.pt``
+   saved under the same identity, the model, optimizers, the app's extra ``state`` (stateful objects and
+   ``torch.Generator``), every process's random state and the counters are loaded and the log is cut back to
+   the checkpoint's step; a checkpoint of another identity is refused, listing the changed settings. A
+   checkpoint saved by another number of processes is refused too (the changed-world-size rule: resume with
+   as many processes as saved it). A fresh run seeds its training stream with ``7919 seed + 17 + rank``
+   (dropout), so the stream of a resumed run equals the unbroken run's.
+3. **Steps** ``t = start .. steps - 1``: the learning rate of every group is its peak times
+   ``schedule(t)``; the batch of step ``t`` is the ``t``-th of the resumable order
+   ([`StepBatches`][app_common.StepBatches]: a function of ``(seed, t)``); ``zero_grad``, the loss under
+   autocast (``--dtype``), ``backward`` (``accumulate`` micro-batches, DDP synchronizing on the last only),
+   the NaN policy, gradient clipping at ``grad_clip`` (0: none), the optimizer step. Optimizers that need a
+   closure (L-BFGS) get one that computes the loss and its gradient, unclipped (their line search needs
+   the true gradient).
+4. **NaN policy**: the step's loss (averaged over processes) must be finite before the update;
+   ``on_nan="raise"`` stops the run with an error naming the step, ``on_nan="stop"`` ends training there
+   and records ``diverged_at`` (the 0-based step whose loss was not finite; the update is not applied).
+5. **Cadence**: every ``log_every`` steps (and the last) a log line with the mean training loss of the
+   window and the learning rate; every ``eval_every`` steps (and the last) the app's evaluation, its metrics
+   logged, then a checkpoint; a checkpoint also every ``checkpoint_every`` steps and after the last step.
+   The app's evaluation may call `Trainer.stop` (early stopping).
+6. **Timing and record**: ``train_seconds`` counts the steps only (not evaluation, logging or checkpoints)
+   and carries across resumes; `Trainer.record` builds the one record schema
+   ([`make_record`][app_common.make_record]) and `Trainer.finish` writes it (main process only).
+
+A run killed at any checkpoint and resumed therefore ends with the weights, optimizer state, log lines and
+record (bar ``train_seconds`` and ``finished_at``) of the unbroken run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+from app_common.batches import StepBatches
+from app_common.checkpoint import Checkpointer, rewind_log
+from app_common.device import autocast, device_name, resolve_device
+from app_common.distributed import (
+    Distributed,
+    all_gather_object,
+    all_reduce,
+    barrier,
+    setup_distributed,
+    teardown_distributed,
+)
+from app_common.measure import Timer, peak_memory, reset_peak_memory
+from app_common.progress import progress
+from app_common.records import CHECKPOINT, LOG, RECORD, finished_record, make_record, run_dir, write_record
+from app_common.results import append_jsonl
+from app_common.schedules import Schedule
+from app_common.seeding import rng_state, seed_everything, set_rng_state
+
+#: Optimizers whose ``step`` takes a closure that recomputes the loss (their line search).
+CLOSURE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.LBFGS,)
+
+#: The NaN policies of `Trainer`.
+NAN_POLICIES = ("raise", "stop")
+
+#: ``loss_fn(step, batch) -> scalar loss``: ``batch`` is the step's batch of `TrainData`, or without data
+#: the micro-batch index (``0 .. accumulate - 1``; 0 without accumulation).
+LossFn = Callable[[int, Any], torch.Tensor]
+
+
+def training_stream_seed(seed: int, rank: int) -> int:
+    """The seed of the global random stream (dropout) during training: ``7919 seed + 17 + rank``."""
+    return 7919 * seed + 17 + rank
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """A training set the harness draws its batches from, in the resumable order of `StepBatches`.
+
+    Attributes:
+        dataset: map-style dataset.
+        batch_size: examples per step (split over the processes).
+        collate: ``collate_fn`` of the ``DataLoader``.
+        workers: ``DataLoader`` workers.
+    """
+
+    dataset: Dataset[Any]
+    batch_size: int
+    collate: Callable[[list[Any]], Any] | None = None
+    workers: int = 0
+
+
+def _save_stateful(part: Any) -> Any:
+    return part.get_state() if isinstance(part, torch.Generator) else part.state_dict()
+
+
+def _load_stateful(part: Any, state: Any) -> None:
+    if isinstance(part, torch.Generator):
+        part.set_state(state)
+    else:
+        part.load_state_dict(state)
+
+
+class Trainer:
+    """One run's training harness (see the module's documentation for the full policy).
+
+    Args:
+        name: the run's name: its folder ``<out>/runs/<name>/`` and its progress bar.
+        out: the folder holding ``runs/``.
+        identity: the run's identity (``app_common.run_identity``); a checkpoint of another is refused.
+        seed: the run's seed (everything is seeded with it at construction).
+        steps: optimizer steps of the run (all phases together).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
+        dtype: autocast precision of the loss (``float32``: none).
+        threads: CPU threads of torch (0: leave torch's default).
+        resume: continue the run's checkpoint (and skip a finished run) if there is one.
+        grad_clip: the gradient norm's bound (0: no clipping).
+        log_every: steps between training-loss log lines.
+        eval_every: steps between evaluations (None: only after the last step).
+        checkpoint_every: steps between checkpoints besides those after evaluations (None: none).
+        on_nan: ``raise`` or ``stop`` (see the NaN policy).
+        show_progress: draw a progress bar (on the main process).
+        on_save: called with the step after each checkpoint (``app_common.testing.kill_at``).
+        distributed: join the ``torchrun`` process group when there is one (False: one process).
+
+    Raises:
+        ValueError: a bad argument, naming it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        out: str | Path,
+        identity: Mapping[str, Any],
+        seed: int,
+        steps: int,
+        device: str | torch.device = "auto",
+        dtype: str = "float32",
+        threads: int = 0,
+        resume: bool = True,
+        grad_clip: float = 0.0,
+        log_every: int = 10,
+        eval_every: int | None = None,
+        checkpoint_every: int | None = None,
+        on_nan: str = "raise",
+        show_progress: bool = True,
+        on_save: Callable[[int], None] | None = None,
+        distributed: bool = True,
+    ) -> None:
+        from spectraformer_core import check_int
+
+        check_int("steps", steps, minimum=1)
+        check_int("log_every", log_every, minimum=1)
+        if eval_every is not None:
+            check_int("eval_every", eval_every, minimum=1)
+        if checkpoint_every is not None:
+            check_int("checkpoint_every", checkpoint_every, minimum=1)
+        check_int("threads", threads, minimum=0)
+        if on_nan not in NAN_POLICIES:
+            raise ValueError(f"on_nan: expected one of {', '.join(NAN_POLICIES)}, got {on_nan!r}")
+        if isinstance(grad_clip, bool) or not isinstance(grad_clip, int | float) or grad_clip < 0:
+            raise ValueError(f"grad_clip: expected a number >= 0, got {grad_clip!r}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.dist: Distributed = (
+            setup_distributed(device) if distributed else Distributed(device=resolve_device(device))
+        )
+        self.device = self.dist.device
+        self.name, self.out, self.seed, self.steps = name, Path(out), seed, steps
+        self.dir = run_dir(out, name)
+        self.dtype, self.resume, self.grad_clip = dtype, resume, float(grad_clip)
+        self.log_every, self.eval_every, self.checkpoint_every = log_every, eval_every, checkpoint_every
+        self.on_nan, self.show_progress = on_nan, show_progress
+        self.checkpointer = Checkpointer(self.dir / CHECKPOINT, identity, resume=resume, on_save=on_save)
+        self.step = 0
+        self.train_seconds = 0.0
+        self.stopped: str | None = None
+        self.diverged_at: int | None = None
+        self.window: list[float] = []  # losses of the steps since the last log line
+        self.metrics: dict[str, Any] = {}  # the last evaluation's metrics
+        self.model: torch.nn.Module | None = None
+        self.forward: torch.nn.Module | None = None
+        self.eval_forward: torch.nn.Module | None = None
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.phases: list[tuple[str, int]] = []
+        self.schedule: Schedule | None = None
+        self.state: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        self._peaks: dict[str, list[float]] = {}
+        self._restored = False
+        seed_everything(seed)
+
+    # ------------------------------------------------------------------------------------------ set-up
+    @property
+    def is_main(self) -> bool:
+        """True on the process that writes logs, checkpoints, records and progress bars."""
+        return self.dist.is_main
+
+    @property
+    def log_path(self) -> Path:
+        """``<out>/runs/<name>/log.jsonl``."""
+        return self.dir / LOG
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """Autocast to the run's ``dtype`` on its device (for the app's evaluation)."""
+        return autocast(self.device, self.dtype)
+
+    def finished(self) -> dict[str, Any] | None:
+        """The run's record if it finished earlier and ``resume`` is on, else None.
+
+        Without ``resume`` a finished run's record file is removed: the run starts over.
+        """
+        if not self.resume:
+            if self.is_main:
+                (self.dir / RECORD).unlink(missing_ok=True)
+            return None
+        return finished_record(self.out, self.name)
+
+    def setup(
+        self,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
+        *,
+        phases: Sequence[tuple[str, int]] = (),
+        schedule: Schedule | None = None,
+        state: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        compile: bool = False,
+    ) -> torch.nn.Module:
+        """Register the model and its optimizers; returns the module the loss function calls.
+
+        Args:
+            model: the model, on `device`.
+            optimizers: one optimizer, or several by name (with ``phases``).
+            phases: ``[(optimizer name, steps), ...]`` run one after the other (Adam, then L-BFGS); the
+                steps must add up to ``steps``. Default: the one optimizer for every step.
+            schedule: learning-rate factor of the step (`app_common.schedule`); None: the groups'
+                learning rates as they are.
+            state: further stateful parts the checkpoint carries (``state_dict``/``load_state_dict``
+                objects and ``torch.Generator``), e.g. the app's counters or a ray generator.
+            extra: plain values saved in every checkpoint (e.g. the model's configuration).
+            compile: ``torch.compile`` the model.
+
+        Returns:
+            The module to call for training (compiled, and wrapped in DistributedDataParallel under
+            ``torchrun``); `eval_forward` is the same without the wrapper (for evaluation).
+
+        Raises:
+            ValueError: phases that name no optimizer or do not add up to ``steps``.
+        """
+        self.model = model
+        self.optimizers = (
+            {"optimizer": optimizers} if isinstance(optimizers, torch.optim.Optimizer) else dict(optimizers)
+        )
+        if phases:
+            unknown = [name for name, _ in phases if name not in self.optimizers]
+            if unknown:
+                raise ValueError(f"phases: {unknown} name no optimizer; expected {sorted(self.optimizers)}")
+            if sum(count for _, count in phases) != self.steps:
+                raise ValueError(f"phases: {list(phases)} add up to other than steps={self.steps}")
+            self.phases = list(phases)
+        elif len(self.optimizers) == 1:
+            self.phases = [(next(iter(self.optimizers)), self.steps)]
+        else:
+            raise ValueError(f"phases: needed to run several optimizers ({sorted(self.optimizers)})")
+        self.schedule = schedule
+        self.state = dict(state or {})
+        self.extra = dict(extra or {})
+        self._peaks = {name: [g["lr"] for g in o.param_groups] for name, o in self.optimizers.items()}
+        forward: torch.nn.Module = torch.compile(model) if compile else model  # type: ignore[assignment]
+        self.eval_forward = forward
+        if self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            forward = DistributedDataParallel(forward, device_ids=ids)
+        self.forward = forward
+        return forward
+
+    # ----------------------------------------------------------------------------------------- resume
+    def restore(self) -> bool:
+        """Load the run's checkpoint if there is one to resume (done by `fit`); True when loaded.
+
+        Raises:
+            ValueError: a checkpoint of another identity, or saved by another number of processes.
+        """
+        if self.model is None:
+            raise RuntimeError("Trainer.restore: call setup(model, optimizers) first")
+        if self._restored:
+            return self.step > 0
+        self._restored = True
+        state = self.checkpointer.load(map_location=self.device)
+        if state is None:
+            if self.is_main:
+                self.log_path.unlink(missing_ok=True)
+            seed_everything(training_stream_seed(self.seed, self.dist.rank))
+            return False
+        saved_world = len(state["rng"])
+        if saved_world != self.dist.world_size:
+            raise ValueError(
+                f"{self.checkpointer.path}: saved by {saved_world} processes; resume it with as many "
+                f"(now {self.dist.world_size}), or pass --no-resume to start over"
+            )
+        self.model.load_state_dict(state["model"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        for name, part in self.state.items():
+            _load_stateful(part, state["state"][name])
+        counters = state["counters"]
+        self.step, self.train_seconds = int(state["step"]), float(counters["train_seconds"])
+        self.stopped, self.diverged_at = counters["stopped"], counters["diverged_at"]
+        self.window = list(counters["window"])
+        self.metrics = dict(counters["metrics"])
+        set_rng_state(state["rng"][self.dist.rank])
+        if self.is_main:
+            print(f"{self.name}: resuming at step {self.step} from {self.checkpointer.path}")
+            rewind_log(self.log_path, self.step)
+        barrier()
+        return True
+
+    def save(self) -> None:
+        """Checkpoint the run now (every process takes part; the main one writes)."""
+        assert self.model is not None  # set up
+        rngs = all_gather_object(rng_state())
+        counters = {
+            "train_seconds": self.train_seconds,
+            "stopped": self.stopped,
+            "diverged_at": self.diverged_at,
+            "window": list(self.window),
+            "metrics": dict(self.metrics),
+        }
+        state = {
+            "model": self.model.state_dict(),
+            "optimizers": {name: o.state_dict() for name, o in self.optimizers.items()},
+            "state": {name: _save_stateful(part) for name, part in self.state.items()},
+            "counters": counters,
+            "rng": rngs,
+            **self.extra,
+        }
+        self.checkpointer.save(self.step, state, write=self.is_main)
+        barrier()
+
+    def stop(self, reason: str) -> None:
+        """End training after the current evaluation (early stopping); ``reason`` goes to the record."""
+        self.stopped = reason
+
+    @property
+    def done(self) -> bool:
+        """True when there is no step left to take (budget spent, stopped or diverged)."""
+        return self.stopped is not None or self.diverged_at is not None or self.step >= self.steps
+
+    # -------------------------------------------------------------------------------------------- loop
+    def _optimizer_at(self, step: int) -> tuple[str, torch.optim.Optimizer]:
+        end = 0
+        for name, count in self.phases:
+            end += count
+            if step < end:
+                return name, self.optimizers[name]
+        name = self.phases[-1][0]
+        return name, self.optimizers[name]
+
+    def _batches(self, data: TrainData) -> Iterator[Any]:
+        loader = DataLoader(
+            data.dataset,
+            batch_sampler=StepBatches(
+                len(data.dataset),  # type: ignore[arg-type]
+                data.batch_size,
+                seed=self.seed,
+                start_step=self.step,
+                rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            ),
+            collate_fn=data.collate,
+            num_workers=data.workers,
+            pin_memory=self.device.type == "cuda",
+            # The iterator draws its base seed from this generator, not from the global stream (dropout),
+            # so that the global stream is the same whether the loop starts fresh or resumes.
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        return iter(loader)
+
+    def _take_step(self, loss_fn: LossFn, step: int, batch: Any, accumulate: int) -> float:
+        """One optimizer step; the loss averaged over micro-batches and processes (before the update)."""
+        assert self.model is not None
+        assert self.forward is not None
+        name, optimizer = self._optimizer_at(step)
+        if self.schedule is not None:
+            factor = self.schedule(step)
+            for group, peak in zip(optimizer.param_groups, self._peaks[name], strict=True):
+                group["lr"] = peak * factor
+        if isinstance(optimizer, CLOSURE_OPTIMIZERS):
+
+            def closure() -> torch.Tensor:
+                optimizer.zero_grad(set_to_none=True)
+                with self.autocast():
+                    loss = loss_fn(step, batch)
+                loss.backward()
+                return loss
+
+            first = cast(torch.Tensor, optimizer.step(closure))  # type: ignore[arg-type]  # a Tensor closure
+            value = float(all_reduce(first.detach().float(), "mean").item())
+            if not math.isfinite(value):
+                self._diverged(step, value)
+            return value
+        optimizer.zero_grad(set_to_none=True)
+        # One batch per process (its share of the global batch), or this process's share of the micro-batches.
+        local = 1 if accumulate == 1 else accumulate // self.dist.world_size
+        total = torch.zeros((), device=self.device)
+        for i in range(local):
+            micro = batch if accumulate == 1 else self.dist.rank + i * self.dist.world_size
+            sync = i == local - 1 or not self.dist.enabled
+            no_sync = contextlib.nullcontext() if sync else self.forward.no_sync()  # type: ignore[operator]
+            with no_sync, self.autocast():
+                loss = loss_fn(step, micro)
+                if local > 1:
+                    loss = loss / local
+            loss.backward()
+            total += loss.detach().float()
+        value = float(all_reduce(total, "mean").item())
+        if not math.isfinite(value):
+            self._diverged(step, value)
+            return value
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        optimizer.step()
+        return value
+
+    def _diverged(self, step: int, value: float) -> None:
+        if self.on_nan == "raise":
+            raise RuntimeError(f"{self.name}: the training loss became {value} at step {step + 1}")
+        self.diverged_at = step
+
+    def fit(
+        self,
+        loss_fn: LossFn,
+        *,
+        data: TrainData | None = None,
+        accumulate: int = 1,
+        evaluate: Callable[[int], Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Train from the checkpoint's step (or 0) to ``steps`` (or until stopped or diverged).
+
+        Args:
+            loss_fn: ``(step, batch) -> loss`` (a scalar tensor); called under autocast.
+            data: the training set whose batches the loss gets (None: the loss draws its own data, and
+                gets the micro-batch index).
+            accumulate: micro-batches per step, over all processes (a multiple of the world size); the
+                loss of each is divided by their number on this process.
+            evaluate: ``step -> metrics`` (plain numbers) at the evaluation cadence; may call `stop`. The
+                last evaluation's metrics stay in `metrics` (and in the checkpoint).
+
+        Raises:
+            ValueError: a checkpoint that cannot be resumed, or ``accumulate`` not a multiple of the
+                processes.
+            RuntimeError: a non-finite loss under ``on_nan="raise"``.
+        """
+        from spectraformer_core import check_int
+
+        check_int("accumulate", accumulate, minimum=1)
+        if accumulate > 1 and accumulate % self.dist.world_size:
+            raise ValueError(
+                f"accumulate: {accumulate} micro-batches are not divisible by the "
+                f"{self.dist.world_size} processes"
+            )
+        if data is not None and accumulate != 1:
+            raise ValueError("accumulate: micro-batches are drawn by the loss itself; pass data=None")
+        self.restore()
+        assert self.model is not None  # restore checked
+        if self.done:
+            return
+        reset_peak_memory(self.device)
+        batches = self._batches(data) if data is not None else None
+        timer = Timer(self.device, elapsed=self.train_seconds)
+        bar = progress(
+            total=self.steps,
+            initial=self.step,
+            desc=self.name,
+            leave=False,
+            disable=not (self.is_main and self.show_progress),
+        )
+        window = self.window
+        self.model.train()
+        while not self.done:
+            step = self.step
+            batch = next(batches) if batches is not None else 0
+            timer.start()
+            value = self._take_step(loss_fn, step, batch, accumulate)
+            self.train_seconds = timer.stop()
+            if self.diverged_at is not None:
+                bar.write(f"{self.name}: the loss became {value} at step {step}; training stops (diverged)")
+                self.save()
+                break
+            self.step = step + 1
+            window.append(value)
+            bar.update(1)
+            last = self.step == self.steps
+            if self.step % self.log_every == 0 or last:
+                mean = sum(window) / len(window)
+                window.clear()
+                bar.set_postfix(loss=f"{mean:.4g}")
+                lr = self._optimizer_at(step)[1].param_groups[0]["lr"]
+                if self.is_main:
+                    append_jsonl(self.log_path, {"step": self.step, "train_loss": mean, "lr": lr})
+            evaluated = evaluate is not None and (
+                last or (self.eval_every is not None and self.step % self.eval_every == 0)
+            )
+            if evaluated:
+                assert evaluate is not None
+                self.metrics = dict(evaluate(self.step))
+                self.model.train()
+                if self.is_main:
+                    append_jsonl(self.log_path, {"step": self.step, **self.metrics})
+            every = self.checkpoint_every
+            if evaluated or last or self.stopped or (every is not None and self.step % every == 0):
+                self.save()
+        bar.close()
+
+    # ------------------------------------------------------------------------------------------ record
+    def record(
+        self,
+        config: Any,
+        *,
+        metrics: Mapping[str, Any],
+        details: Mapping[str, Any] | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> dict[str, Any]:
+        """The run's record in the one schema ([`make_record`][app_common.make_record]).
+
+        Besides the core keys: ``steps``, ``stopped``, ``diverged_at``, ``world_size``, ``dtype``, and the
+        peak memory (the largest over processes) with its kind.
+        """
+        model = model if model is not None else self.model
+        assert model is not None  # set up
+        peak = peak_memory(self.device)
+        peak_bytes = int(all_reduce(torch.tensor([float(peak.bytes)], device=self.device), "max").item())
+        return make_record(
+            name=self.name,
+            config=config,
+            seed=self.seed,
+            device=device_name(self.device),
+            model=model,
+            train_seconds=self.train_seconds,
+            metrics=metrics,
+            details=details,
+            steps=self.step,
+            stopped=self.stopped,
+            diverged_at=self.diverged_at,
+            world_size=self.dist.world_size,
+            dtype=self.dtype,
+            peak_memory_bytes=peak_bytes,
+            memory_kind=peak.kind,
+        )
+
+    def finish(self, record: Mapping[str, Any], *, results: str | Path | None = None) -> dict[str, Any]:
+        """Write ``record`` (results file, then ``record.json``) on the main process; returns it.
+
+        Args:
+            record: the run's record (`record`).
+            results: the results file (default ``<out>/results.jsonl``).
+        """
+        if self.is_main:
+            write_record(self.out, record, results=results)
+        barrier()
+        return dict(record)
+
+    def close(self) -> None:
+        """Leave the process group, if `Trainer` joined one."""
+        teardown_distributed()
