@@ -33,16 +33,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
-#: Pages whose Python blocks are not marked yet (their owners add the marks). A page leaves this set
-#: as soon as its blocks are marked; the test below fails if a listed page needs no exemption any more.
-UNMARKED_PAGES = frozenset(
-    {
-        "guides/attention.md",
-        "guides/decoding-and-hf.md",
-        "guides/ralimp.md",
-    }
-)
-
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
 MARK = re.compile(r"^\s*<!--\s*(?P<mark>runnable|not-runnable|cli-help)\s*(?::\s*(?P<why>.*?))?\s*-->\s*$")
 MARKS = ("runnable", "not-runnable", "cli-help")
@@ -105,9 +95,6 @@ def test_the_pages_have_runnable_blocks() -> None:
 def test_every_python_block_is_marked(page: str) -> None:
     blocks = [block for block in BLOCKS if block.page == page and block.language in PYTHON]
     unmarked = [block.id for block in blocks if block.mark not in ("runnable", "not-runnable")]
-    if page in UNMARKED_PAGES:
-        assert unmarked, f"{page}: every Python block is marked; remove the page from UNMARKED_PAGES"
-        pytest.skip(f"{page}: {len(unmarked)} Python blocks not marked yet (UNMARKED_PAGES)")
     assert not unmarked, (
         f"Python blocks without <!-- runnable --> or <!-- not-runnable: why --> before them: {unmarked}"
     )

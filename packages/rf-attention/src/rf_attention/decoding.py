@@ -122,7 +122,7 @@ def accumulate_keys(
     """The state after keys ``phi_k (..., T, m)`` with log-scales ``(..., T)`` and values ``v (..., T, Dv)``.
 
     Padded keys have zero features and log-scale ``-inf``; they change nothing but ``length``. The sums are
-    those of the causal kernel ([`weighted_key_sums`][rf_attention._kernels.weighted_key_sums]), relative
+    those of the causal kernel (`rf_attention._kernels.weighted_key_sums`), relative
     to ``M = max(M_old, max_j c_j)``, the old ones rescaled by ``exp(M_old - M) <= 1``.
     """
     reference = torch.maximum(state.reference, key_log_scale.amax(dim=-1))
@@ -151,7 +151,7 @@ def recurrent_attention(
 
     Position $i$ of the new tokens attends to every key in ``state`` and to the new keys $j \le i$,
     exactly as in the causal forward pass over the whole sequence: the same chunk-parallel computation
-    ([`causal_block`][rf_attention._kernels.causal_block], all blocks of ``block_size`` tokens at once),
+    (`rf_attention._kernels.causal_block`, all blocks of ``block_size`` tokens at once),
     stabilization and normalizer guard. $T = 1$ is one decoding step, $O(m D_v)$ whatever the context.
 
     Args:
