@@ -5,6 +5,7 @@ import torch
 
 import ralimp
 from gpt_uptrain import GPT, GPTConfig
+from gpt_uptrain.model import GELU_TANH, LAYER_OPTIONS
 
 TINY = {
     "block_size": 16,
@@ -68,12 +69,21 @@ def test_default_last_k_is_half_of_the_blocks_rounded_up():
     assert GPTConfig(**TINY).replaced_blocks == 0
 
 
-def test_ralimp_at_budget_128_is_the_papers_gpt2_layer_with_exactly_128_features():
+def test_ralimp_at_budget_128_spends_exactly_128_features_with_at_most_the_papers_one_atom():
     model = GPT(GPTConfig(**{**TINY, "features": 128}, layer="ralimp", last_k=1))
     layer = model.transformer.h[-1].mlp.c_fc
     assert isinstance(layer, ralimp.RaLiMP)
     assert layer.activation_name == "gelu_tanh"  # GPT-2's activation, not the exact GELU
     assert layer.poly_degree == 2
+    assert layer.num_atoms in (0, 1)  # the variance-aware fit chooses J <= the paper's 1
+    assert layer.num_random_features == 128
+    assert ralimp.fit_summary(model)  # the choice is what the results line records
+
+
+def test_the_papers_gpt2_layer_without_the_choice_of_atoms_has_exactly_128_features():
+    linear = torch.nn.Linear(32, 128)
+    options = {**LAYER_OPTIONS["ralimp"], "fit": "discretized"}  # the fit that keeps J as given
+    layer = ralimp.create("ralimp", linear, GELU_TANH, budget=128, seed=0, **options)
     assert layer.num_atoms == 1
     assert layer.num_freqs == 2
     assert [m.num_features for m in layer.freq_matrices] == [4, 4]  # 2 frequencies x m = 4 projections

@@ -37,7 +37,8 @@ from spectraformer_core import check_int
 GELU_TANH = "gelu_tanh"
 
 #: Options of the replacement layers at any budget, the paper's GPT-2 settings (ralimp.txt, App. "GPT-2"):
-#: RaLiMP a degree-2 polynomial and one trainable atom ``(A, B, p, q)`` at 2 Gauss-Laguerre frequencies x
+#: RaLiMP a degree-2 polynomial and at most one trainable atom ``(A, B, p, q)`` (the variance-aware fit
+#: chooses 0 or 1) at 2 Gauss-Laguerre frequencies x
 #: ``m = 4`` projections, ``tau = 3``; ``ralimp.create`` spends the rest of the budget on the polynomial.
 #: One departure: RaLiMP's and SNNK's ``balance="auto"`` (not in the papers, whose literal value is 1),
 #: which rescales ``x`` and ``w`` against each other so that the features' variance starts finite at
