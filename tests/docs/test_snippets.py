@@ -5,6 +5,9 @@ allowed; the comment does not show on the rendered page):
 
 - ``<!-- runnable -->`` before a ``python`` block: the block runs on its own, in a fresh namespace, and the
   test fails on any exception (or warning: pytest turns warnings into errors in this workspace).
+- ``<!-- runnable: continues -->`` before a ``python`` block: the block continues the runnable block before
+  it on the same page (one file shown in parts): the parts run in order in one namespace, then every
+  ``test_*`` function they define is called (``tmp_path`` given where it is a parameter).
 - ``<!-- not-runnable: <why> -->`` before a ``python`` block: not run; the reason is required.
 - ``<!-- cli-help -->`` before a ``bash`` block: every command in it must read
   ``uv run --frozen --package <member> <command> <arguments>``, where ``<member>`` is a workspace member that
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,15 +117,39 @@ def test_marks_sit_on_the_right_blocks(page: str) -> None:
         assert block.language in expected, f"{block.id}: {block.mark} on a {block.language!r} block"
 
 
-RUNNABLE = [block for block in BLOCKS if block.mark == "runnable"]
+def runnable_chains(blocks: list[Block]) -> list[list[Block]]:
+    """Runnable blocks grouped into the scripts they form: a ``continues`` block joins the one before it."""
+    chains: list[list[Block]] = []
+    for block in blocks:
+        if block.mark != "runnable":
+            continue
+        if block.why == "continues":
+            if not chains or chains[-1][-1].page != block.page:
+                raise ValueError(f"{block.id}: 'runnable: continues' follows no runnable block of its page")
+            chains[-1].append(block)
+        else:
+            chains.append([block])
+    return chains
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[block.id for block in RUNNABLE])
-def test_runnable_block_runs(block: Block) -> None:
-    # Padded so that a traceback names the page and its line numbers, and shows the page's code.
-    filename, source = f"docs/{block.page}", "\n" * block.line + block.code + "\n"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    exec(compile(source, filename, "exec"), {"__name__": "__main__"})
+RUNNABLE = runnable_chains(BLOCKS)
+
+
+@pytest.mark.parametrize("chain", RUNNABLE, ids=[chain[0].id for chain in RUNNABLE])
+def test_runnable_block_runs(chain: list[Block], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A module of its own in sys.modules, as a script has: dataclasses and typing resolve its annotations.
+    module = types.ModuleType("docs_snippet")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
+    for block in chain:
+        # Padded so that a traceback names the page and its line numbers, and shows the page's code.
+        filename, source = f"docs/{block.page}", "\n" * block.line + block.code + "\n"
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        exec(compile(source, filename, "exec"), namespace)
+    for name, value in list(namespace.items()):
+        code = getattr(value, "__code__", None)
+        if name.startswith("test_") and code is not None and code.co_filename.startswith("docs/"):
+            value(**({"tmp_path": tmp_path} if "tmp_path" in code.co_varnames[: code.co_argcount] else {}))
 
 
 def console_scripts() -> dict[str, str]:
