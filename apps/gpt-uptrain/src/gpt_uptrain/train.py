@@ -206,21 +206,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             FileNotFoundError: no data or no pretrained folder; MemoryError: the run would not fit the
             device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
-    trainer = ac.Trainer(
-        name=run_name(config),
-        out=config.out,
-        identity=ac.run_identity(config),
-        seed=config.seed,
-        steps=config.steps,
-        device=config.device,
-        dtype=config.dtype,
-        threads=config.threads,
-        resume=config.resume,
-        grad_clip=config.grad_clip,
-        log_every=config.log_every,
-        eval_every=config.eval_every,
-        on_save=on_checkpoint,
-    )
+    trainer = ac.Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
     try:
         if trainer.finished() is not None:
             if trainer.is_main:

@@ -154,21 +154,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         FileNotFoundError: no cache for the task under ``config.data``.
     """
     name = run_name(config)
-    trainer = ac.Trainer(
-        name=name,
-        out=config.out,
-        identity=ac.run_identity(config),
-        seed=config.seed,
-        steps=config.steps,
-        device=config.device,
-        dtype=config.dtype,
-        threads=config.threads,
-        resume=config.resume,
-        grad_clip=config.grad_clip,
-        log_every=config.log_every,
-        eval_every=config.eval_every,
-        on_save=on_checkpoint,
-    )
+    trainer = ac.Trainer.from_config(config, name=name, on_save=on_checkpoint)
     try:
         if trainer.finished() is not None:
             if trainer.is_main:

@@ -196,20 +196,12 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     eval_split = "val" if config.tune else "test"
     steps_per_epoch = max(1, len(fit_set) // config.batch_size)
     total = config.steps or config.epochs * steps_per_epoch
-    trainer = ac.Trainer(
+    trainer = ac.Trainer.from_config(
+        config,
         name=name,
-        out=config.out,
-        identity=ac.run_identity(config),
-        seed=config.seed,
-        steps=total,
-        device=config.device,
-        dtype=config.dtype,
-        threads=config.threads,
-        resume=config.resume,
-        grad_clip=config.grad_clip,
-        log_every=config.log_every,
-        eval_every=config.eval_every or steps_per_epoch,
         on_save=on_checkpoint,
+        steps=total,
+        eval_every=config.eval_every or steps_per_epoch,
         distributed=False,
     )
     if trainer.finished() is not None:

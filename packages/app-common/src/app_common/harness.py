@@ -73,6 +73,7 @@ from app_common.distributed import (
     setup_distributed,
     teardown_distributed,
 )
+from app_common.fields import run_identity
 from app_common.measure import Timer, peak_memory, reset_peak_memory
 from app_common.progress import progress
 from app_common.records import CHECKPOINT, LOG, RECORD, finished_record, make_record, run_dir, write_record
@@ -228,6 +229,32 @@ class Trainer:
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """Autocast to the run's ``dtype`` on its device (for the app's evaluation)."""
         return autocast(self.device, self.dtype)
+
+    @classmethod
+    def from_config(
+        cls, config: Any, *, name: str, on_save: Callable[[int], None] | None = None, **overrides: Any
+    ) -> Trainer:
+        """A trainer set from a configuration of the shared field groups (``RuntimeFields``, ...).
+
+        ``out``, ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume``, ``grad_clip``,
+        ``log_every`` and ``eval_every`` come from ``config``'s fields of those names, the identity is
+        [`run_identity`][app_common.run_identity]``(config)``; ``overrides`` replace any of them or set the
+        other arguments.
+        """
+        settings: dict[str, Any] = {
+            "out": config.out,
+            "identity": run_identity(config),
+            "seed": config.seed,
+            "steps": config.steps,
+            "device": config.device,
+            "dtype": config.dtype,
+            "threads": config.threads,
+            "resume": config.resume,
+            "grad_clip": config.grad_clip,
+            "log_every": config.log_every,
+            "eval_every": config.eval_every,
+        }
+        return cls(name=name, on_save=on_save, **{**settings, **overrides})
 
     def finished(self) -> dict[str, Any] | None:
         """The run's record if it finished earlier and ``resume`` is on, else None.
