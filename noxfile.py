@@ -82,13 +82,15 @@ def sync(session: nox.Session, *args: str) -> None:
 
 
 MEMBERS = workspace_members()
+#: pytest-xdist: the tests of a session run in one worker process per CPU core.
+PARALLEL = ("--numprocesses", "auto")
 
 
 def _member_session(name: str, folder: Path):
     @nox.session(name=f"tests-{name}", default=True)
     def tests(session: nox.Session) -> None:
         sync(session, "--package", name, "--group", "test")
-        session.run("pytest", str(folder / "tests"), "-m", "not slow", *session.posargs)
+        session.run("pytest", str(folder / "tests"), "-m", "not slow", *PARALLEL, *session.posargs)
 
     tests.__doc__ = (
         f"Run the tests of {name} with only {name} and its declared dependencies installed (the slow ones "
@@ -105,7 +107,9 @@ for _name, _folder in MEMBERS.items():
 def tests_all(session: nox.Session) -> None:
     """Run every member's tests together, with the whole workspace and its optional extras installed."""
     sync(session, "--all-packages", "--all-extras", "--group", "test")
-    session.run("pytest", *[str(folder / "tests") for folder in MEMBERS.values()], *session.posargs)
+    session.run(
+        "pytest", *[str(folder / "tests") for folder in MEMBERS.values()], *PARALLEL, *session.posargs
+    )
 
 
 @nox.session(default=True)
@@ -126,7 +130,7 @@ def docs(session: nox.Session) -> None:
     """
     sync(session, "--all-packages", "--all-extras", "--group", "docs", "--group", "test")
     session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
-    session.run("pytest", "tests/docs", *session.posargs)
+    session.run("pytest", "tests/docs", *PARALLEL, *session.posargs)
 
 
 @nox.session(default=True)
