@@ -173,3 +173,11 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from vit_finetune.cli import build_parser
 
     assert_vocabulary(build_parser())
+
+
+def test_the_calibration_batch_is_ralimps_4096_rows_drawn_with_the_apps_seed():
+    import importlib
+
+    train_module = importlib.import_module("vit_finetune.train")
+    assert train_module.CALIBRATION_TOKENS == 4096
+    assert ac.CALIBRATION_SEED == 31_415_926

@@ -244,7 +244,7 @@ def report(config: ReportConfig) -> dict[str, str]:
             raise ValueError(f"{config.results}: record {number} lacks {', '.join(missing)}")
     if config.time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit: expected one of {', '.join(TIME_UNITS)}, got {config.time_unit!r}")
-    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = aggregate(records)
     tables = {
