@@ -254,10 +254,10 @@ class Trainer:
     ) -> Trainer:
         """A trainer set from a configuration of the shared field groups: every app builds its trainer so.
 
-        Each argument of [`CONFIG_SETTINGS`][app_common.harness.CONFIG_SETTINGS] comes from ``config``'s
-        field of that name: ``out``, ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume``
-        and ``grad_clip`` always, ``log_every``, ``eval_every`` and ``checkpoint_every`` where ``config``
-        has them (else `Trainer`'s defaults). The identity is
+        Each argument of ``CONFIG_SETTINGS`` comes from ``config``'s field of that name: ``out``,
+        ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume`` and ``grad_clip`` always,
+        ``log_every``, ``eval_every`` and ``checkpoint_every`` where ``config`` has them (else
+        `Trainer`'s defaults). The identity is
         [`run_identity`][app_common.run_identity]``(config)``. ``overrides`` replace any of these (a grid
         point's ``seed``, an identity without the grid) or set the other arguments of `Trainer`.
 
