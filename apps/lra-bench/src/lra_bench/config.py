@@ -236,7 +236,13 @@ class ReportConfig:
 
     results: Path = field(metadata={"help": "JSON-lines results file of train/sweep"})
     report_dir: Path | None = ac.option("report_dir", None)
-    table1_features: int = field(default=128, metadata={"help": "attention features of the Table 1 rows"})
+    table1_features: int | None = field(
+        default=None,
+        metadata={
+            "help": "attention features of the Table 1 rows (default: the paper's 128 when the results have "
+            "it, else the largest count they have)"
+        },
+    )
     time_unit: str = field(
         default="h", metadata={"help": "unit of training time", "choices": ("s", "min", "h")}
     )
