@@ -115,6 +115,8 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
     capsys.readouterr()
     assert main(["list", "layers"]) == 0
     assert capsys.readouterr().out.split() == ["dense", "eugen", "lowrank", "ralimp", "snnk"]
+    assert main(["list"]) == 0  # every kind, under its heading
+    assert "layers:" in capsys.readouterr().out
 
 
 def test_cli_errors_name_the_setting(tmp_path, capsys):

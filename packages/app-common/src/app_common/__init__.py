@@ -33,7 +33,7 @@ from app_common.checkpoint import (
     save_checkpoint,
     state_dicts,
 )
-from app_common.cli import USER_ERRORS, app_parser, plain_text, run_cli
+from app_common.cli import USER_ERRORS, add_list_command, app_parser, plain_text, run_cli
 from app_common.config import (
     add_config_argument,
     add_dataclass_arguments,
@@ -131,6 +131,7 @@ __all__ = [
     "Trainer",
     "add_config_argument",
     "add_dataclass_arguments",
+    "add_list_command",
     "all_gather_object",
     "all_reduce",
     "app_parser",
