@@ -296,3 +296,13 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from gpt_uptrain.cli import build_parser
 
     assert_vocabulary(build_parser())
+
+
+def test_the_calibration_batch_is_ralimps_4096_rows_and_last_k_is_checked_against_the_depth():
+    import importlib
+
+    train_module = importlib.import_module("gpt_uptrain.train")
+    assert train_module.CALIBRATION_TOKENS == 4096
+    assert ac.CALIBRATION_SEED == 31_415_926
+    with pytest.raises(ValueError, match=r"last_k: expected an integer in \[1, 2\], got 3"):
+        GPTConfig(n_layer=2, n_head=2, n_embd=8, vocab_size=11, block_size=8, layer="ralimp", last_k=3)

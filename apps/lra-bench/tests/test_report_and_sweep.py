@@ -93,6 +93,22 @@ def test_report_command_prints_table1(tmp_path, capsys):
     assert (tmp_path / "report" / "table1.csv").is_file()
 
 
+def test_table1_takes_the_papers_128_features_or_else_the_largest_count_of_the_results(tmp_path):
+    from lra_bench.report import aggregate, table1_features
+
+    results = tmp_path / "results.jsonl"
+    _synthetic_results(results)
+    records = [ac.flat_record(r) for r in ac.read_jsonl(results)]
+    assert table1_features(aggregate(records)) == 128
+    assert table1_features(aggregate(records), 64) == 64
+    only_64 = [r for r in records if r["features"] == 64]
+    assert table1_features(aggregate(only_64)) == 64
+    for record in only_64:
+        ac.append_jsonl(tmp_path / "quick" / "results.jsonl", record)
+    tables = report(ReportConfig(results=tmp_path / "quick" / "results.jsonl"))
+    assert "| softmax" in tables["table1"]  # a quickstart's results (64 features) fill Table 1
+
+
 def test_shards_split_the_grid_into_disjoint_parts_that_cover_it():
     sweep = SweepConfig(
         task=("listops", "image"), attention=("softmax", "oprf-orf"), attention_features=(64,), seed=(0, 1, 2)

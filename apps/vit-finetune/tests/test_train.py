@@ -115,6 +115,8 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
     capsys.readouterr()
     assert main(["list", "layers"]) == 0
     assert capsys.readouterr().out.split() == ["dense", "eugen", "lowrank", "ralimp", "snnk"]
+    assert main(["list"]) == 0  # every kind, under its heading
+    assert "layers:" in capsys.readouterr().out
 
 
 def test_cli_errors_name_the_setting(tmp_path, capsys):
@@ -173,3 +175,11 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from vit_finetune.cli import build_parser
 
     assert_vocabulary(build_parser())
+
+
+def test_the_calibration_batch_is_ralimps_4096_rows_drawn_with_the_apps_seed():
+    import importlib
+
+    train_module = importlib.import_module("vit_finetune.train")
+    assert train_module.CALIBRATION_TOKENS == 4096
+    assert ac.CALIBRATION_SEED == 31_415_926

@@ -54,3 +54,16 @@ def test_app_parser_shows_the_plain_summary_and_the_subcommand_list(capsys):
     assert "- go: goes." in text
     with pytest.raises(SystemExit):
         parser.parse_args([])  # a subcommand is required
+
+
+def test_list_prints_one_kind_or_every_kind_under_its_heading(capsys):
+    import app_common as ac
+
+    parser, commands = ac.app_parser("tool", "A tool.")
+    ac.add_list_command(
+        commands, {"layers": lambda: ["dense", "ralimp"], "attentions": lambda: ["softmax"]}, help="x"
+    )
+    assert run_cli(parser, ["list", "layers"]) == 0
+    assert capsys.readouterr().out == "dense\nralimp\n"
+    assert run_cli(parser, ["list"]) == 0
+    assert capsys.readouterr().out == "layers:\n  dense\n  ralimp\nattentions:\n  softmax\n"

@@ -1,6 +1,7 @@
 """The training harness: resume equal to an unbroken run, NaN policy, phases, schedules, parameter groups."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +192,52 @@ def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcom
     assert any(p.startswith("bad train: --lr means 'a learning rate of some kind'") for p in problems)
     with pytest.raises(AssertionError, match="flag vocabulary"):
         assert_vocabulary(bad)
+
+
+def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+        seed: int = 4
+        steps: int = 7
+        grad_clip: float = 0.5
+        eval_every: int = 3
+        log_every: int = 2
+        checkpoint_every: int = 0  # 0: no checkpoints besides those after evaluations
+        out: Path = tmp_path
+
+    config = Config(device="cpu", resume=False)
+    trainer = ac.Trainer.from_config(config, name="cfg", show_progress=False)
+    assert (trainer.out, trainer.seed, trainer.steps, trainer.resume) == (tmp_path, 4, 7, False)
+    assert (trainer.grad_clip, trainer.eval_every, trainer.log_every) == (0.5, 3, 2)
+    assert trainer.checkpoint_every is None
+    assert trainer.checkpointer.identity == ac.run_identity(config)
+
+    grid_point = ac.Trainer.from_config(
+        config, name="cfg-s9", seed=9, steps=11, identity={"run": "cfg-s9"}, show_progress=False
+    )
+    assert (grid_point.seed, grid_point.steps) == (9, 11)
+    assert grid_point.checkpointer.identity == {"run": "cfg-s9"}
+
+
+def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_missing_field(tmp_path):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True, kw_only=True)
+    class Bare(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+        seed: int = 0
+        out: Path = tmp_path
+
+    trainer = ac.Trainer.from_config(Bare(), name="bare", show_progress=False)
+    assert (trainer.eval_every, trainer.log_every, trainer.checkpoint_every) == (None, 10, None)
+
+    @dataclass(frozen=True, kw_only=True)
+    class NoSeed(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+        out: Path = tmp_path
+
+    with pytest.raises(AttributeError, match="NoSeed has no field seed"):
+        ac.Trainer.from_config(NoSeed(), name="no-seed")
+    assert ac.Trainer.from_config(NoSeed(), name="no-seed", seed=1, show_progress=False).seed == 1
+    with pytest.raises(ValueError, match=r"seed: expected an integer >= 0, got \(0, 1\)"):
+        ac.Trainer.from_config(Bare(), name="grid", seed=(0, 1))

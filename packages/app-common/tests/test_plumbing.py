@@ -143,6 +143,40 @@ def test_vocabulary_flags_name_themselves_in_errors():
         ac.option("learning_rate")
 
 
+def test_check_int_fields_names_the_flag_checks_each_grid_value_and_refuses_floats_and_bools():
+    @dataclass(frozen=True)
+    class Grid:
+        batch_size: int = 8
+        seed: tuple = (0, 1)
+        workers: object = 0
+
+    ac.check_int_fields(Grid(), "batch_size", "seed", minimum=0)
+    with pytest.raises(ValueError, match=r"--seed: expected an integer >= 0, got -1"):
+        ac.check_int_fields(Grid(seed=(0, -1)), "seed", minimum=0)
+    with pytest.raises(ValueError, match=r"--batch-size: expected an integer >= 1, got 2.5"):
+        ac.check_int_fields(Grid(batch_size=2.5), "batch_size")
+    with pytest.raises(ValueError, match=r"--workers: expected an integer >= 0, got True"):
+        ac.check_int_fields(Grid(workers=True), "workers", minimum=0)
+
+
+def test_shared_flags_say_one_thing_in_every_parser():
+    parser = argparse.ArgumentParser()
+    ac.add_config_argument(parser, "[extra] tables override the defaults")
+    config = next(a for a in parser._actions if "--config" in a.option_strings)
+    assert config.help == f"{ac.FLAGS['config']}; [extra] tables override the defaults"
+
+    @dataclass(frozen=True)
+    class Report:
+        results: Path
+        report_dir: Path | None = ac.option("report_dir", None)
+
+    ac.add_dataclass_arguments(parser, Report)
+    report = next(a for a in parser._actions if "--report-dir" in a.option_strings)
+    assert report.help.startswith(ac.FLAGS["report_dir"])
+    assert ac.report_folder("out/results.jsonl") == Path("out/report")
+    assert ac.report_folder("out/results.jsonl", "elsewhere") == Path("elsewhere")
+
+
 def test_interleaved_medians_time_each_function_once_per_round(monkeypatch):
     clock = iter(range(1000))
     monkeypatch.setattr(ac.measure.time, "perf_counter", lambda: float(next(clock)))

@@ -52,11 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         ac.add_config_argument(sub)
         ac.add_dataclass_arguments(sub, cls, **kw)
         sub.set_defaults(run=run)
-    names = commands.add_parser(
-        "list", help="list the MLP replacement kinds or the attention names", description="Print the names."
-    )
-    names.add_argument("what", choices=tuple(LISTS), help="which names")
-    names.set_defaults(run=lambda args: print("\n".join(LISTS[args.what]())))
+    ac.add_list_command(commands, LISTS, help="list the MLP replacement kinds or the attention names")
     return parser
 
 

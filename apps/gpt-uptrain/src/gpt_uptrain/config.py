@@ -23,7 +23,6 @@ from typing import ClassVar
 
 import app_common as ac
 from gpt_uptrain.model import INITS, GPTConfig
-from spectraformer_core import check_int
 
 #: GPT-2 Large, the paper's model (its vocabulary comes from the data).
 GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed=1337)
@@ -32,24 +31,8 @@ GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed
 RUN = Path("runs/gpt-uptrain")
 
 
-def _positive(config, *names: str) -> None:
-    for name in names:
-        check_int(ac.flag(name), getattr(config, name), minimum=1)
-
-
 #: ``--init``: ``auto`` is ``lstsq`` for pretrained MLPs (``--weights`` a folder), ``psi`` from scratch.
 STARTS = ("auto", *INITS)
-
-
-def _init_field() -> dataclasses.Field:
-    return field(
-        default="auto",
-        metadata={
-            "help": "start of the replaced MLPs: lstsq (readout fitted to the dense MLP on a training "
-            "batch), psi (the paper's Psi(W)), auto (lstsq when the MLPs are pretrained, psi from scratch)",
-            "choices": STARTS,
-        },
-    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,24 +55,24 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     )
     weights: str = ac.option("weights", "scratch", help="'scratch', or a local Hugging Face GPT-2 folder")
     model: GPTConfig = field(default=GPT2_LARGE)
-    init: str = _init_field()
+    init: str = ac.option("init", "auto", choices=STARTS)
     # Optimization.
     batch_size: int = field(default=24, metadata={"help": "sequences per micro-step (per process)"})
     gradient_accumulation_steps: int = field(
         default=30, metadata={"help": "micro-steps per optimizer step, over all processes together"}
     )
-    steps: int = ac.option("steps", 30_000, help="optimizer steps: the fixed budget")
-    lr: float = ac.option("lr", 6e-4, help="peak AdamW learning rate")
+    steps: int = ac.option("steps", 30_000, help="the fixed budget")
+    lr: float = ac.option("lr", 6e-4, help="AdamW")
     min_lr: float = field(default=6e-5, metadata={"help": "learning rate at the end of the cosine"})
     warmup_steps: int = ac.option("warmup_steps", 500)
     lr_decay_steps: int | None = field(
         default=None, metadata={"help": "end of the cosine (default: --steps)"}
     )
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
+    weight_decay: float = ac.option("weight_decay", 0.1)
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
     # Evaluation and bookkeeping.
-    eval_every: int = ac.option("eval_every", 1000, help="steps between evaluations and checkpoints")
+    eval_every: int = ac.option("eval_every", 1000, help="a checkpoint follows each")
     eval_batches: int = ac.option("eval_batches", 200, help="validation batches, the same every time")
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
     memory_check: bool = field(
@@ -101,8 +84,8 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         super().__post_init__()
         if not isinstance(self.model, GPTConfig):
             raise ValueError(f"model: expected a GPTConfig, got {type(self.model).__name__}")
-        _positive(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
-        check_int("--warmup-steps", self.warmup_steps, minimum=0)
+        ac.check_int_fields(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
+        ac.check_int_fields(self, "warmup_steps", minimum=0)
         if not 0 < self.min_lr <= self.lr:
             raise ValueError(f"--min-lr: expected 0 < min_lr <= lr={self.lr}, got {self.min_lr}")
         if self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:
@@ -182,18 +165,18 @@ class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     final rate ``lr / 10``).
     """
 
-    out: Path = ac.option("out", Path("runs/gpt-uptrain-quick"), help="folder of data, runs, report")
-    layer: tuple[str, ...] = ac.option("layer", ("dense", "ralimp", "eugen", "snnk"), help="one run each")
+    out: Path = ac.option("out", Path("runs/gpt-uptrain-quick"), help="and of data/ and report/")
+    layer: tuple[str, ...] = ac.option(
+        "layer", ("dense", "ralimp", "eugen", "snnk"), help="several values: a run each"
+    )
     corpus_chars: int = field(default=1_000_000, metadata={"help": "characters of stdlib source"})
     steps: int = ac.option("steps", QUICK_RUN.steps)
     lr: float = ac.option("lr", QUICK_RUN.lr)
-    threads: int = ac.option(
-        "threads", 1, help="CPU threads of torch: the models are small; more threads only contend"
-    )
-    last_k: int = ac.option("last_k", QUICK_RUN.model.last_k, help="replaced blocks (of 4)")
+    threads: int = ac.option("threads", 1, help="the models are small: more threads only contend")
+    last_k: int = ac.option("last_k", QUICK_RUN.model.last_k, help="of the 4 blocks")
     features: int = ac.option("features", QUICK_RUN.model.features)
-    attention: str = ac.option("attention", "softmax", help="causal rf_attention name of every model")
-    init: str = _init_field()
+    attention: str = ac.option("attention", "softmax", help="every block's, used causally")
+    init: str = ac.option("init", "auto", choices=STARTS)
     seed: int = ac.option("seed", QUICK_RUN.seed)
 
     def run(self, layer: str, data: Path) -> TrainConfig:
@@ -246,9 +229,9 @@ class SampleConfig:
     device: str = ac.option("device", "auto", metavar="auto|cpu|cuda[:i]")
 
     def __post_init__(self) -> None:
-        _positive(self, "num_samples", "max_new_tokens")
+        ac.check_int_fields(self, "num_samples", "max_new_tokens")
         if self.top_k is not None:
-            _positive(self, "top_k")
+            ac.check_int_fields(self, "top_k")
 
 
 @dataclass(frozen=True)
@@ -256,6 +239,4 @@ class ReportConfig:
     """``gpt-uptrain report RESULTS``: the Markdown/CSV table of validation perplexity and the loss curves."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/quick"})
-    report_dir: Path | None = field(
-        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
-    )
+    report_dir: Path | None = ac.option("report_dir", None)

@@ -91,20 +91,18 @@ class GPTConfig:
     n_layer: int = field(default=12, metadata={"help": "blocks"})
     n_head: int = field(default=12, metadata={"help": "attention heads"})
     n_embd: int = field(default=768, metadata={"help": "width"})
-    dropout: float = field(default=0.0, metadata={"help": "dropout rate"})
+    dropout: float = ac.option("dropout", 0.0)
     bias: bool = field(default=True, metadata={"help": "biases in linear layers and LayerNorms"})
     layer_norm_epsilon: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
-    attention: str = ac.option("attention", "softmax", help="attention of every block, used causally")
+    attention: str = ac.option("attention", "softmax", help="every block's, used causally")
     attention_features: int = ac.option("attention_features", 128)
     layer: str = ac.option("layer", "dense")
-    last_k: int | None = ac.option(
-        "last_k", None, help="replace the MLPs of the last k blocks (default: half)"
-    )
+    last_k: int | None = ac.option("last_k", None, help="default: half of the blocks")
     features: int = ac.option("features", 128)
     weight_matrix: str | None = ac.option(
         "weight_matrix",
         None,
-        help="rf_matrices name of the replacement layers' projections (default: the layer's own)",
+        help="default: the layer's own",
     )
     seed: int = ac.option("seed", 0)
 
@@ -119,10 +117,8 @@ class GPTConfig:
             raise ValueError(f"layer: expected one of {', '.join(ralimp.names())}, got {self.layer!r}")
         if self.layer != "dense":
             check_int("features", self.features, minimum=1)
-        if self.last_k is not None and not 1 <= self.last_k <= self.n_layer:
-            raise ValueError(
-                f"last_k: expected an integer in [1, {self.n_layer}] (n_layer), got {self.last_k!r}"
-            )
+        if self.last_k is not None:
+            check_int("last_k", self.last_k, 1, maximum=self.n_layer)  # at most n_layer blocks
 
     @property
     def replaced_blocks(self) -> int:

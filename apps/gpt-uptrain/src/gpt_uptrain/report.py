@@ -108,7 +108,7 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
         missing = [k for k in needed if k not in record]
         if missing:
             raise ValueError(f"{results}: record {number} lacks {', '.join(missing)}")
-    out = Path(out) if out is not None else Path(results).parent / "report"
+    out = ac.report_folder(results, out)
     out.mkdir(parents=True, exist_ok=True)
     text = ac.write_table(out / "table", *table(records))
     loss_curves(records, out / "loss_curves.png")

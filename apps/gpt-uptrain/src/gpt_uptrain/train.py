@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -36,8 +37,9 @@ from gpt_uptrain.data import TokenData
 from gpt_uptrain.model import GPT, LAYER_OPTIONS, REPLACEMENT_FIELDS, GPTConfig
 
 EVAL_SEED = 20_240_607  # validation batches are the same for every run and every evaluation
-CALIBRATION_SEED = 31_415_926  # the training batch that calibrates the replaced MLPs
-CALIBRATION_TOKENS = 4096  # its size (ralimp.replace_mlp keeps at most 4096 inputs per layer)
+#: Tokens of the batch that calibrates the replaced MLPs: as many as ``ralimp.replace_mlp`` keeps per layer
+#: (its ``max_calibration_rows``, read from ralimp: the one source of that number).
+CALIBRATION_TOKENS: int = inspect.signature(ralimp.replace_mlp).parameters["max_calibration_rows"].default
 
 
 def lr_schedule(config: TrainConfig) -> ac.Schedule:
@@ -133,7 +135,8 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
-    batch of about 4096 tokens (`CALIBRATION_SEED`) and started from ``config.start``.
+    batch of about `CALIBRATION_TOKENS` tokens (seeded with ``app_common.CALIBRATION_SEED``) and started
+    from ``config.start``.
 
     Raises:
         ValueError: the data's vocabulary does not fit the pretrained model's.
@@ -160,7 +163,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
             "train",
             -(-CALIBRATION_TOKENS // block_size),
             block_size,
-            seed=(config.seed, CALIBRATION_SEED),
+            seed=(config.seed, ac.CALIBRATION_SEED),
             device=device,
         )
     replacement = {name: getattr(config.model, name) for name in REPLACEMENT_FIELDS}

@@ -69,7 +69,7 @@ def _report(args: argparse.Namespace) -> None:
 
     config = ac.config_from(ReportConfig, args)
     _print(report(config))
-    out = config.report_dir if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     print(f"tables (Markdown, CSV) and plots (PNG) written to {out}")
 
 

@@ -47,19 +47,16 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     layer: tuple[str, ...] = ac.option(
         "layer",
         PAPER_METHODS,
-        help="methods (several: a grid): lowrank, eugen, snnk, ralimp, ralimp-psi, linear",
+        help="here the methods (several values: a grid): lowrank, eugen, snnk, ralimp, ralimp-psi, linear",
         metavar="NAME",
     )
     features: tuple[int, ...] = ac.option(
         "features",
         (32,),
-        help="random features (rank for lowrank/linear) per method, spent by ralimp.create (several: a "
-        "grid; the paper's sweep: 16 32 64 128 256)",
+        help="the rank for lowrank and linear; several values: a grid (the paper's sweep: 16 32 64 128 256)",
     )
-    seed: tuple[int, ...] = ac.option(
-        "seed", tuple(range(10)), help="seeds of the dense initialization and the projections (a grid)"
-    )
-    steps: int = ac.option("steps", 3000, help="Adam steps (full batch; the cosine decay ends there)")
+    seed: tuple[int, ...] = ac.option("seed", tuple(range(10)), help="several values: a grid")
+    steps: int = ac.option("steps", 3000, help="full-batch Adam, cosine decay")
     lr: float = ac.option("lr", 1e-2)
     grad_clip: float = ac.option("grad_clip", 10.0)
     samples: int = field(default=8192, metadata={"help": "rows of X"})
@@ -80,26 +77,18 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
         default=False,
         metadata={"help": "the paper's layers exactly: balance 1 and no output scale and shift"},
     )
-    out: Path = ac.option(
-        "out", Path("results/layer-fit"), help="folder of results.jsonl, checkpoints/, report/"
-    )
-    checkpoint_every: int = ac.option("checkpoint_every", 500, help="0: never")
-    log_every: int = ac.option("log_every", 50, help="steps between the recorded training-loss points")
+    out: Path = ac.option("out", Path("results/layer-fit"), help="and of report/")
+    checkpoint_every: int = ac.option("checkpoint_every", 500)
+    log_every: int = ac.option("log_every", 50, help="the points of the record's loss curve")
 
     def __post_init__(self) -> None:
         """Positive sizes and at least one value of every grid field."""
         super().__post_init__()
-        for name in ("samples", "dim", "log_every"):
-            ac.check_int(ac.flag(name), getattr(self, name), 1)
-        for name in ("data_seed", "checkpoint_every"):
-            ac.check_int(ac.flag(name), getattr(self, name), 0)
+        ac.check_int_fields(self, "samples", "dim", "log_every", "features")
+        ac.check_int_fields(self, "data_seed", "checkpoint_every", "seed", minimum=0)
         for name in GRID:
             if not getattr(self, name):
                 raise ValueError(f"--{name}: expected at least one value")
-        if any(s < 0 for s in self.seed):
-            raise ValueError(f"--seed: expected integers >= 0, got {self.seed!r}")
-        for value in self.features:
-            ac.check_int("--features", value, 1)
 
     @property
     def balance(self) -> float | str:
@@ -136,12 +125,12 @@ class QuickConfig(FitConfig):
     """
 
     seed: tuple[int, ...] = ac.option("seed", (0, 1))
-    steps: int = ac.option("steps", 200, help="Adam steps (full batch)")
+    steps: int = ac.option("steps", 200, help="full-batch Adam, cosine decay")
     samples: int = field(default=512, metadata={"help": "rows of X"})
     dim: int = field(default=64, metadata={"help": "input and output width (W is dim x dim)"})
     threads: int = ac.option("threads", 1)
-    checkpoint_every: int = ac.option("checkpoint_every", 0, help="0: never")
-    out: Path = ac.option("out", Path("results/layer-fit-quick"), help="folder of results.jsonl and report/")
+    checkpoint_every: int = ac.option("checkpoint_every", 0)
+    out: Path = ac.option("out", Path("results/layer-fit-quick"), help="and of report/")
 
 
 @dataclass(frozen=True)
@@ -149,9 +138,7 @@ class ReportConfig:
     """Tables (Markdown, CSV) and plots (PNG) of a results file: mean +/- std of the train MSE over seeds."""
 
     results: Path = field(metadata={"help": "the results.jsonl written by layer-fit train"})
-    report_dir: Path | None = field(
-        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
-    )
+    report_dir: Path | None = ac.option("report_dir", None)
     table_features: int = field(
         default=32, metadata={"help": "the budget of the main table and the bar plot"}
     )

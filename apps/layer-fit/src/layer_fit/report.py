@@ -324,7 +324,7 @@ def claim_line(cells: dict, budget: int, method: str = "ralimp") -> str:
 def report(config: ReportConfig) -> dict[str, str]:
     """Write the tables and plots of ``config.results``; returns the Markdown texts by name."""
     cells = aggregate([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
-    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     _, _, budgets = _axes(cells)
     budget = config.table_features if config.table_features in budgets else budgets[0]

@@ -73,21 +73,16 @@ def fit_one(
                 sigma=sigma, on_checkpoint=on_checkpoint,
             )  # fmt: skip
     name = run_name(data.activation, method, budget, seed)
-    trainer = ac.Trainer(
+    trainer = ac.Trainer.from_config(
+        config,
         name=name,
+        on_save=on_checkpoint,
         out=out,
-        identity={"run": name, **config.protocol()},
+        identity={"run": name, **config.protocol()},  # the grid point is in the name
         seed=seed,
-        steps=config.steps,
         device=device,
-        dtype=config.dtype,
-        resume=config.resume,
-        grad_clip=config.grad_clip,
-        log_every=config.log_every,
-        checkpoint_every=config.checkpoint_every or None,
         on_nan="stop",
         show_progress=progress,
-        on_save=on_checkpoint,
         distributed=False,
     )
     if (record := trainer.finished()) is not None:

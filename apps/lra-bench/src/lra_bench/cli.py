@@ -21,10 +21,7 @@ import app_common as ac
 import rf_attention
 from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
 
-_TOML_HELP = (
-    "TOML file: keys are the flags' names with underscores; [table6.<task>] tables override Table 6 "
-    "(flags given win)"
-)
+_TOML_HELP = "[table6.<task>] tables override Table 6"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +99,7 @@ def _report(args: argparse.Namespace) -> None:
     config = ac.config_from(ReportConfig, args)
     tables = report(config)
     print(tables["table1"])
-    out = config.report_dir if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     print(f"\ntables (Markdown, CSV) and heatmaps written to {out}")
 
 

@@ -83,7 +83,7 @@ class ModelConfig(ac.AttentionFields):
     hidden_dim: int = field(default=128, metadata={"help": "feed-forward and classifier hidden width"})
     num_heads: int = field(default=2, metadata={"help": "attention heads (head dim = dim / heads)"})
     num_layers: int = field(default=2, metadata={"help": "transformer blocks"})
-    dropout: float = field(default=0.1, metadata={"help": "dropout rate"})
+    dropout: float = ac.option("dropout", 0.1)
     attention_dropout: float = field(
         default=0.1, metadata={"help": "dropout on attention probabilities (attentions that have them)"}
     )
@@ -91,8 +91,7 @@ class ModelConfig(ac.AttentionFields):
     def __post_init__(self) -> None:
         """Widths and counts >= 1, heads dividing the width, rates in [0, 1)."""
         super().__post_init__()
-        for name in ("dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers"):
-            ac.check_int(ac.flag(name), getattr(self, name), 1)
+        ac.check_int_fields(self, "dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers")
         if self.dim % self.num_heads:
             raise ValueError(f"--num-heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
         for name in ("dropout", "attention_dropout"):
@@ -117,17 +116,15 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     task: str = field(metadata={"help": "LRA task", "choices": lra_data.TASKS})
     seed: int = ac.option("seed", 0)
     data: Path = field(default=Path("data/lra"), metadata={"help": "cache root of lra-data (DATA/TASK)"})
-    out: Path = ac.option(
-        "out", Path("results/lra-bench"), help="folder of results.jsonl and runs/<run>/ (checkpoint, log)"
-    )
+    out: Path = ac.option("out", Path("results/lra-bench"))
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+    workers: int = ac.option("workers", 0)
     model: ModelConfig = field(default_factory=ModelConfig)
     # Training (Table 6, per task when None).
-    steps: int = ac.option("steps", 50_000, help="step budget (the linear decay ends here)")
-    lr: float | None = ac.option("lr", None, help="peak AdamW learning rate; None: Table 6")
+    steps: int = ac.option("steps", 50_000, help="linear decay")
+    lr: float | None = ac.option("lr", None, help="AdamW; None: Table 6")
     grad_clip: float = ac.option("grad_clip", 1.0)
-    eval_every: int | None = ac.option("eval_every", None, help="steps between evaluations; None: Table 6")
+    eval_every: int | None = ac.option("eval_every", None, help="None: Table 6")
     log_every: int = ac.option("log_every", 50)
     batch_size: int | None = field(default=None, metadata={"help": "global batch; None: Table 6"})
     warmup_steps: int | None = ac.option("warmup_steps", None, help="None: Table 6")
@@ -139,7 +136,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     )
     max_length: int | None = field(default=None, metadata={"help": "tokens kept per document; None: Table 6"})
     patience: int = field(default=10, metadata={"help": "evaluations without improvement before stopping"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    weight_decay: float = ac.option("weight_decay", 0.0)
 
     def __post_init__(self) -> None:
         """Fill the per-task fields left at None from Table 6, then check every value."""
@@ -148,16 +145,8 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
             if getattr(self, name) is None:
                 object.__setattr__(self, name, row[name])
         super().__post_init__()
-        for name in ("batch_size", "max_length", "patience"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}"
-                )
-        for name in ("warmup_steps", "eval_batches", "init_steps", "workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(
-                    f"--{name.replace('_', '-')}: expected an integer >= 0, got {getattr(self, name)}"
-                )
+        ac.check_int_fields(self, "batch_size", "max_length", "patience")
+        ac.check_int_fields(self, "warmup_steps", "eval_batches", "init_steps", "workers", minimum=0)
 
 
 def train_config(
@@ -210,12 +199,12 @@ class SweepConfig:
         default=lra_data.TASKS, metadata={"help": "tasks", "choices": lra_data.TASKS}
     )
     attention: tuple[str, ...] = ac.option(
-        "attention", ("softmax", "performer", "oprf-fastfoodl"), help="one or more (a grid)"
+        "attention", ("softmax", "performer", "oprf-fastfoodl"), help="several values: a grid"
     )
     attention_features: tuple[int, ...] = ac.option(
-        "attention_features", (64, 128, 256, 512), help="one or more (a grid)"
+        "attention_features", (64, 128, 256, 512), help="several values: a grid"
     )
-    seed: tuple[int, ...] = ac.option("seed", (0, 1, 2, 3, 4), help="one or more (a grid)")
+    seed: tuple[int, ...] = ac.option("seed", (0, 1, 2, 3, 4), help="several values: a grid")
     shard: str = field(default="0/1", metadata={"help": "i/n: run the i-th of n interleaved parts"})
 
     def __post_init__(self) -> None:
@@ -246,10 +235,14 @@ class ReportConfig:
     """What ``lra-bench report RESULTS`` writes: Tables 1, 7, 8 (Markdown and CSV) and Figure 4 (PNG)."""
 
     results: Path = field(metadata={"help": "JSON-lines results file of train/sweep"})
-    report_dir: Path | None = field(
-        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
+    report_dir: Path | None = ac.option("report_dir", None)
+    table1_features: int | None = field(
+        default=None,
+        metadata={
+            "help": "attention features of the Table 1 rows (default: the paper's 128 when the results have "
+            "it, else the largest count they have)"
+        },
     )
-    table1_features: int = field(default=128, metadata={"help": "attention features of the Table 1 rows"})
     time_unit: str = field(
         default="h", metadata={"help": "unit of training time", "choices": ("s", "min", "h")}
     )
@@ -259,9 +252,9 @@ class ReportConfig:
 class QuickConfig(ac.RuntimeFields):
     """``lra-bench quick`` (alias ``quickstart``): generated ListOps, a few attentions, Table 1."""
 
-    out: Path = ac.option("out", Path("runs/quickstart"), help="folder of data, runs and report")
+    out: Path = ac.option("out", Path("runs/quickstart"), help="and of data/ and report/")
     attention: tuple[str, ...] = ac.option(
-        "attention", ("softmax", "performer", "oprf-fastfoodl"), help="attentions to train"
+        "attention", ("softmax", "performer", "oprf-fastfoodl"), help="several values: one run each"
     )
     train_examples: int = field(default=4000, metadata={"help": "generated training expressions"})
     heldout_examples: int = field(
@@ -275,14 +268,13 @@ class QuickConfig(ac.RuntimeFields):
     batch_size: int = field(default=32, metadata={"help": "batch size"})
     lr: float = ac.option("lr", 1e-3)
     seed: int = ac.option("seed", 0)
-    threads: int = ac.option(
-        "threads", 1, help="CPU threads of torch: the models are tiny; more threads only contend"
-    )
+    threads: int = ac.option("threads", 1, help="the models are tiny: more threads only contend")
 
     def __post_init__(self) -> None:
         """Every count >= 1 (checked before any data is generated)."""
         super().__post_init__()
-        for name in (
+        ac.check_int_fields(
+            self,
             "train_examples",
             "heldout_examples",
             "max_depth",
@@ -291,7 +283,6 @@ class QuickConfig(ac.RuntimeFields):
             "attention_features",
             "steps",
             "batch_size",
-        ):
-            ac.check_int(ac.flag(name), getattr(self, name), 1)
+        )
         if not self.lr > 0:
             raise ValueError(f"--lr: expected a number > 0, got {self.lr!r}")

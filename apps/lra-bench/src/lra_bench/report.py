@@ -4,7 +4,7 @@ Every cell aggregates the runs of one (task, attention, features) over seeds: ac
 ``mean (std)`` in percent (sample standard deviation, 0 for one seed), training time and peak memory as
 means. ``mu`` is the mean over the tasks the row has results for (the paper's rows have all five).
 
-- Table 1: one row per attention at one feature count (default 128), sorted by mean accuracy.
+- Table 1: one row per attention at one feature count (`table1_features`), sorted by mean accuracy.
 - Table 7: one row per ``"<component>-<matrix>"`` attention and feature count.
 - Table 8: per feature count, the mean over weight matrices of each component function (type ``f``)
   and the mean over component functions of each weight matrix (type ``W``).
@@ -217,6 +217,18 @@ def heatmaps(cells: dict, out: Path) -> list[Path]:
     return paths
 
 
+#: The attention features of the paper's Table 1.
+PAPER_FEATURES = 128
+
+
+def table1_features(cells: dict, wanted: int | None = None) -> int:
+    """The feature count of Table 1: ``wanted``, else 128 when the results have it, else their largest."""
+    if wanted is not None:
+        return wanted
+    counts = {f for _, _, f in cells}
+    return PAPER_FEATURES if PAPER_FEATURES in counts or not counts else max(counts)
+
+
 def _write(out: Path, stem: str, header: list[str], rows: list[list[str]]) -> str:
     text = ac.write_table(out / stem, header, rows)
     if not rows:
@@ -244,11 +256,11 @@ def report(config: ReportConfig) -> dict[str, str]:
             raise ValueError(f"{config.results}: record {number} lacks {', '.join(missing)}")
     if config.time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit: expected one of {', '.join(TIME_UNITS)}, got {config.time_unit!r}")
-    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = aggregate(records)
     tables = {
-        "table1": table1(cells, config.table1_features, config.time_unit),
+        "table1": table1(cells, table1_features(cells, config.table1_features), config.time_unit),
         "table7": table7(cells, config.time_unit),
         "table8": table8(cells, config.time_unit),
     }

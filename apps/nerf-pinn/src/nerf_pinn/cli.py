@@ -56,9 +56,7 @@ class ReportConfig:
     """``nerf-pinn report RESULTS``: the Markdown and CSV table of one family's results file."""
 
     results: Path = field(metadata={"help": "results.jsonl of one family (train, pinn, siren, nerf, quick)"})
-    report_dir: Path | None = field(
-        default=None, metadata={"help": "folder of the table; None: report/ beside RESULTS"}
-    )
+    report_dir: Path | None = ac.option("report_dir", None)
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def _report(args: argparse.Namespace) -> None:
     if not records:
         raise ValueError(f"{config.results}: no results yet")
     metric = _family(records[0]["family"]).metric
-    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(records, metric)
     (out / "results.md").write_text(table + "\n")

@@ -51,12 +51,10 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
     layer: tuple[str, ...] = ac.option(
         "layer",
         KINDS,
-        help="variants to compare: dense and MLP replacement kinds of ralimp.create",
+        help="the variants compared (several values)",
         choices=KINDS,
     )
-    features: int = ac.option(
-        "features", 32, help="random features per linearized layer (ralimp.create's budget)"
-    )
+    features: int = ac.option("features", 32)
     poly_degree: int = field(default=2, metadata=_help("K of RaLiMP and EUGen"))
     num_atoms: int = field(default=1, metadata=_help("J, the atoms of RaLiMP's rational fit"))
     num_freqs: int = field(
@@ -77,8 +75,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             "it SNNK's PINN loss starts at 1e13) or a number (1: the paper's layer)"
         ),
     )
-    seed: int = ac.option("seed", 0, help="seed of the data, the initialization and the projections")
-    lr: float = ac.option("lr", 1e-3, help="Adam learning rate")
+    seed: int = ac.option("seed", 0)
+    lr: float = ac.option("lr", 1e-3, help="Adam")
     grad_clip: float = ac.option("grad_clip", 0.0)
     out: Path = ac.option("out", Path("results/nerf-pinn"))
     checkpoint_every: int = ac.option("checkpoint_every", 200)
@@ -95,11 +93,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
         if self.replace not in REPLACE:
             raise ValueError(f"--replace: expected one of {list(REPLACE)}, got {self.replace!r}")
         self.balance_value()
-        for name in ("checkpoint_every", "time_repeats", "num_freqs"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)!r}"
-                )
+        ac.check_int_fields(self, "time_repeats", "num_freqs")
+        ac.check_int_fields(self, "checkpoint_every", minimum=0)
 
     def balance_value(self) -> float | str:
         """``balance`` as ``ralimp.create`` takes it: ``"auto"`` or a positive number."""

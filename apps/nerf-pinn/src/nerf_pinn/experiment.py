@@ -99,22 +99,15 @@ class Family(abc.ABC):
 
     def trainer(self, kind: str, on_checkpoint: Callable[[int], None] | None = None) -> ac.Trainer:
         """The harness of variant ``kind``: ``<out>/runs/<kind>/``, one log line per step, NaN stops it."""
-        config = self.config
-        return ac.Trainer(
+        return ac.Trainer.from_config(
+            self.config,
             name=kind,
-            out=config.out,
+            on_save=on_checkpoint,
             identity=self.identity(kind),
-            seed=config.seed,
             steps=sum(count for _, count in self.phases()),
             device=self.device,
-            dtype=config.dtype,
-            threads=config.threads,
-            resume=config.resume,
-            grad_clip=config.grad_clip,
             log_every=1,
-            checkpoint_every=config.checkpoint_every,
             on_nan="stop",
-            on_save=on_checkpoint,
             distributed=False,
         )
 

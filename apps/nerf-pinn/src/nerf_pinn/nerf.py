@@ -41,8 +41,8 @@ class NeRF(nn.Module):
         self, depth: int = 8, width: int = 256, skip: int = 4, pos_freqs: int = 10, dir_freqs: int = 4
     ) -> None:
         super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth, width: expected positive integers, got {depth}, {width}")
+        ac.check_int("depth", depth, 1)
+        ac.check_int("width", width, 1)
         if skip >= depth or skip == 0:
             raise ValueError(f"skip: expected -1 or a trunk layer in [1, {depth - 1}], got {skip}")
         self.pos_freqs, self.dir_freqs, self.skip = pos_freqs, dir_freqs, skip

@@ -34,8 +34,8 @@ class PINN(nn.Module):
 
     def __init__(self, depth: int = 8, width: int = 20) -> None:
         super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth, width: expected positive integers, got {depth}, {width}")
+        ac.check_int("depth", depth, 1)
+        ac.check_int("width", width, 1)
         self.layers = nn.ModuleList(FeedForward(2 if i == 0 else width, width, "tanh") for i in range(depth))
         self.head = nn.Linear(width, 1)
         for module in self.modules():

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import app_common as ac
 from nerf_pinn.render import camera_rays, volume_render
 
 
@@ -97,8 +98,7 @@ def load_blender(
     from PIL import Image
 
     root = Path(root)
-    if downscale < 1:
-        raise ValueError(f"downscale: expected an integer >= 1, got {downscale}")
+    ac.check_int("downscale", downscale, 1)
     images, poses, splits, angle = [], [], {}, None
     for split in ("train", "val", "test"):
         meta_path = root / f"transforms_{split}.json"
@@ -205,8 +205,8 @@ def render_synthetic_scene(
     by the golden angle), so held-out views lie between training views.
     """
     path = Path(path)
-    if num_views < 2 or size < 4:
-        raise ValueError(f"num_views, size: expected >= 2 views of >= 4 pixels, got {num_views}, {size}")
+    ac.check_int("num_views", num_views, 2)
+    ac.check_int("size", size, 4)  # pixels of the image side
     focal = 0.5 * size / math.tan(math.radians(20))
     images, poses = [], []
     golden = math.pi * (3 - math.sqrt(5))

@@ -34,8 +34,7 @@ def load_image(path: Path | None, size: int) -> torch.Tensor:
     import skimage.io
     import skimage.transform
 
-    if size < 2:
-        raise ValueError(f"size: expected an image side >= 2, got {size!r}")
+    ac.check_int("size", size, 2)  # the image side
     if path is None:
         image = skimage.data.camera()
     else:
@@ -83,8 +82,8 @@ class Siren(nn.Module):
         omega_0: float = 30.0,
     ) -> None:
         super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth, width: expected positive integers, got {depth}, {width}")
+        ac.check_int("depth", depth, 1)
+        ac.check_int("width", width, 1)
         self.layers = nn.ModuleList(
             FeedForward(in_features if i == 0 else width, width, "sin", scale=omega_0) for i in range(depth)
         )

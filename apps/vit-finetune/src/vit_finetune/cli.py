@@ -65,11 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_dataclass_arguments(rep, ReportConfig, positional=("results",))
     rep.set_defaults(run=_report)
 
-    names = commands.add_parser(
-        "list", help="list model names, layer kinds or attention names", description="Print the names."
-    )
-    names.add_argument("what", choices=tuple(LISTS), help="which names")
-    names.set_defaults(run=lambda args: print("\n".join(LISTS[args.what]())))
+    ac.add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
     return parser
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import app_common as ac
-from spectraformer_core import check_int
 from vit_finetune.data import DATASETS
 
 #: How a replaced MLP starts: ``lstsq`` (readout fitted to the pretrained MLP on a training batch),
@@ -64,21 +63,14 @@ class TrainConfig(
     weight_matrix: str | None = ac.option(
         "weight_matrix",
         None,
-        help="rf_matrices name of the replacement layers' random projections (default: the layer's own)",
+        help="default: the layer's own",
     )
-    init: str = field(
-        default="auto",
-        metadata={
-            "help": "start of the replaced MLPs: lstsq (readout fitted to the pretrained MLP on a training "
-            "batch), psi (the paper's Psi(W)), auto (lstsq for pretrained weights, psi for a random model)",
-            "choices": INITS,
-        },
-    )
-    last_k: int = ac.option("last_k", 4, help="replace the MLPs (and --attention) of the last k blocks")
+    init: str = ac.option("init", "auto", choices=INITS)
+    last_k: int = ac.option("last_k", 4, help="and swap their --attention")
     attention: str = ac.option(
         "attention",
         "softmax",
-        help="attention of the same blocks: any name of rf_attention.names() (softmax: keep the model's)",
+        help="of the same blocks (softmax: keep the model's)",
     )
     seed: int = ac.option("seed", 0)
     tune: bool = field(
@@ -86,49 +78,43 @@ class TrainConfig(
     )
     image_size: int | None = field(default=None, metadata={"help": "input side; default: the model's"})
     batch_size: int | None = field(default=None, metadata={"help": "batch size; default: the data set's"})
-    lr: float | None = ac.option("lr", None, help="peak AdamW learning rate; default: the data set's")
+    lr: float | None = ac.option("lr", None, help="AdamW; default: the data set's")
     epochs: int | None = field(default=None, metadata={"help": "epochs; default: the data set's"})
     # The optimizer flags of ac.OptimizerFields, whose steps may not be None (here: the data set's epochs).
-    steps: int | None = ac.option("steps", None, help="optimizer steps (wins over --epochs)")
+    steps: int | None = ac.option("steps", None, help="wins over --epochs")
     grad_clip: float = ac.option("grad_clip", 1.0)
     warmup_steps: int | None = ac.option(
         "warmup_steps", None, help="default: a tenth of the steps (at least 1)"
     )
-    weight_decay: float = field(
-        default=0.05, metadata={"help": "AdamW weight decay (not on biases, norms, embeddings)"}
-    )
+    weight_decay: float = ac.option("weight_decay", 0.05)
     replaced_lr_scale: float = field(
         default=1.0,
         metadata={
             "help": "learning-rate factor of the replaced layers (RaLiMP's W enters Psi(W) through exp)"
         },
     )
-    dropout: float = field(default=0.0, metadata={"help": "dropout in the blocks"})
+    dropout: float = ac.option("dropout", 0.0)
     augment: bool = field(default=False, metadata={"help": "random flips and padded crops in training"})
-    eval_every: int | None = ac.option(
-        "eval_every", None, help="steps between evaluations (default: an epoch)"
-    )
+    eval_every: int | None = ac.option("eval_every", None, help="default: an epoch")
     throughput_batch: int = field(default=64, metadata={"help": "batch of the inference-throughput timing"})
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
-    workers: int = field(default=0, metadata={"help": "DataLoader worker processes"})
+    workers: int = ac.option("workers", 0)
     out: Path = ac.option("out", RUNS)
     results: Path = ac.option("results", Path("results/vit-finetune.jsonl"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
         DATASETS.get(self.data)
-        for name in ("last_k", "throughput_batch", "throughput_repeats"):
-            check_int(ac.flag(name), getattr(self, name), minimum=1)
-        for name in ("batch_size", "epochs", "image_size", "steps"):
-            if getattr(self, name) is not None:
-                check_int(ac.flag(name), getattr(self, name), minimum=1)
-        check_int(ac.flag("workers"), self.workers, minimum=0)
+        ac.check_int_fields(self, "last_k", "throughput_batch", "throughput_repeats")
+        given = [n for n in ("batch_size", "epochs", "image_size", "steps") if getattr(self, n) is not None]
+        ac.check_int_fields(self, *given)
+        ac.check_int_fields(self, "workers", minimum=0)
         if self.init not in INITS:
             raise ValueError(f"--init: expected one of {', '.join(INITS)}, got {self.init!r}")
         if not self.replaced_lr_scale > 0:
             raise ValueError(f"--replaced-lr-scale: expected a factor > 0, got {self.replaced_lr_scale}")
         if self.warmup_steps is not None:
-            check_int(ac.flag("warmup_steps"), self.warmup_steps, minimum=0)
+            ac.check_int_fields(self, "warmup_steps", minimum=0)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"--dropout: expected a rate in [0, 1), got {self.dropout}")
         if self.lr is not None and not self.lr > 0:
@@ -162,31 +148,29 @@ class SweepConfig:
     """
 
     layer: tuple[str, ...] = ac.option(
-        "layer", ("dense", "ralimp", "snnk", "eugen"), help="one or more kinds (a grid)"
+        "layer", ("dense", "ralimp", "snnk", "eugen"), help="several values: a grid"
     )
-    last_k: tuple[int, ...] = ac.option("last_k", (4, 7, 9, 11), help="one or more values (dense runs once)")
+    last_k: tuple[int, ...] = ac.option(
+        "last_k", (4, 7, 9, 11), help="several values: a grid (dense runs once)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class QuickConfig(ac.RuntimeFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
-    out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="folder of runs, results, report")
+    out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="and of report/")
     layer: tuple[str, ...] = ac.option(
-        "layer", ("dense", "ralimp", "snnk", "eugen"), help="one or more kinds (a grid)"
+        "layer", ("dense", "ralimp", "snnk", "eugen"), help="several values: a grid"
     )
-    last_k: tuple[int, ...] = ac.option("last_k", (4,), help="one or more values (a grid)")
+    last_k: tuple[int, ...] = ac.option("last_k", (4,), help="several values: a grid")
     epochs: int = field(default=40, metadata={"help": "epochs per run"})
     replaced_lr_scale: float = field(
         default=0.1, metadata={"help": "learning-rate factor of the replaced layers (all kinds alike)"}
     )
     features: int = ac.option("features", 32)
-    init: str = field(
-        default="auto", metadata={"help": "start of the replaced MLPs (as train's --init)", "choices": INITS}
-    )
-    attention: str = ac.option(
-        "attention", "softmax", help="also swap the attention of the same blocks (softmax: keep the model's)"
-    )
+    init: str = ac.option("init", "auto", choices=INITS)
+    attention: str = ac.option("attention", "softmax", help="of the same blocks (softmax: keep the model's)")
     seed: int = ac.option("seed", 0)
 
 
@@ -195,6 +179,4 @@ class ReportConfig:
     """``vit-finetune report RESULTS``: Markdown/CSV table and PNG plots of a results file."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/sweep/quick"})
-    report_dir: Path | None = field(
-        default=None, metadata={"help": "folder of the tables and plots; None: report/ beside RESULTS"}
-    )
+    report_dir: Path | None = ac.option("report_dir", None)

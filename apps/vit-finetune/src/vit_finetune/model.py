@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import rf_attention
+from spectraformer_core import check_int
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,7 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "in_chans", "num_classes", "dim", "depth", "num_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
+            check_int(name, getattr(self, name), 1)
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"patch_size: expected a divisor of image_size={self.image_size}, got {self.patch_size}"

@@ -154,7 +154,7 @@ def report(config: ReportConfig) -> str:
     records = latest([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
     if not records:
         raise ValueError(f"results: {config.results} holds no record")
-    out = Path(config.report_dir) if config.report_dir is not None else Path(config.results).parent / "report"
+    out = ac.report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = ac.write_table(out / "table", HEADER, table_rows(records))
     plot_curves(records, out / "curves.png")

@@ -16,6 +16,7 @@ weights, log and record of an unbroken one; resuming under other identity settin
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 
@@ -30,8 +31,9 @@ from vit_finetune.config import TrainConfig, run_name
 from vit_finetune.surgery import LAYER_OPTIONS, compressed, replace_mlps, swap_attention
 from vit_finetune.weights import MODELS, ModelSpec, build_model
 
-CALIBRATION_TOKENS = 4096  # tokens of the calibration batch (ralimp.replace_mlp keeps at most 4096 per layer)
-CALIBRATION_SEED = 31_415_926  # its images: the first ones of a permutation of the training split
+#: Tokens of the batch that calibrates the replaced MLPs: as many as ``ralimp.replace_mlp`` keeps per layer
+#: (its ``max_calibration_rows``, read from ralimp: the one source of that number).
+CALIBRATION_TOKENS: int = inspect.signature(ralimp.replace_mlp).parameters["max_calibration_rows"].default
 
 
 def batches(dataset: Dataset, batch_size: int, workers: int) -> DataLoader:
@@ -98,13 +100,14 @@ def calibration_images(
 ) -> torch.Tensor:
     """The images that calibrate the replaced layers: about `CALIBRATION_TOKENS` tokens' worth.
 
-    The first ``ceil(4096 / tokens per image)`` images of a fixed permutation of the training split,
-    prepared as in evaluation (no augmentation): ``(B, 3, S, S)`` on ``device``.
+    The first ``ceil(CALIBRATION_TOKENS / tokens per image)`` images of a permutation of the training
+    split seeded with ``app_common.CALIBRATION_SEED``, prepared as in evaluation (no augmentation):
+    ``(B, 3, S, S)`` on ``device``.
     """
     patch = MODELS.get(config.model).config.patch_size
     tokens = (image_size // patch) ** 2 + 1
     count = min(len(fit_set), math.ceil(CALIBRATION_TOKENS / tokens))
-    order = torch.randperm(len(fit_set), generator=torch.Generator().manual_seed(CALIBRATION_SEED))
+    order = torch.randperm(len(fit_set), generator=torch.Generator().manual_seed(ac.CALIBRATION_SEED))
     images, _ = vdata.collate([fit_set[int(i)] for i in order[:count]])
     return vdata.prepare(images.to(device), image_size=image_size, mean=spec.mean, std=spec.std)
 

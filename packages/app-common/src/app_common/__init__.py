@@ -33,7 +33,7 @@ from app_common.checkpoint import (
     save_checkpoint,
     state_dicts,
 )
-from app_common.cli import USER_ERRORS, app_parser, plain_text, run_cli
+from app_common.cli import USER_ERRORS, add_list_command, app_parser, plain_text, run_cli
 from app_common.config import (
     add_config_argument,
     add_dataclass_arguments,
@@ -66,6 +66,7 @@ from app_common.fields import (
     OptimizerFields,
     OutputFields,
     RuntimeFields,
+    check_int_fields,
     may_change_on_resume,
     option,
     run_identity,
@@ -88,17 +89,19 @@ from app_common.records import (
     finished_record,
     flat_record,
     make_record,
+    report_folder,
     run_dir,
     write_record,
 )
 from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_table
 from app_common.safetensors import SAFETENSORS_DTYPES, read_safetensors, write_safetensors
 from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
-from app_common.seeding import rng_state, seed_everything, set_rng_state
+from app_common.seeding import CALIBRATION_SEED, rng_state, seed_everything, set_rng_state
 from spectraformer_core import check_int  # the project's one integer validator, for the apps
 
 __all__ = [
     "ALIASES",
+    "CALIBRATION_SEED",
     "CLOSURE_OPTIMIZERS",
     "CORE_KEYS",
     "DEVICES",
@@ -128,6 +131,7 @@ __all__ = [
     "Trainer",
     "add_config_argument",
     "add_dataclass_arguments",
+    "add_list_command",
     "all_gather_object",
     "all_reduce",
     "app_parser",
@@ -136,6 +140,7 @@ __all__ = [
     "barrier",
     "changed_settings",
     "check_int",
+    "check_int_fields",
     "config_dict",
     "config_from",
     "count_parameters",
@@ -164,6 +169,7 @@ __all__ = [
     "read_jsonl",
     "read_safetensors",
     "read_toml",
+    "report_folder",
     "reset_peak_memory",
     "resolve_device",
     "resolve_dtype",

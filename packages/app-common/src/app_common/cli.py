@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable, Iterable, Mapping
 
 #: Errors a subcommand raises for bad input (a wrong flag value, a missing file): reported, not traced.
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
@@ -53,6 +54,35 @@ def app_parser(
     )
     commands = parser.add_subparsers(dest="command", required=True)
     return parser, commands
+
+
+def add_list_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    lists: Mapping[str, Callable[[], Iterable[str]]],
+    *,
+    help: str,
+) -> argparse.ArgumentParser:
+    """The ``list [WHAT]`` subcommand of an app with several kinds of names.
+
+    ``list WHAT`` prints the names of one kind, one a line; ``list`` alone prints every kind under a
+    ``<kind>:`` heading, so ``<app> list`` runs in every app.
+
+    Args:
+        commands: the app's subcommands (`app_parser`).
+        lists: kind -> a function returning its names (``{"layers": ralimp.names, ...}``).
+        help: the subcommand's help line.
+    """
+
+    def show(args: argparse.Namespace) -> None:
+        kinds = [args.what] if args.what is not None else list(lists)
+        for kind in kinds:
+            names = list(lists[kind]())
+            print("\n".join(names) if args.what is not None else f"{kind}:\n  " + "\n  ".join(names))
+
+    names = commands.add_parser("list", help=help, description="Print the names (every kind without WHAT).")
+    names.add_argument("what", nargs="?", choices=tuple(lists), help="which names (default: every kind)")
+    names.set_defaults(run=show)
+    return names
 
 
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:

@@ -152,13 +152,20 @@ def add_dataclass_arguments(
 
 
 def add_config_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """The ``--config FILE`` flag every training command has: a TOML file whose keys are the flags' names."""
+    """The ``--config FILE`` flag every training command has: a TOML file whose keys are the flags' names.
+
+    Args:
+        parser: the subcommand's parser.
+        help: what this app adds after the vocabulary's meaning (``"<meaning>; <help>"``).
+    """
+    from app_common.fields import FLAGS  # fields imports this module
+
     parser.add_argument(
         "--config",
         type=Path,
         default=None,
         metavar="FILE",
-        help=help or "TOML file whose keys are the flags' names with underscores (flags given win)",
+        help=FLAGS["config"] if help is None else f"{FLAGS['config']}; {help}",
     )
 
 

@@ -50,9 +50,18 @@ FLAGS: dict[str, str] = {
     "attention_features": "random features of the attention (rows of its weight matrix)",
     "eval_batches": "batches of each evaluation",
     "warmup_steps": "linear warm-up steps of the learning rate",
-    "checkpoint_every": "steps between checkpoints",
+    "checkpoint_every": "steps between checkpoints besides those after evaluations and the last step "
+    "(0: none)",
     "results": "JSON-lines file the run's record is appended to",
     "weights": "pretrained weights to start from",
+    "report_dir": "folder the report (tables, plots) is written to (default: report/ beside the results "
+    "file)",
+    "init": "start of the replaced MLPs: psi (the paper's Psi(W)), lstsq (readout fitted to the dense MLP on "
+    "a calibration batch), auto (lstsq when the MLPs are pretrained, psi otherwise)",
+    "weight_decay": "AdamW weight decay of the matrices (app_common.param_groups: none on vectors, "
+    "embeddings or RaLiMP's coefficients)",
+    "dropout": "dropout rate of the model's blocks",
+    "workers": "DataLoader worker processes",
 }
 
 #: Other spellings of vocabulary flags, which no app may use: alias -> the vocabulary's flag.
@@ -91,8 +100,19 @@ def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = 
     return field(default=default, metadata={"help": text, **metadata})
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    check_int(flag(name), value, minimum)
+def check_int_fields(config: Any, *names: str, minimum: int = 1) -> None:
+    """Each field ``names`` of ``config`` is an integer ``>= minimum`` (`spectraformer_core.check_int`).
+
+    A grid field (a tuple) has each of its values checked. The error names the flag (``--batch-size``),
+    the value and the range.
+
+    Raises:
+        ValueError: a field that is not such an integer.
+    """
+    for name in names:
+        value = getattr(config, name)
+        for item in value if isinstance(value, tuple) else (value,):
+            check_int(flag(name), item, minimum)
 
 
 def _check_number(name: str, value: Any, *, minimum: float, strict: bool) -> None:
@@ -132,7 +152,7 @@ class RuntimeFields(Fields):
             raise ValueError(f"--device: expected auto, cpu, cuda or cuda:<index>, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        _check_int("threads", self.threads, 0)
+        check_int_fields(self, "threads", minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +166,7 @@ class OptimizerFields(Fields):
     def __post_init__(self) -> None:
         """Check the three flags (``lr`` may be None where the app fills it in, e.g. from a table)."""
         super().__post_init__()
-        _check_int("steps", self.steps, 1)
+        check_int_fields(self, "steps")
         if self.lr is not None:
             _check_number("lr", self.lr, minimum=0.0, strict=True)
         _check_number("grad_clip", self.grad_clip, minimum=0.0, strict=False)
@@ -165,8 +185,8 @@ class EvalFields(Fields):
         """Both >= 1 (``eval_every`` may be None where the app fills it in)."""
         super().__post_init__()
         if self.eval_every is not None:
-            _check_int("eval_every", self.eval_every, 1)
-        _check_int("log_every", self.log_every, 1)
+            check_int_fields(self, "eval_every")
+        check_int_fields(self, "log_every")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,10 +198,9 @@ class LayerFields(Fields):
     weight_matrix: str = option("weight_matrix", "base")
 
     def __post_init__(self) -> None:
-        """``features`` >= 1 (its values, or each value of a grid)."""
+        """``features`` >= 1 (its value, or each value of a grid)."""
         super().__post_init__()
-        for value in self.features if isinstance(self.features, tuple) else (self.features,):
-            _check_int("features", value, 1)
+        check_int_fields(self, "features")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,11 +211,9 @@ class AttentionFields(Fields):
     attention_features: int = option("attention_features", 128)
 
     def __post_init__(self) -> None:
-        """``attention_features`` >= 1 (its values, or each value of a grid)."""
+        """``attention_features`` >= 1 (its value, or each value of a grid)."""
         super().__post_init__()
-        counts = self.attention_features
-        for value in counts if isinstance(counts, tuple) else (counts,):
-            _check_int("attention_features", value, 1)
+        check_int_fields(self, "attention_features")
 
 
 @dataclass(frozen=True, kw_only=True)

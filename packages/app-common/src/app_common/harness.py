@@ -3,9 +3,7 @@
 In the spirit of Lightning Fabric and accelerate, an app keeps a short top-down ``train`` and the harness
 owns everything around the step:
 
-    trainer = ac.Trainer(name=name, out=config.out, identity=ac.run_identity(config), seed=config.seed,
-                         steps=config.steps, device=config.device, dtype=config.dtype, threads=config.threads,
-                         grad_clip=config.grad_clip, log_every=config.log_every, eval_every=config.eval_every)
+    trainer = ac.Trainer.from_config(config, name=name)   # out, seed, steps, device, ... from the config
     if (record := trainer.finished()) is not None:
         return record                                    # skip a finished run
     model = build(...).to(trainer.device)
@@ -18,8 +16,9 @@ owns everything around the step:
 
 What the harness does, in order, for every run:
 
-1. **Set-up** (`Trainer`): CPU threads, the device (``--device``), the process group under ``torchrun``
-   (DistributedDataParallel), seeding everything with ``seed`` (before the app builds its model).
+1. **Set-up** (`Trainer.from_config`, the one way every app builds its trainer): CPU threads, the
+   device (``--device``), the process group under ``torchrun`` (DistributedDataParallel), seeding
+   everything with ``seed`` (before the app builds its model).
 2. **Resume** (`Trainer.fit`, the apps' one policy): with ``resume`` on and ``runs/<name>/checkpoint.pt``
    saved under the same identity, the model, optimizers, the app's extra ``state`` (stateful objects and
    ``torch.Generator``), every process's random state and the counters are loaded and the log is cut back to
@@ -87,6 +86,23 @@ CLOSURE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.LBFGS
 #: The NaN policies of `Trainer`.
 NAN_POLICIES = ("raise", "stop")
 
+#: The arguments of `Trainer` that `Trainer.from_config` reads from a configuration's fields of the same name.
+CONFIG_SETTINGS = (
+    "out",
+    "seed",
+    "steps",
+    "device",
+    "dtype",
+    "threads",
+    "resume",
+    "grad_clip",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+)
+#: Those every configuration has (its field groups and its seed); the others are taken where present.
+REQUIRED_CONFIG_SETTINGS = CONFIG_SETTINGS[:8]
+
 #: ``loss_fn(step, batch) -> scalar loss``: ``batch`` is the step's batch of `TrainData`, or without data
 #: the micro-batch index (``0 .. accumulate - 1``; 0 without accumulation).
 LossFn = Callable[[int, Any], torch.Tensor]
@@ -141,7 +157,7 @@ class Trainer:
         grad_clip: the gradient norm's bound (0: no clipping).
         log_every: steps between training-loss log lines.
         eval_every: steps between evaluations (None: only after the last step).
-        checkpoint_every: steps between checkpoints besides those after evaluations (None: none).
+        checkpoint_every: steps between checkpoints besides those after evaluations (None or 0: none).
         on_nan: ``raise`` or ``stop`` (see the NaN policy).
         show_progress: draw a progress bar (on the main process).
         on_save: called with the step after each checkpoint (``app_common.testing.kill_at``).
@@ -179,8 +195,9 @@ class Trainer:
         if eval_every is not None:
             check_int("eval_every", eval_every, minimum=1)
         if checkpoint_every is not None:
-            check_int("checkpoint_every", checkpoint_every, minimum=1)
+            check_int("checkpoint_every", checkpoint_every, minimum=0)
         check_int("threads", threads, minimum=0)
+        check_int("seed", seed, minimum=0)
         if on_nan not in NAN_POLICIES:
             raise ValueError(f"on_nan: expected one of {', '.join(NAN_POLICIES)}, got {on_nan!r}")
         if isinstance(grad_clip, bool) or not isinstance(grad_clip, int | float) or grad_clip < 0:
@@ -194,7 +211,8 @@ class Trainer:
         self.name, self.out, self.seed, self.steps = name, Path(out), seed, steps
         self.dir = run_dir(out, name)
         self.dtype, self.resume, self.grad_clip = dtype, resume, float(grad_clip)
-        self.log_every, self.eval_every, self.checkpoint_every = log_every, eval_every, checkpoint_every
+        self.log_every, self.eval_every = log_every, eval_every
+        self.checkpoint_every = checkpoint_every or None
         self.on_nan, self.show_progress = on_nan, show_progress
         self.checkpointer = Checkpointer(self.dir / CHECKPOINT, identity, resume=resume, on_save=on_save)
         self.step = 0
@@ -234,27 +252,30 @@ class Trainer:
     def from_config(
         cls, config: Any, *, name: str, on_save: Callable[[int], None] | None = None, **overrides: Any
     ) -> Trainer:
-        """A trainer set from a configuration of the shared field groups (``RuntimeFields``, ...).
+        """A trainer set from a configuration of the shared field groups: every app builds its trainer so.
 
-        ``out``, ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume``, ``grad_clip``,
-        ``log_every`` and ``eval_every`` come from ``config``'s fields of those names, the identity is
-        [`run_identity`][app_common.run_identity]``(config)``; ``overrides`` replace any of them or set the
-        other arguments.
+        Each argument of ``CONFIG_SETTINGS`` comes from ``config``'s field of that name: ``out``,
+        ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume`` and ``grad_clip`` always,
+        ``log_every``, ``eval_every`` and ``checkpoint_every`` where ``config`` has them (else
+        `Trainer`'s defaults). The identity is
+        [`run_identity`][app_common.run_identity]``(config)``. ``overrides`` replace any of these (a grid
+        point's ``seed``, an identity without the grid) or set the other arguments of `Trainer`.
+
+        Raises:
+            AttributeError: ``config`` lacks a field of ``REQUIRED_CONFIG_SETTINGS`` that ``overrides``
+                does not give either.
         """
-        settings: dict[str, Any] = {
-            "out": config.out,
-            "identity": run_identity(config),
-            "seed": config.seed,
-            "steps": config.steps,
-            "device": config.device,
-            "dtype": config.dtype,
-            "threads": config.threads,
-            "resume": config.resume,
-            "grad_clip": config.grad_clip,
-            "log_every": config.log_every,
-            "eval_every": config.eval_every,
-        }
-        return cls(name=name, on_save=on_save, **{**settings, **overrides})
+        missing = [k for k in REQUIRED_CONFIG_SETTINGS if k not in overrides and not hasattr(config, k)]
+        if missing:
+            raise AttributeError(
+                f"config: {type(config).__name__} has no field {', '.join(missing)}; expected the shared "
+                "field groups (RuntimeFields, OptimizerFields, OutputFields) and a seed, or them as overrides"
+            )
+        given = [k for k in CONFIG_SETTINGS if k not in overrides and hasattr(config, k)]
+        settings = {k: getattr(config, k) for k in given}
+        if "identity" not in overrides:
+            settings["identity"] = run_identity(config)
+        return cls(name=name, on_save=on_save, **settings, **overrides)
 
     def finished(self) -> dict[str, Any] | None:
         """The run's record if it finished earlier and ``resume`` is on, else None.

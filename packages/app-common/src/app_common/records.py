@@ -53,6 +53,11 @@ def run_dir(out: str | Path, name: str) -> Path:
     return Path(out) / RUNS / name
 
 
+def report_folder(results: str | Path, report_dir: str | Path | None = None) -> Path:
+    """The folder a report of ``results`` is written to: ``report_dir``, or ``report/`` beside ``results``."""
+    return Path(report_dir) if report_dir is not None else Path(results).parent / "report"
+
+
 def finished_record(out: str | Path, name: str) -> dict[str, Any] | None:
     """The record of run ``name`` under ``out`` if it finished (its ``record.json``), else None.
 

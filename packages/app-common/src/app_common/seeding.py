@@ -13,11 +13,16 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from spectraformer_core import check_int
+
+#: Seed of the fixed training batch that calibrates replaced MLPs (``ralimp.replace_mlp(inputs=...)``) in
+#: every app that replaces them (vit-finetune, gpt-uptrain).
+CALIBRATION_SEED = 31_415_926
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, numpy's global generator and torch (CPU and every CUDA device)."""
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    check_int("seed", seed, minimum=0)
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002
     torch.manual_seed(seed)

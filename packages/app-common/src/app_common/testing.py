@@ -166,7 +166,7 @@ def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
             for option in action.option_strings:
                 if option in ALIASES:
                     problems.append(f"{path}: {option} is spelled {ALIASES[option]} in every app")
-                elif option in meanings and option not in ("--config",):
+                elif option in meanings:
                     text = " ".join((action.help or "").split())
                     if not text.startswith(meanings[option]):
                         problems.append(f"{path}: {option} means {text!r}, not {meanings[option]!r}")

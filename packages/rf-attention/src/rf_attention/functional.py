@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from rf_attention import varlen
 from rf_attention._kernels import DEFAULT_CHUNK_SIZE, FeatureFn, causal_attention, noncausal_attention
 from rf_features import FeatureMap
+from spectraformer_core import check_int
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -121,8 +122,8 @@ def _run_kernel(
     out_dtype = v.dtype
     acc = _accumulation_dtype(q, k, v)
     eps = torch.finfo(acc).eps if eps is None else eps
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, minimum=1)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     with torch.autocast(q.device.type, enabled=False):
         if causal:

@@ -13,6 +13,7 @@ import rf_features
 from rf_attention import varlen
 from rf_attention.decoding import KVCache, RecurrentState, causal_prefill, recurrent_attention
 from rf_attention.functional import _accumulation_dtype, rf_attention, softmax_attention
+from spectraformer_core import check_int
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
 #: ``seed`` come from different streams.
@@ -383,8 +384,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, seed=seed, **kw)
-        if redraw_interval < 0:
-            raise ValueError(f"redraw_interval: expected an integer >= 0, got {redraw_interval}")
+        check_int("redraw_interval", redraw_interval, minimum=0)
         self.feature_map = rf_features.create(
             component,
             weight_matrix=weight_matrix,
