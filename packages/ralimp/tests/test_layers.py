@@ -269,6 +269,22 @@ def test_eugen_starts_unbiased_for_the_polynomial_fit(small_layer_data):
     assert isinstance(layer.psi_weight, torch.nn.Parameter)
 
 
+def test_eugen_with_a_sample_fits_its_polynomial_on_the_samples_range(small_layer_data):
+    linear, x = small_layer_data
+    t = linear(x).detach()
+    layer = EUGen.from_linear(linear, "gelu", num_features=8, sample=x, seed=0)
+    lo, hi = layer.fit.interval
+    assert float(((t >= lo) & (t <= hi)).double().mean()) >= 0.99
+    assert layer.fit_record()["fit_range"] == [round(lo, 6), round(hi, 6)]
+    poly = torch.tensor(layer.fit.poly, dtype=t.dtype)
+    on_range = sum(c * t**n for n, c in enumerate(poly))
+    fixed = ralimp.activation_fit("gelu", poly_degree=2, num_atoms=0)  # [-4, 4], without a sample
+    assert relative_mse(on_range, F.gelu(t)) < 2e-3 < relative_mse(fixed(t), F.gelu(t))
+    # an interval given by the caller still wins over the sample's range
+    given = EUGen.from_linear(linear, "gelu", num_features=8, sample=x, seed=0, interval=(-4.0, 4.0))
+    assert given.fit.interval == (-4.0, 4.0)
+
+
 def test_a_ralimp_without_atoms_is_its_polynomial_fit_in_expectation(small_layer_data):
     # num_atoms=0 (the polynomial block only) with an activation fitted on the fly, as nerf-pinn's SIREN asks
     linear, x = small_layer_data
