@@ -77,6 +77,13 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             "it SNNK's PINN loss starts at 1e13) or a number (1: the paper's layer)"
         ),
     )
+    fit_range: float = field(
+        default=0.0,
+        metadata=_help(
+            "half-width T: the kinds fit relu/tanh on [-T, T] (0: ralimp and eugen on the pre-activation "
+            "range of the layer's calibration sample, snnk on [-4, 4]; sin always on the sample's range)"
+        ),
+    )
     seed: int = ac.option("seed", 0, help="seed of the data, the initialization and the projections")
     lr: float = ac.option("lr", 1e-3, help="Adam learning rate")
     grad_clip: float = ac.option("grad_clip", 0.0)
@@ -95,6 +102,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
         if self.replace not in REPLACE:
             raise ValueError(f"--replace: expected one of {list(REPLACE)}, got {self.replace!r}")
         self.balance_value()
+        if not self.fit_range >= 0:
+            raise ValueError(f"--fit-range: expected a half-width >= 0, got {self.fit_range!r}")
         for name in ("checkpoint_every", "time_repeats", "num_freqs"):
             if getattr(self, name) < 1:
                 raise ValueError(
@@ -167,7 +176,20 @@ class NerfConfig(CompareConfig):
     """
 
     out: Path = ac.option("out", Path("results/nerf-pinn/nerf"))
-    num_atoms: int = field(default=1, metadata=_help("J of RaLiMP (relu: J >= 2 floors narrow poles)"))
+    num_atoms: int = field(
+        default=0,
+        metadata=_help(
+            "J of RaLiMP (0: the polynomial block only; an atom's variance grows exponentially with the "
+            "pre-activations, which grow 7-35x in training)"
+        ),
+    )
+    fit_range: float = field(
+        default=4.0,
+        metadata=_help(
+            "half-width T of the relu fit [-T, T] (0: the calibration sample's range; the trunk's "
+            "pre-activations grow 7-35x in training, far beyond the range they start in)"
+        ),
+    )
     data: Path | None = field(
         default=None, metadata=_help("Blender folder or tiny_nerf npz (default: synthetic)")
     )
