@@ -180,14 +180,14 @@ class NerfConfig(CompareConfig):
         default=0,
         metadata=_help(
             "J of RaLiMP (0: the polynomial block only; an atom's variance grows exponentially with the "
-            "pre-activations, which grow 7-35x in training)"
+            "layer's inputs, and the trunk's pre-activations grow up to 35x in training)"
         ),
     )
     fit_range: float = field(
         default=4.0,
         metadata=_help(
             "half-width T of the relu fit [-T, T] (0: the calibration sample's range; the trunk's "
-            "pre-activations grow 7-35x in training, far beyond the range they start in)"
+            "pre-activations grow up to 35x in training, far beyond the range they start in)"
         ),
     )
     data: Path | None = field(
