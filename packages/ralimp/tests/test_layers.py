@@ -269,6 +269,22 @@ def test_eugen_starts_unbiased_for_the_polynomial_fit(small_layer_data):
     assert isinstance(layer.psi_weight, torch.nn.Parameter)
 
 
+def test_eugen_with_a_sample_fits_its_polynomial_on_the_samples_range(small_layer_data):
+    linear, x = small_layer_data
+    t = linear(x).detach()
+    layer = EUGen.from_linear(linear, "gelu", num_features=8, sample=x, seed=0)
+    lo, hi = layer.fit.interval
+    assert float(((t >= lo) & (t <= hi)).double().mean()) >= 0.99
+    assert layer.fit_record()["fit_range"] == [round(lo, 6), round(hi, 6)]
+    poly = torch.tensor(layer.fit.poly, dtype=t.dtype)
+    on_range = sum(c * t**n for n, c in enumerate(poly))
+    fixed = ralimp.activation_fit("gelu", poly_degree=2, num_atoms=0)  # [-4, 4], without a sample
+    assert relative_mse(on_range, F.gelu(t)) < 2e-3 < relative_mse(fixed(t), F.gelu(t))
+    # an interval given by the caller still wins over the sample's range
+    given = EUGen.from_linear(linear, "gelu", num_features=8, sample=x, seed=0, interval=(-4.0, 4.0))
+    assert given.fit.interval == (-4.0, 4.0)
+
+
 def test_a_ralimp_without_atoms_is_its_polynomial_fit_in_expectation(small_layer_data):
     # num_atoms=0 (the polynomial block only) with an activation fitted on the fly, as nerf-pinn's SIREN asks
     linear, x = small_layer_data
@@ -375,3 +391,31 @@ def test_float64_carries_larger_exponents_than_float32():
         layer(x)
     with torch.no_grad():
         assert torch.isfinite(layer.double()(x.double())).all()  # exponent ~440 < 701.8
+
+
+def test_the_overflow_check_keeps_a_compiled_graph_whole(small_layer_data):
+    # the guard reads no Python float while torch.compile traces (fullgraph=True fails on a graph break)
+    linear, x = small_layer_data
+    linear, x = linear.float(), x.float()
+    layer = RaLiMP.from_linear(linear, "gelu", fit="discretized", sample=x, seed=0)
+    assert layer.num_atoms == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x))
+
+
+def test_the_exponent_bound_is_the_largest_input_and_weight_row_aligned():
+    # float64 reference: (max_k s_k / q) (max ||[x; 1]|| / lambda + lambda max ||[w; b]||)^2 / tau^2
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 5, dtype=torch.float64)
+    x = torch.randn(7, 8, dtype=torch.float64)
+    layer = RaLiMP.from_linear(linear, "gelu", fit="discretized", sample=x, seed=0, balance="auto")
+    u = torch.cat([x, torch.ones(7, 1, dtype=torch.float64)], -1)
+    wb = torch.cat([linear.weight, linear.bias[:, None]], -1).detach()
+    lam, tau = float(layer.scale), float(layer.tau)
+    freq = float(layer.nodes.max() / layer.pole_widths().detach().min())
+    side = float(u.norm(dim=-1).max()) / lam + lam * float(wb.norm(dim=-1).max())
+    expected = freq * side**2 / tau**2
+    freqs = layer._projections(torch.float64)[3]
+    assert float(layer.exponent_bound(u, freqs)) == pytest.approx(expected, rel=1e-12)

@@ -49,8 +49,8 @@ def build_lowrank(linear: nn.Linear, activation: str, budget: int, *, seed: int,
 
 @METHODS.register("eugen")
 def build_eugen(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
-    """EUGen of degree 2 with ``budget`` rows per projection."""
-    return ralimp.create("eugen", linear, activation, budget=budget, seed=seed, poly_degree=2)
+    """EUGen of degree 2 with ``budget`` rows per projection, its polynomial fitted on ``sample``'s range."""
+    return ralimp.create("eugen", linear, activation, budget=budget, seed=seed, sample=sample, poly_degree=2)
 
 
 @METHODS.register("snnk")

@@ -75,6 +75,13 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             "it SNNK's PINN loss starts at 1e13) or a number (1: the paper's layer)"
         ),
     )
+    fit_range: float = field(
+        default=0.0,
+        metadata=_help(
+            "half-width T: the kinds fit relu/tanh on [-T, T] (0: ralimp and eugen on the pre-activation "
+            "range of the layer's calibration sample, snnk on [-4, 4]; sin always on the sample's range)"
+        ),
+    )
     seed: int = ac.option("seed", 0)
     lr: float = ac.option("lr", 1e-3, help="Adam")
     grad_clip: float = ac.option("grad_clip", 0.0)
@@ -93,6 +100,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
         if self.replace not in REPLACE:
             raise ValueError(f"--replace: expected one of {list(REPLACE)}, got {self.replace!r}")
         self.balance_value()
+        if not self.fit_range >= 0:
+            raise ValueError(f"--fit-range: expected a half-width >= 0, got {self.fit_range!r}")
         ac.check_int_fields(self, "time_repeats", "num_freqs")
         ac.check_int_fields(self, "checkpoint_every", minimum=0)
 
@@ -162,7 +171,20 @@ class NerfConfig(CompareConfig):
     """
 
     out: Path = ac.option("out", Path("results/nerf-pinn/nerf"))
-    num_atoms: int = field(default=1, metadata=_help("J of RaLiMP (relu: J >= 2 floors narrow poles)"))
+    num_atoms: int = field(
+        default=0,
+        metadata=_help(
+            "J of RaLiMP (0: the polynomial block only; an atom's variance grows exponentially with the "
+            "layer's inputs, and the trunk's pre-activations grow up to 35x in training)"
+        ),
+    )
+    fit_range: float = field(
+        default=4.0,
+        metadata=_help(
+            "half-width T of the relu fit [-T, T] (0: the calibration sample's range; the trunk's "
+            "pre-activations grow up to 35x in training, far beyond the range they start in)"
+        ),
+    )
     data: Path | None = field(
         default=None, metadata=_help("Blender folder or tiny_nerf npz (default: synthetic)")
     )

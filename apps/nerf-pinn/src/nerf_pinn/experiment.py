@@ -90,6 +90,7 @@ class Family(abc.ABC):
             num_freqs=config.num_freqs,
             weight_matrix=config.weight_matrix,
             balance=config.balance_value(),
+            fit_range=config.fit_range,
             seed=config.seed,
         )
 

@@ -94,6 +94,7 @@ def linearize(
     num_freqs: int = 3,
     weight_matrix: str = "base",
     balance: float | str = 1.0,
+    fit_range: float = 0.0,
     seed: int = 0,
 ) -> list[int]:
     """Replace ``layers[i]`` (a `FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
@@ -102,7 +103,9 @@ def linearize(
     calibrated on the layer's own inputs (``inputs[i]``, e.g. from `stack_inputs`): RaLiMP fits its
     activation on the pre-activations of that sample (``fit="variance"``, which also chooses the number of
     atoms up to ``num_atoms``); ``sin`` is fitted on the symmetric interval covering them
-    (`sine_fit_interval`, for RaLiMP as for EUGen's polynomial and SNNK's Fourier series).
+    (`sine_fit_interval`, for RaLiMP as for EUGen's polynomial and SNNK's Fourier series). With
+    ``fit_range = T > 0`` every kind fits any other activation on $[-T, T]$ instead (RaLiMP and EUGen: instead
+    of the sample's range; SNNK's Fourier series: instead of $[-4, 4]$).
 
     Args:
         layers: the stack, applied in order.
@@ -115,6 +118,8 @@ def linearize(
         num_freqs: Gauss-Laguerre nodes of RaLiMP.
         weight_matrix: ``rf_matrices`` name of the projections.
         balance: RaLiMP's and SNNK's ``balance``: 1 (the paper's layer) or ``"auto"`` (a departure).
+        fit_range: half-width ``T`` of the fit interval $[-T, T]$ for activations other than ``sin`` (0:
+            the sample's pre-activation range for RaLiMP and EUGen, $[-4, 4]$ for SNNK).
         seed: seed of layer ``i``'s projections is ``seed + i``.
 
     Returns:
@@ -122,6 +127,8 @@ def linearize(
     """
     if kind == DENSE:
         return []
+    if not fit_range >= 0:
+        raise ValueError(f"fit_range: expected a half-width >= 0 (0: the sample's range), got {fit_range!r}")
     if kind not in SHAPE_OPTIONS:
         raise ValueError(f"kind: expected one of {sorted(SHAPE_OPTIONS)}, got {kind!r}")
     shape = {"poly_degree": poly_degree, "num_atoms": num_atoms, "num_freqs": num_freqs, "balance": balance}
@@ -138,6 +145,8 @@ def linearize(
             extra["interval"] = sine_fit_interval(layer.preactivation(x).detach())
         else:
             activation = layer.activation_name
+            if fit_range > 0:
+                extra["interval"] = (-fit_range, fit_range)
         layers[i] = ralimp.create(
             kind,
             layer.scaled_linear(),

@@ -28,8 +28,9 @@ from ralimp.base import (
     work_dtype,
 )
 from ralimp.budget import BudgetError, check_budget, check_count, exact_share
+from ralimp.calibration import calibrate
 from ralimp.features import complex_exponential_features, product_features
-from ralimp.rational import DEFAULT_INTERVAL, activation_fit, fit_rational
+from ralimp.rational import DEFAULT_INTERVAL, RationalFunction, activation_fit, fit_rational
 from rf_matrices import WeightMatrix
 from spectraformer_core import check_positive_int
 
@@ -53,7 +54,10 @@ class EUGen(FeatureLinearization):
     $\Phi(x) = [1, \phi_1(x^+), \dots, \phi_K(x^+)]$ on $x^+ = [x; 1; \lVert x\rVert]$
     ([`ralimp.product_features`][ralimp.product_features]), $\Psi$ a trainable ``(out, 1 + K m)`` matrix
     initialized as $[c_0, c_n \phi_n(w^+) / m]$ with $w^+ = [w; b; 0]$ and $c$ the least-squares polynomial
-    fit of the activation on ``interval``, so the layer starts as an unbiased estimate of $P(w \cdot x + b)$.
+    fit of the activation, so the layer starts as an unbiased estimate of $P(w \cdot x + b)$. The fit is made
+    on ``interval`` when one is given, else on the calibration range of the pre-activations when
+    `load_linear` (or ``from_linear``) gets a ``sample`` (`ralimp.calibration.Calibration.fit_range`, as
+    RaLiMP's), else on $[-4, 4]$.
     The $\lVert x\rVert$ coordinate is EUGen's augmentation; it enters at initialization with weight 0 and is
     available to training.
 
@@ -66,7 +70,7 @@ class EUGen(FeatureLinearization):
         bias: fold a bias in.
         weight_matrix: ``rf_matrices`` name of the projections.
         seed: seed of the projections.
-        interval: interval of the polynomial fit.
+        interval: interval of the polynomial fit (None: the sample's range, $[-4, 4]$ without a sample).
         device: where parameters live.
         dtype: parameter dtype.
     """
@@ -82,7 +86,7 @@ class EUGen(FeatureLinearization):
         bias: bool = True,
         weight_matrix: str | type = "base",
         seed: int | None = None,
-        interval: tuple[float, float] = DEFAULT_INTERVAL,
+        interval: tuple[float, float] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -91,13 +95,9 @@ class EUGen(FeatureLinearization):
         self.out_features = check_positive_int("out_features", out_features)
         self.poly_degree = check_positive_int("poly_degree", poly_degree)
         factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        self.activation_name, fn = resolve_activation(activation)
-        if self.activation_name is not None:
-            self.fit = activation_fit(
-                self.activation_name, poly_degree=poly_degree, num_atoms=0, interval=interval
-            )
-        else:
-            self.fit = fit_rational(fn, interval, num_atoms=0, poly_degree=poly_degree)
+        self.activation_name, self.fn = resolve_activation(activation)
+        self.interval = None if interval is None else (float(interval[0]), float(interval[1]))
+        self.fit = self._polynomial_fit(self.interval or DEFAULT_INTERVAL)
         self.matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(
                 weight_matrix, num_features, in_features + 2, seed=s, even_in_omega=True, **factory
@@ -108,10 +108,22 @@ class EUGen(FeatureLinearization):
         self.psi_weight = nn.Parameter(torch.zeros(out_features, width, **factory))
         self.load_linear(*_default_linear(out_features, in_features, bias, factory))
 
+    def _polynomial_fit(self, interval: tuple[float, float]) -> RationalFunction:
+        """The least-squares polynomial of degree $K$ of the activation on ``interval``."""
+        if self.activation_name is not None:
+            return activation_fit(
+                self.activation_name, poly_degree=self.poly_degree, num_atoms=0, interval=interval
+            )
+        return fit_rational(self.fn, interval, num_atoms=0, poly_degree=self.poly_degree)
+
     @property
     def num_random_features(self) -> int:
         """``m``, the rows of one projection (the paper's count)."""
         return self.matrices[0].num_features
+
+    def fit_record(self) -> dict[str, object]:
+        """`FeatureLinearization.fit_record` plus the polynomial's fit range."""
+        return {**super().fit_record(), "fit_range": [round(v, 6) for v in self.fit.interval]}
 
     @classmethod
     def budget_options(
@@ -150,7 +162,14 @@ class EUGen(FeatureLinearization):
     def load_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
-        r"""$\Psi = [c_0, c_n \phi_n([w; b; 0]) / m]$ (``sample`` is not used)."""
+        r"""$\Psi = [c_0, c_n \phi_n([w; b; 0]) / m]$; with a ``sample`` (and no ``interval``) refitted first.
+
+        The polynomial is refitted on the range of $[x; 1] \cdot [w; b]$ over the sample
+        (`ralimp.calibration.Calibration.fit_range`).
+        """
+        if sample is not None and self.interval is None:
+            cal = calibrate(weight, bias, sample, tau=1.0, balance=1.0)
+            self.fit = self._polynomial_fit(cal.fit_range)
         dtype = torch.float64
         w = weight.to(dtype)
         b = torch.zeros_like(w[:, :1]) if bias is None else bias.to(dtype).unsqueeze(-1)

@@ -542,29 +542,41 @@ class RaLiMP(FeatureLinearization):
         $\max_k (s_k / q') (\max \lVert x\rVert / \lambda + \lambda \max \lVert w\rVert)^2 / \tau^2$ (equal
         when the largest input and weight row are aligned; the weight side is 0 under a free readout). The
         limit is `exponent_limit` of ``u``'s dtype (80.7 float32, 701.8 float64).
+
+        The bound is computed with tensor operations and read once (one host sync per forward pass in eager
+        mode, none more for the error message unless it fires). While ``torch.compile`` traces the layer the
+        check is skipped, so the compiled graph has no break; a compiled model relies on its trainer's
+        non-finite-loss stop instead.
         """
-        if not u.numel() or not freqs.numel():
+        if not u.numel() or not freqs.numel() or torch.compiler.is_compiling():
             return
-        lam, tau = float(self.scale), float(self.tau)
-        x_side = float(u.detach().norm(dim=-1).max()) / (lam * tau)
-        w_side = 0.0
-        if self.readout is None:
-            w = self.weight.detach()
-            w_sq = w.pow(2).sum(-1) + (0 if self.bias is None else self.bias.detach() ** 2)
-            w_side = float(w_sq.max().sqrt()) * lam / tau
-        exponent = float(freqs.max()) * (x_side + w_side) ** 2
+        exponent = self.exponent_bound(u, freqs)
         limit = exponent_limit(u.dtype)
-        if not exponent <= limit:
-            name = self.name or f"RaLiMP({self.in_features} -> {self.out_features})"
-            raise ValueError(
-                f"x: in layer {name}, the complex-exponential features would overflow {u.dtype}: the "
-                "exponent "
-                f"(s_k/q) ||x/lambda + lambda w||^2 / tau^2 reaches {exponent:.4g} on this batch (limit "
-                f"{limit:.1f}; max ||[x; 1]|| = {x_side * lam * tau:.4g}, tau = {tau:.4g}, narrowest width "
-                f"q' = {float(self.pole_widths().min()):.4g}). Remedies: normalize or rescale the layer's "
-                "inputs, recalibrate on inputs like these (load_linear(..., sample=...)), fit='variance' "
-                "(wider poles or num_atoms=0), balance='auto', or float64."
-            )
+        if bool(exponent <= limit):
+            return
+        name = self.name or f"RaLiMP({self.in_features} -> {self.out_features})"
+        tau = float(self.tau)
+        raise ValueError(
+            f"x: in layer {name}, the complex-exponential features would overflow {u.dtype}: the exponent "
+            f"(s_k/q) ||x/lambda + lambda w||^2 / tau^2 reaches {float(exponent):.4g} on this batch (limit "
+            f"{limit:.1f}; max ||[x; 1]|| = {float(u.norm(dim=-1).max()):.4g}, tau = {tau:.4g}, narrowest "
+            f"width q' = {float(self.pole_widths().min()):.4g}). Remedies: normalize or rescale the layer's "
+            "inputs, recalibrate on inputs like these (load_linear(..., sample=...)), fit='variance' "
+            "(wider poles or num_atoms=0), balance='auto', or float64."
+        )
+
+    @torch.no_grad()
+    def exponent_bound(self, u: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        r"""The bound of `check_exponent` on the batch ``u`` ``(..., D)``, a 0-d tensor (no host sync)."""
+        lam, tau = self.scale.to(u.dtype), self.tau.to(u.dtype)
+        side = u.norm(dim=-1).max() / (lam * tau)
+        if self.readout is None:
+            w = self.weight.detach().to(u.dtype)
+            w_sq = w.pow(2).sum(-1)
+            if self.bias is not None:
+                w_sq = w_sq + self.bias.detach().to(u.dtype) ** 2
+            side = side + w_sq.max().sqrt() * lam / tau
+        return freqs.max() * side**2
 
     def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Per node, the coefficients $(w_c, w_s)$ of $C_k \approx \cos(s_k v / q')$ and $S_k$, ``(J, n)``.

@@ -1,0 +1,31 @@
+"""``--fit-range``: where the linearized layers fit relu (NeRF's default) or the sample's range."""
+
+import pytest
+import torch
+from torch import nn
+
+from nerf_pinn.config import NerfConfig, PinnConfig
+from nerf_pinn.layers import FeedForward, linearize
+
+
+@pytest.mark.parametrize("kind", ["ralimp", "eugen"])
+def test_fit_range_sets_the_fit_interval_and_zero_keeps_the_samples(kind):
+    torch.manual_seed(0)
+    x = 0.1 * torch.randn(64, 8)
+    for fit_range in (4.0, 0.0):
+        stack = nn.ModuleList([FeedForward(8, 8, "relu")])
+        linearize(stack, kind, budget=32, indices=[0], inputs=[x], num_atoms=0, fit_range=fit_range)
+        lo, hi = stack[0].fit.interval
+        t = stack[0].fit_record()["fit_range"]
+        assert [lo, hi] == pytest.approx(t)
+        if fit_range:
+            assert (lo, hi) == (-4.0, 4.0)
+        else:  # the calibration sample's range, far inside [-4, 4] at these inputs
+            assert 0 < hi - lo < 2.0
+
+
+def test_nerf_fits_on_a_fixed_range_by_default_and_the_others_on_the_sample():
+    assert (NerfConfig().fit_range, NerfConfig().num_atoms) == (4.0, 0)
+    assert PinnConfig().fit_range == 0.0
+    with pytest.raises(ValueError, match="--fit-range"):
+        NerfConfig(fit_range=-1.0)
