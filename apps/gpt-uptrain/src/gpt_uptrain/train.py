@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -39,7 +38,7 @@ from gpt_uptrain.model import GPT, LAYER_OPTIONS, REPLACEMENT_FIELDS, GPTConfig
 EVAL_SEED = 20_240_607  # validation batches are the same for every run and every evaluation
 #: Tokens of the batch that calibrates the replaced MLPs: as many as ``ralimp.replace_mlp`` keeps per layer
 #: (its ``max_calibration_rows``, read from ralimp: the one source of that number).
-CALIBRATION_TOKENS: int = inspect.signature(ralimp.replace_mlp).parameters["max_calibration_rows"].default
+CALIBRATION_TOKENS = ralimp.MAX_CALIBRATION_ROWS
 
 
 def lr_schedule(config: TrainConfig) -> ac.Schedule:

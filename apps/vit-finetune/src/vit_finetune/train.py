@@ -16,7 +16,6 @@ weights, log and record of an unbroken one; resuming under other identity settin
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable
 
@@ -33,7 +32,7 @@ from vit_finetune.weights import MODELS, ModelSpec, build_model
 
 #: Tokens of the batch that calibrates the replaced MLPs: as many as ``ralimp.replace_mlp`` keeps per layer
 #: (its ``max_calibration_rows``, read from ralimp: the one source of that number).
-CALIBRATION_TOKENS: int = inspect.signature(ralimp.replace_mlp).parameters["max_calibration_rows"].default
+CALIBRATION_TOKENS = ralimp.MAX_CALIBRATION_ROWS
 
 
 def batches(dataset: Dataset, batch_size: int, workers: int) -> DataLoader:

@@ -22,6 +22,7 @@ from ralimp.quadrature import atom_quadrature_error, gauss_laguerre, resolvable_
 from ralimp.rational import RationalFunction, activation_fit, fit_rational
 from ralimp.replace import (
     LAYERS,
+    MAX_CALIBRATION_ROWS,
     MLPBlock,
     calibration_inputs,
     create,
@@ -35,6 +36,7 @@ from ralimp.replace import (
 __all__ = [
     "ACTIVATIONS",
     "LAYERS",
+    "MAX_CALIBRATION_ROWS",
     "SNNK",
     "BudgetError",
     "CompressedLinearization",

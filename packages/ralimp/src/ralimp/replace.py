@@ -16,6 +16,9 @@ from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
 from spectraformer_core import Registry
 
+#: Rows (tokens) of the captured inputs that `replace_mlp` keeps per block to calibrate it.
+MAX_CALIBRATION_ROWS = 4096
+
 #: Layer kinds of `create` and `replace_mlp`: ``ralimp``, ``eugen``, ``snnk``, ``lowrank``,
 #: ``dense``.
 #: An entry is a class with ``budget_options(budget, activation, *, count, **overrides) -> dict`` (its budget
@@ -210,7 +213,7 @@ def replace_mlp(
     inputs: object = None,
     init: str = "psi",
     count: str = "paper",
-    max_calibration_rows: int = 4096,
+    max_calibration_rows: int = MAX_CALIBRATION_ROWS,
     **overrides: Any,
 ) -> list[str]:
     """Replace the MLP blocks of ``model`` (in place) by ``kind`` layers made by `create`.
