@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from rf_features import ExponentialForm
 
 #: ``features(x, is_query) -> (log_features, multiplier)`` as ``FeatureMap.weighted_log_features``.
 FeatureFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
@@ -256,6 +258,45 @@ def causal_block(
         ``out (..., n, Dv)``, the state, magnitude (None if neither given nor ``signed``) and reference
         after the ``n`` positions.
     """
+    ch = chunked_products(phi_q, phi_k, key_log_scale, v, state, magnitude, reference, chunk, signed)
+    den, _ = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
+    out = (ch.y[..., :-1] / den).flatten(-3, -2)[..., : phi_q.shape[-2], :]
+    final_magnitude = None if ch.magnitudes is None else ch.magnitudes[..., -1, :]
+    return out, ch.states[..., -1, :, :], final_magnitude, ch.entering[..., -1]
+
+
+class Chunked(NamedTuple):
+    """The chunk-parallel intermediates of a causal block: ``t`` chunks of ``c`` positions, ``w = Dv + 1``."""
+
+    pq: torch.Tensor  # (..., t, c, m)
+    pk: torch.Tensor  # (..., t, c, m)
+    pv: torch.Tensor  # (..., t, c, w): [v, 1]
+    scales: torch.Tensor  # (..., t, c): key log-scales
+    ends: torch.Tensor  # (..., t): reference at the end of each chunk
+    weights: torch.Tensor  # (..., t, c, c): exp(c_j - R_i) for j <= i, else 0
+    carry: torch.Tensor  # (..., t, c, 1): exp(E_{t-1} - R_i)
+    decay: torch.Tensor  # (..., t + 1, t): prefix weights over chunks
+    carried: torch.Tensor  # (..., t + 1): weight of the entering state
+    states: torch.Tensor  # (..., t + 1, m, w): state entering each chunk, then the one after the block
+    magnitudes: torch.Tensor | None  # (..., t + 1, m)
+    entering: torch.Tensor  # (..., t + 1): reference entering each chunk, then the final one
+    scores: torch.Tensor  # (..., t, c, c): weighted intra-chunk products
+    y: torch.Tensor  # (..., t, c, w): numerators and normalizers
+    bound: torch.Tensor | None  # (..., t, c, 1): |phi_q| . sum |phi_k| (signed features)
+
+
+def chunked_products(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    key_log_scale: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor | None,
+    magnitude: torch.Tensor | None,
+    reference: torch.Tensor | None,
+    chunk: int,
+    signed: bool,
+) -> Chunked:
+    """All [`causal_block`][rf_attention._kernels.causal_block] computes before the normalizer's guard."""
     lead, n, m = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
     c = min(chunk, n)
     t = -(-n // c)
@@ -304,12 +345,23 @@ def causal_block(
         abs_q = pq.detach().abs()
         inside = ((abs_q @ pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
         bound = carry * (abs_q @ magnitudes[..., :-1, :].detach().unsqueeze(-1)) + inside
-    den, _ = guarded_denominator(y[..., -1:], bound, eps)
-    out = (y[..., :-1] / den).reshape(*lead, t * c, w - 1)
-    if pad:
-        out = out[..., :n, :]
-    final_magnitude = None if magnitudes is None else magnitudes[..., -1, :]
-    return out, states[..., -1, :, :], final_magnitude, entering[..., -1]
+    return Chunked(
+        pq,
+        pk,
+        pv,
+        scales,
+        ends,
+        weights,
+        carry,
+        decay,
+        carried,
+        states,
+        magnitudes,
+        entering,
+        scores,
+        y,
+        bound,
+    )
 
 
 def _causal_group(
@@ -399,3 +451,466 @@ def causal_attention(
         )
         outs.append(out)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+# ------------------------------------------------------------------- closed-form features, hand-written VJPs
+
+
+class FeatureSide(NamedTuple):
+    """The closed-form features of one side (``rf_features.ExponentialForm``) laid out for the kernels.
+
+    ``projection`` ``(G, 2d, r)`` multiplies ``[x, x * x]``: positive features, ``r = m`` log-features;
+    trigonometric, ``r = m/2 + 1``: ``m / 2`` phases and, last, the row's ``g . (x * x)``. ``offset``
+    ``(G, 1, m)``, ``sign`` ``(m,)`` or None.
+    """
+
+    projection: torch.Tensor
+    offset: torch.Tensor
+    sign: torch.Tensor | None
+    trigonometric: bool
+
+
+def feature_side(form: ExponentialForm, lead: torch.Size, dtype: torch.dtype) -> FeatureSide:
+    """``form`` for inputs of leading shape ``lead`` (flattened to ``G``), in ``dtype``."""
+    a, g = form.matrix.to(dtype), form.square_weight.to(dtype)
+    r, d = a.shape[-2:]
+    if form.trigonometric:
+        top = F.pad(a.mT, (0, 1))  # (..., d, r + 1): the phases, then a zero column
+        bottom = F.pad(g.unsqueeze(-1), (r, 0))  # (..., d, r + 1): zeros, then g
+        projection = torch.cat(torch.broadcast_tensors(top, bottom), dim=-2)
+    else:
+        projection = torch.cat(torch.broadcast_tensors(a, g.unsqueeze(-2).expand(*g.shape[:-1], r, d)), -1).mT
+    size = math.prod(lead)
+    projection = projection.expand(*lead, *projection.shape[-2:]).reshape(size, *projection.shape[-2:])
+    offset = form.offset.to(dtype)
+    offset = offset.expand(*lead, offset.shape[-1]).reshape(size, 1, offset.shape[-1])
+    sign = None if form.sign is None else form.sign.to(dtype)
+    return FeatureSide(projection, offset, sign, form.trigonometric)
+
+
+class _Features(NamedTuple):
+    """One group's features and what their VJP needs."""
+
+    phi: torch.Tensor  # (G, n, m)
+    magnitude: torch.Tensor  # (G, n, m): exp(log - stabilizer) * sign (phi itself for positive features)
+    waves: torch.Tensor | None  # (G, n, m): [cos, sin] of the phases (trigonometric), else None
+    squares: torch.Tensor  # (G, n, 2d): [x, x * x]
+
+
+def _log_features(
+    x: torch.Tensor, side: FeatureSide
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Log-magnitudes ``(G, n, m)``, ``[cos, sin]`` of the phases (or None) and ``[x, x * x]``."""
+    squares = torch.cat((x, x * x), dim=-1)
+    if not side.trigonometric:
+        return torch.baddbmm(side.offset, squares, side.projection), None, squares
+    u = torch.bmm(squares, side.projection)
+    phases = u[..., :-1]
+    return u[..., -1:] + side.offset, torch.cat((phases.cos(), phases.sin()), dim=-1), squares
+
+
+def _stabilized(
+    log_x: torch.Tensor,
+    stabilizer: torch.Tensor,
+    waves: torch.Tensor | None,
+    side: FeatureSide,
+    squares: torch.Tensor,
+) -> _Features:
+    """``exp(log_x - stabilizer) * sign * waves``."""
+    magnitude = torch.exp(log_x - stabilizer)
+    if side.sign is not None:
+        magnitude = magnitude * side.sign
+    phi = magnitude if waves is None else magnitude * waves
+    return _Features(phi, magnitude, waves, squares)
+
+
+def _feature_vjp(
+    grad_phi: torch.Tensor, x: torch.Tensor, f: _Features, side: FeatureSide
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of ``x (G, n, d)``, the projection and the offset from ``grad_phi (G, n, m)``.
+
+    The stabilizers are constants (they cancel exactly in attention). Positive: ``dL = dphi * phi``.
+    Trigonometric: ``dL = dphi * phi`` for the log-magnitude, and for the phase of row ``l``
+    ``dtheta = dphi_sin * mag_sin * cos - dphi_cos * mag_cos * sin``.
+    """
+    grad_log = grad_phi * f.phi
+    if f.waves is None:
+        grad_u = grad_log
+    else:
+        r = f.waves.shape[-1] // 2
+        grad_waves = grad_phi * f.magnitude
+        cos, sin = f.waves[..., :r], f.waves[..., r:]
+        grad_phase = torch.addcmul(grad_waves[..., r:] * cos, grad_waves[..., :r], sin, value=-1.0)
+        grad_u = torch.cat((grad_phase, grad_log.sum(dim=-1, keepdim=True)), dim=-1)
+    grad_squares = torch.bmm(grad_u, side.projection.mT)
+    d = x.shape[-1]
+    grad_x = torch.addcmul(grad_squares[..., :d], x, grad_squares[..., d:], value=2.0)
+    return grad_x, torch.bmm(f.squares.mT, grad_u), grad_log.sum(dim=-2, keepdim=True)
+
+
+def _accumulate(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    return part if total is None else total + part
+
+
+def _grad_into(
+    grads: list[torch.Tensor | None], offset: int, projection: torch.Tensor, bias: torch.Tensor
+) -> None:
+    grads[offset] = _accumulate(grads[offset], projection)
+    grads[offset + 1] = _accumulate(grads[offset + 1], bias)
+
+
+def _guard_gradient(
+    out: torch.Tensor, den: torch.Tensor, free: torch.Tensor, grad_out: torch.Tensor
+) -> torch.Tensor:
+    """``d[numerator, normalizer]`` ``(G, n, Dv + 1)`` of ``out = numerator / den``.
+
+    ``free``: where ``den`` is the normalizer itself (not replaced by the guard, which is a constant).
+    """
+    grad_num = grad_out / den
+    grad_den = -(grad_num * out).sum(dim=-1, keepdim=True) * free
+    return torch.cat((grad_num, grad_den), dim=-1)
+
+
+class _NonCausal(torch.autograd.Function):
+    """Non-causal attention with closed-form features (Eq. 7); the backward recomputes each group's features.
+
+    Saved: the inputs, the key sums and column maxima, the outputs and normalizers; never ``N x m`` features.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        query_projection: torch.Tensor,
+        query_offset: torch.Tensor,
+        key_projection: torch.Tensor,
+        key_offset: torch.Tensor,
+        query_sign: torch.Tensor | None,
+        trigonometric: bool,
+        query_rows: int,
+        key_rows: int,
+        eps: float,
+    ) -> torch.Tensor:
+        qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
+        ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        v_ones = with_ones(v)
+        tops, sums, magnitudes = [], [], []
+        for part in _groups(k.shape[-2], key_rows):
+            log_k, waves, squares = _log_features(k[:, part], ks)
+            if key_mask is not None:
+                log_k = log_k.masked_fill(key_mask[:, part, None], -math.inf)
+            top = log_k.amax(dim=-2, keepdim=True)
+            f = _stabilized(log_k, finite_or_zero(top), waves, ks, squares)
+            tops.append(top)
+            sums.append(torch.bmm(f.phi.mT, v_ones[:, part]))
+            if trigonometric:
+                magnitudes.append(f.phi.abs().sum(dim=-2, keepdim=True))
+        top_all = torch.stack(tops)  # (groups, G, 1, m)
+        reference = finite_or_zero(top_all.amax(dim=0))
+        decay = torch.exp(top_all - reference)
+        state = (torch.stack(sums) * decay.mT).sum(dim=0)  # (G, m, Dv + 1)
+        signed = trigonometric or query_sign is not None
+        normalizer = None
+        if signed:
+            normalizer = (torch.stack(magnitudes) * decay).sum(dim=0) if trigonometric else state[..., -1:].mT
+        outs, dens, frees = [], [], []
+        query_offset_ref = FeatureSide(query_projection, query_offset + reference, query_sign, trigonometric)
+        for part in _groups(q.shape[-2], query_rows):
+            log_q, waves, squares = _log_features(q[:, part], query_offset_ref)
+            f = _stabilized(log_q, log_q.amax(dim=-1, keepdim=True), waves, qs, squares)
+            y = torch.bmm(f.phi, state)
+            bound = None if normalizer is None else torch.bmm(f.phi.abs(), normalizer.mT)
+            den, guarded = guarded_denominator(y[..., -1:], bound, eps)
+            outs.append(y[..., :-1] / den)
+            dens.append(den)
+            frees.append(~guarded)
+        out, den, free = (x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (outs, dens, frees))
+        ctx.save_for_backward(
+            q,
+            k,
+            v,
+            key_mask,
+            query_projection,
+            query_offset,
+            key_projection,
+            key_offset,
+            query_sign,
+            state,
+            reference,
+            out,
+            den,
+            free,
+        )
+        ctx.config = (trigonometric, query_rows, key_rows)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (
+            q,
+            k,
+            v,
+            key_mask,
+            query_projection,
+            query_offset,
+            key_projection,
+            key_offset,
+            query_sign,
+            state,
+            reference,
+            out,
+            den,
+            free,
+        ) = ctx.saved_tensors
+        trigonometric, query_rows, key_rows = ctx.config
+        qs = FeatureSide(query_projection, query_offset + reference, query_sign, trigonometric)
+        ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        grad_y = _guard_gradient(out, den, free.to(den.dtype), grad_out)
+        grads: list[torch.Tensor | None] = [None] * 13
+        grad_state: torch.Tensor | None = None
+        grad_q = []
+        for part in _groups(q.shape[-2], query_rows):
+            log_q, waves, squares = _log_features(q[:, part], qs)
+            f = _stabilized(log_q, log_q.amax(dim=-1, keepdim=True), waves, qs, squares)
+            gy = grad_y[:, part]
+            grad_state = _accumulate(grad_state, torch.bmm(f.phi.mT, gy))
+            gx, gp, gb = _feature_vjp(torch.bmm(gy, state.mT), q[:, part], f, qs)
+            grad_q.append(gx)
+            _grad_into(grads, 4, gp, gb)
+        assert grad_state is not None, "q has at least one row"
+        v_ones = with_ones(v)
+        grad_k, grad_v = [], []
+        for part in _groups(k.shape[-2], key_rows):
+            log_k, waves, squares = _log_features(k[:, part], ks)
+            if key_mask is not None:
+                log_k = log_k.masked_fill(key_mask[:, part, None], -math.inf)
+            f = _stabilized(log_k, reference, waves, ks, squares)  # relative to the column maxima of all keys
+            grad_v.append(torch.bmm(f.phi, grad_state[..., :-1]))
+            gx, gp, gb = _feature_vjp(torch.bmm(v_ones[:, part], grad_state.mT), k[:, part], f, ks)
+            grad_k.append(gx)
+            _grad_into(grads, 6, gp, gb)
+        grads[0], grads[1], grads[2] = (
+            x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (grad_q, grad_k, grad_v)
+        )
+        return tuple(grads)
+
+
+def _causal_features(
+    q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None, qs: FeatureSide, ks: FeatureSide
+) -> tuple[_Features, _Features, torch.Tensor]:
+    """Row-stabilized query and key features of a group, the keys' log-scales ``(G, n)`` (-inf: padding)."""
+    log_q, waves_q, squares_q = _log_features(q, qs)
+    fq = _stabilized(log_q, log_q.amax(dim=-1, keepdim=True), waves_q, qs, squares_q)
+    log_k, waves_k, squares_k = _log_features(k, ks)
+    if key_mask is not None:
+        log_k = log_k.masked_fill(key_mask.unsqueeze(-1), -math.inf)
+    top = log_k.amax(dim=-1, keepdim=True)
+    fk = _stabilized(log_k, finite_or_zero(top), waves_k, ks, squares_k)
+    return fq, fk, top.squeeze(-1)
+
+
+def _chunked_vjp(
+    ch: Chunked, grad_y: torch.Tensor, grad_state_out: torch.Tensor | None, need_state: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gradients of ``phi_q``, ``phi_k``, ``[v, 1]`` ``(G, t, c, .)`` and of the entering state.
+
+    From those of ``y`` ``(G, t, c, w)`` and of the state leaving the block (None: nothing used it).
+
+    ``y = carry * (pq @ P_t) + scores @ pv``, ``scores = (pq @ pk^T) * weights``, ``P = decay @ S +
+    carried * P_0``, ``S_t = (pk * e^{c - E_t})^T @ pv``: the reference weights are constants.
+    """
+    m, w = ch.pq.shape[-1], ch.pv.shape[-1]
+    carried_grad = ch.carry * grad_y
+    grad_scores = (grad_y @ ch.pv.mT) * ch.weights
+    grad_pq = carried_grad @ ch.states[..., :-1, :, :].mT + grad_scores @ ch.pk
+    grad_states = (ch.pq.mT @ carried_grad).flatten(-2)  # (G, t, m w)
+    decay, carried = ch.decay[..., :-1, :], ch.carried[..., :-1]
+    if grad_state_out is not None:
+        grad_states = torch.cat((grad_states, grad_state_out.flatten(-2).unsqueeze(-2)), dim=-2)
+        decay, carried = ch.decay, ch.carried
+    grad_sums = (decay.mT @ grad_states).unflatten(-1, (m, w))  # (G, t, m, w)
+    grad_state_in = None
+    if need_state:
+        grad_state_in = (carried.unsqueeze(-2) @ grad_states).unflatten(-1, (m, w)).squeeze(-3)
+    key_weights = torch.exp(ch.scales - finite_or_zero(ch.ends).unsqueeze(-1)).unsqueeze(-1)
+    grad_pk = grad_scores.mT @ ch.pq + key_weights * (ch.pv @ grad_sums.mT)
+    grad_pv = ch.scores.mT @ grad_y + (ch.pk * key_weights) @ grad_sums
+    return grad_pq, grad_pk, grad_pv, grad_state_in
+
+
+class _Causal(torch.autograd.Function):
+    """Causal attention with closed-form features, by groups of chunks.
+
+    The backward pass recomputes each group's features and chunk products, last group first, and applies
+    their hand-written VJPs.
+
+    Saved: the inputs, the state and reference entering each group, the outputs and normalizers.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        query_projection: torch.Tensor,
+        query_offset: torch.Tensor,
+        key_projection: torch.Tensor,
+        key_offset: torch.Tensor,
+        query_sign: torch.Tensor | None,
+        trigonometric: bool,
+        rows: int,
+        chunk: int,
+        eps: float,
+    ) -> torch.Tensor:
+        qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
+        ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        signed = trigonometric or query_sign is not None
+        state: torch.Tensor | None = None
+        magnitude: torch.Tensor | None = None
+        reference: torch.Tensor | None = None
+        states, references, outs, dens, frees = [], [], [], [], []
+        for part in _groups(q.shape[-2], rows):
+            if state is not None:
+                assert reference is not None, "set with the state"
+                states.append(state)
+                references.append(reference)
+            mask = None if key_mask is None else key_mask[:, part]
+            fq, fk, scale = _causal_features(q[:, part], k[:, part], mask, qs, ks)
+            ch = chunked_products(
+                fq.phi, fk.phi, scale, v[:, part], state, magnitude, reference, chunk, signed
+            )
+            den, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
+            n = fq.phi.shape[-2]
+            outs.append((ch.y[..., :-1] / den).flatten(-3, -2)[:, :n])
+            dens.append(den.flatten(-3, -2)[:, :n])
+            frees.append(~guarded.flatten(-3, -2)[:, :n])
+            state, reference = ch.states[..., -1, :, :], ch.entering[..., -1]
+            magnitude = None if ch.magnitudes is None else ch.magnitudes[..., -1, :]
+        out, den, free = (x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (outs, dens, frees))
+        entering_states = torch.stack(states) if states else None
+        entering_references = torch.stack(references) if references else None
+        ctx.save_for_backward(
+            q,
+            k,
+            v,
+            key_mask,
+            query_projection,
+            query_offset,
+            key_projection,
+            key_offset,
+            query_sign,
+            entering_states,
+            entering_references,
+            out,
+            den,
+            free,
+        )
+        ctx.config = (trigonometric, rows, chunk)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (
+            q,
+            k,
+            v,
+            key_mask,
+            query_projection,
+            query_offset,
+            key_projection,
+            key_offset,
+            query_sign,
+            entering_states,
+            entering_references,
+            out,
+            den,
+            free,
+        ) = ctx.saved_tensors
+        trigonometric, rows, chunk = ctx.config
+        qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
+        ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        grad_y = _guard_gradient(out, den, free.to(den.dtype), grad_out)
+        grads: list[torch.Tensor | None] = [None] * 13
+        grad_q, grad_k, grad_v = [], [], []
+        grad_state: torch.Tensor | None = None
+        parts = _groups(q.shape[-2], rows)
+        for index in reversed(range(len(parts))):
+            part = parts[index]
+            state = None if index == 0 else entering_states[index - 1]
+            reference = None if index == 0 else entering_references[index - 1]
+            mask = None if key_mask is None else key_mask[:, part]
+            fq, fk, scale = _causal_features(q[:, part], k[:, part], mask, qs, ks)
+            ch = chunked_products(fq.phi, fk.phi, scale, v[:, part], state, None, reference, chunk, False)
+            n = fq.phi.shape[-2]
+            t, c = ch.pq.shape[-3:-1]
+            gy = grad_y[:, part]
+            if t * c != n:
+                gy = F.pad(gy, (0, 0, 0, t * c - n))
+            grad_pq, grad_pk, grad_pv, grad_state = _chunked_vjp(
+                ch, gy.unflatten(-2, (t, c)), grad_state, index > 0
+            )
+            grad_v.append(grad_pv.flatten(-3, -2)[:, :n, :-1])
+            gx, gp, gb = _feature_vjp(grad_pq.flatten(-3, -2)[:, :n], q[:, part], fq, qs)
+            grad_q.append(gx)
+            _grad_into(grads, 4, gp, gb)
+            gx, gp, gb = _feature_vjp(grad_pk.flatten(-3, -2)[:, :n], k[:, part], fk, ks)
+            grad_k.append(gx)
+            _grad_into(grads, 6, gp, gb)
+        grads[0], grads[1], grads[2] = (
+            x[0] if len(x) == 1 else torch.cat(x[::-1], dim=-2) for x in (grad_q, grad_k, grad_v)
+        )
+        return tuple(grads)
+
+
+def closed_form_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    query_form: ExponentialForm,
+    key_form: ExponentialForm,
+    *,
+    causal: bool,
+    rows: int | None,
+    chunk: int,
+    eps: float,
+) -> torch.Tensor:
+    """Random-feature attention with closed-form features and hand-written backward passes.
+
+    Args:
+        q: ``(..., N_q, d)``, in the accumulation dtype.
+        k: ``(..., N_k, d)``.
+        v: ``(..., N_k, Dv)``.
+        key_mask: bool ``(..., N_k)``, True at padding, or None.
+        query_form: the queries' features (``rf_features.ExponentialForm``).
+        key_form: the keys' features.
+        causal: query ``i`` attends to keys ``j <= i``.
+        rows: rows per non-causal group; None: [`group_rows`][rf_attention._kernels.group_rows].
+        chunk: positions per causal chunk.
+        eps: relative guard of the normalizer.
+
+    Returns:
+        ``(..., N_q, Dv)``.
+    """
+    lead = q.shape[:-2]
+    size = math.prod(lead)
+    qs = feature_side(query_form, lead, q.dtype)
+    ks = feature_side(key_form, lead, q.dtype)
+    width = qs.offset.shape[-1]
+    flat = [x.reshape(size, *x.shape[-2:]) for x in (q, k, v)]
+    mask = None if key_mask is None else key_mask.reshape(size, key_mask.shape[-1])
+    common = (qs.projection, qs.offset, ks.projection, ks.offset, qs.sign, qs.trigonometric)
+    if causal:
+        n = q.shape[-2]
+        group = group_rows(n, q.shape[-1], width, multiple=min(chunk, n))
+        out = _Causal.apply(*flat, mask, *common, group, chunk, eps)
+    else:
+        query_rows = rows or group_rows(q.shape[-2], q.shape[-1], width)
+        key_rows = rows or group_rows(k.shape[-2], k.shape[-1], width)
+        out = _NonCausal.apply(*flat, mask, *common, query_rows, key_rows, eps)
+    return out.reshape(*lead, *out.shape[-2:])
