@@ -258,31 +258,47 @@ def causal_block(
         ``out (..., n, Dv)``, the state, magnitude (None if neither given nor ``signed``) and reference
         after the ``n`` positions.
     """
-    ch = chunked_products(phi_q, phi_k, key_log_scale, v, state, magnitude, reference, chunk, signed)
+    lead, n, m = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
+    size = math.prod(lead)
+    ch = chunked_products(
+        phi_q.reshape(size, n, m),
+        phi_k.reshape(size, n, m),
+        key_log_scale.reshape(size, n),
+        v.reshape(size, n, v.shape[-1]),
+        None if state is None else state.reshape(size, m, -1),
+        None if magnitude is None else magnitude.reshape(size, m),
+        None if reference is None else reference.reshape(size),
+        chunk,
+        signed,
+    )
     den, _ = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
-    out = (ch.y[..., :-1] / den).flatten(-3, -2)[..., : phi_q.shape[-2], :]
-    final_magnitude = None if ch.magnitudes is None else ch.magnitudes[..., -1, :]
-    return out, ch.states[..., -1, :, :], final_magnitude, ch.entering[..., -1]
+    out = (ch.y[..., :-1] / den).view(size, -1, v.shape[-1])[:, :n].reshape(*lead, n, v.shape[-1])
+    final_magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1].reshape(*lead, m)
+    final_state = ch.states[:, -1].reshape(*lead, m, -1)
+    return out, final_state, final_magnitude, ch.entering[:, -1].reshape(lead)
 
 
 class Chunked(NamedTuple):
-    """The chunk-parallel intermediates of a causal block: ``t`` chunks of ``c`` positions, ``w = Dv + 1``."""
+    """The chunk-parallel intermediates of a causal block: ``g`` sequences of ``t`` chunks of ``c`` positions.
 
-    pq: torch.Tensor  # (..., t, c, m)
-    pk: torch.Tensor  # (..., t, c, m)
-    pv: torch.Tensor  # (..., t, c, w): [v, 1]
-    scales: torch.Tensor  # (..., t, c): key log-scales
-    ends: torch.Tensor  # (..., t): reference at the end of each chunk
-    weights: torch.Tensor  # (..., t, c, c): exp(c_j - R_i) for j <= i, else 0
-    carry: torch.Tensor  # (..., t, c, 1): exp(E_{t-1} - R_i)
-    decay: torch.Tensor  # (..., t + 1, t): prefix weights over chunks
-    carried: torch.Tensor  # (..., t + 1): weight of the entering state
-    states: torch.Tensor  # (..., t + 1, m, w): state entering each chunk, then the one after the block
-    magnitudes: torch.Tensor | None  # (..., t + 1, m)
-    entering: torch.Tensor  # (..., t + 1): reference entering each chunk, then the final one
-    scores: torch.Tensor  # (..., t, c, c): weighted intra-chunk products
-    y: torch.Tensor  # (..., t, c, w): numerators and normalizers
-    bound: torch.Tensor | None  # (..., t, c, 1): |phi_q| . sum |phi_k| (signed features)
+    ``w = Dv + 1``; per-chunk tensors are laid out ``(g t, c, .)`` for batched matmuls.
+    """
+
+    pq: torch.Tensor  # (g t, c, m)
+    pk: torch.Tensor  # (g t, c, m)
+    pv: torch.Tensor  # (g t, c, w): [v, 1]
+    weighted_keys: torch.Tensor  # (g t, c, m): pk * exp(c_j - E_t)
+    key_weights: torch.Tensor  # (g t, c, 1): exp(c_j - E_t)
+    weights: torch.Tensor  # (g t, c, c): exp(c_j - R_i) for j <= i, else 0
+    carry: torch.Tensor  # (g t, c, 1): exp(E_{t-1} - R_i)
+    decay: torch.Tensor  # (g, t + 1, t): prefix weights over chunks
+    carried: torch.Tensor  # (g, t + 1): weight of the entering state
+    states: torch.Tensor  # (g, t + 1, m w): state entering each chunk, then the one after the block
+    magnitudes: torch.Tensor | None  # (g, t + 1, m)
+    entering: torch.Tensor  # (g, t + 1): reference entering each chunk, then the final one
+    scores: torch.Tensor  # (g t, c, c): weighted intra-chunk products
+    y: torch.Tensor  # (g t, c, w): numerators and normalizers
+    bound: torch.Tensor | None  # (g t, c, 1): |phi_q| . sum |phi_k| (signed features)
 
 
 def chunked_products(
@@ -296,8 +312,12 @@ def chunked_products(
     chunk: int,
     signed: bool,
 ) -> Chunked:
-    """All [`causal_block`][rf_attention._kernels.causal_block] computes before the normalizer's guard."""
-    lead, n, m = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
+    """All [`causal_block`][rf_attention._kernels.causal_block] computes before the normalizer's guard.
+
+    Inputs with one leading dimension: ``phi_q, phi_k (g, n, m)``, ``key_log_scale (g, n)``, ``v (g, n, Dv)``,
+    ``state (g, m, w)``, ``magnitude (g, m)``, ``reference (g,)``.
+    """
+    g, n, m = phi_q.shape
     c = min(chunk, n)
     t = -(-n // c)
     pad = t * c - n
@@ -307,50 +327,51 @@ def chunked_products(
         key_log_scale = F.pad(key_log_scale, (0, pad), value=-math.inf)
     w = v_ones.shape[-1]
     if reference is None:
-        reference = phi_q.new_full(lead, -math.inf)
-    track_magnitude = signed or magnitude is not None
+        reference = phi_q.new_full((g,), -math.inf)
     # references: R_i per position, E_t per chunk end, and the one entering each chunk (and the final one)
     refs = torch.maximum(torch.cummax(key_log_scale, dim=-1).values, reference.unsqueeze(-1))
-    safe_refs = finite_or_zero(refs).view(*lead, t, c)
-    ends = refs.view(*lead, t, c)[..., -1]
-    entering = torch.cat((reference.unsqueeze(-1), ends), dim=-1)  # (..., t + 1)
+    safe_refs = finite_or_zero(refs).view(g * t, c)
+    ends = refs.view(g, t, c)[..., -1]
+    entering = torch.cat((reference.unsqueeze(-1), ends), dim=-1)  # (g, t + 1)
     safe_entering = finite_or_zero(entering)
-    pq = phi_q.reshape(*lead, t, c, m)
-    pk = phi_k.reshape(*lead, t, c, m)
-    pv = v_ones.reshape(*lead, t, c, w)
-    scales = key_log_scale.view(*lead, t, c)
+    pq, pk, pv = phi_q.view(g * t, c, m), phi_k.view(g * t, c, m), v_ones.view(g * t, c, w)
+    scales = key_log_scale.view(g * t, c)
     # per-chunk key sums relative to the chunk's end reference
-    chunk_sums, chunk_magnitudes = weighted_key_sums(pk, scales, pv, finite_or_zero(ends))
+    key_weights = torch.exp(scales - finite_or_zero(ends).view(g * t, 1)).unsqueeze(-1)
+    weighted = pk * key_weights
+    chunk_sums = torch.bmm(weighted.mT, pv).view(g, t, m * w)
     # prefix over chunks: row r (0..t) is the state entering chunk r (r = t: after the block)
     # only u < r counts (tril); there E_u <= E_{r-1}, elsewhere the exponent is clamped (then zeroed)
     decay = (ends.unsqueeze(-2) - safe_entering.unsqueeze(-1)).clamp_max(0).exp().tril(-1)
-    carried = torch.exp(reference.unsqueeze(-1) - safe_entering)  # (..., t + 1), 0 for an empty state
-    states = decay @ chunk_sums.flatten(-2)
-    if state is not None:
-        states = states + carried.unsqueeze(-1) * state.flatten(-2).unsqueeze(-2)
-    states = states.unflatten(-1, (m, w))
+    carried = torch.exp(reference.unsqueeze(-1) - safe_entering)  # (g, t + 1), 0 for an empty state
+    if state is None:
+        states = torch.bmm(decay, chunk_sums)
+    else:
+        states = torch.baddbmm(carried.unsqueeze(-1) * state.reshape(g, 1, m * w), decay, chunk_sums)
     magnitudes = None
-    if track_magnitude:
-        magnitudes = decay @ chunk_magnitudes
+    if signed or magnitude is not None:
+        magnitudes = torch.bmm(decay, weighted.abs().sum(dim=-2).view(g, t, m))
         if magnitude is not None:
             magnitudes = magnitudes + carried.unsqueeze(-1) * magnitude.unsqueeze(-2)
     # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
-    carry = torch.exp(entering[..., :-1].unsqueeze(-1) - safe_refs).unsqueeze(-1)  # (..., t, c, 1)
+    carry = torch.exp(entering[:, :-1].reshape(g * t, 1) - safe_refs).unsqueeze(-1)  # (g t, c, 1)
     weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
-    scores = (pq @ pk.mT) * weights
-    y = carry * (pq @ states[..., :-1, :, :]) + scores @ pv
+    scores = torch.bmm(pq, pk.mT) * weights
+    entering_states = states[:, :-1].reshape(g * t, m, w)
+    y = torch.addcmul(torch.bmm(scores, pv), carry, torch.bmm(pq, entering_states))
     bound = None
     if signed:
         assert magnitudes is not None, "tracked with the states"
         abs_q = pq.detach().abs()
-        inside = ((abs_q @ pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
-        bound = carry * (abs_q @ magnitudes[..., :-1, :].detach().unsqueeze(-1)) + inside
+        inside = (torch.bmm(abs_q, pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
+        entering_magnitudes = magnitudes[:, :-1].detach().reshape(g * t, m, 1)
+        bound = torch.addcmul(inside, carry, torch.bmm(abs_q, entering_magnitudes))
     return Chunked(
         pq,
         pk,
         pv,
-        scales,
-        ends,
+        weighted,
+        key_weights,
         weights,
         carry,
         decay,
@@ -722,22 +743,22 @@ def _chunked_vjp(
     ``y = carry * (pq @ P_t) + scores @ pv``, ``scores = (pq @ pk^T) * weights``, ``P = decay @ S +
     carried * P_0``, ``S_t = (pk * e^{c - E_t})^T @ pv``: the reference weights are constants.
     """
-    m, w = ch.pq.shape[-1], ch.pv.shape[-1]
+    g, m, w = ch.decay.shape[0], ch.pq.shape[-1], ch.pv.shape[-1]
     carried_grad = ch.carry * grad_y
-    grad_scores = (grad_y @ ch.pv.mT) * ch.weights
-    grad_pq = carried_grad @ ch.states[..., :-1, :, :].mT + grad_scores @ ch.pk
-    grad_states = (ch.pq.mT @ carried_grad).flatten(-2)  # (G, t, m w)
-    decay, carried = ch.decay[..., :-1, :], ch.carried[..., :-1]
+    grad_scores = torch.bmm(grad_y, ch.pv.mT) * ch.weights
+    entering_states = ch.states[:, :-1].reshape(-1, m, w)
+    grad_pq = torch.baddbmm(torch.bmm(grad_scores, ch.pk), carried_grad, entering_states.mT)
+    grad_states = torch.bmm(ch.pq.mT, carried_grad).view(g, -1, m * w)  # (g, t, m w)
+    decay, carried = ch.decay[:, :-1], ch.carried[:, :-1]
     if grad_state_out is not None:
-        grad_states = torch.cat((grad_states, grad_state_out.flatten(-2).unsqueeze(-2)), dim=-2)
+        grad_states = torch.cat((grad_states, grad_state_out.view(g, 1, m * w)), dim=-2)
         decay, carried = ch.decay, ch.carried
-    grad_sums = (decay.mT @ grad_states).unflatten(-1, (m, w))  # (G, t, m, w)
+    grad_sums = torch.bmm(decay.mT, grad_states).view(-1, m, w)  # (g t, m, w)
     grad_state_in = None
     if need_state:
-        grad_state_in = (carried.unsqueeze(-2) @ grad_states).unflatten(-1, (m, w)).squeeze(-3)
-    key_weights = torch.exp(ch.scales - finite_or_zero(ch.ends).unsqueeze(-1)).unsqueeze(-1)
-    grad_pk = grad_scores.mT @ ch.pq + key_weights * (ch.pv @ grad_sums.mT)
-    grad_pv = ch.scores.mT @ grad_y + (ch.pk * key_weights) @ grad_sums
+        grad_state_in = torch.bmm(carried.unsqueeze(-2), grad_states).view(g, m, w)
+    grad_pk = torch.addcmul(torch.bmm(grad_scores.mT, ch.pq), ch.key_weights, torch.bmm(ch.pv, grad_sums.mT))
+    grad_pv = torch.baddbmm(torch.bmm(ch.scores.mT, grad_y), ch.weighted_keys, grad_sums)
     return grad_pq, grad_pk, grad_pv, grad_state_in
 
 
@@ -785,12 +806,12 @@ class _Causal(torch.autograd.Function):
                 fq.phi, fk.phi, scale, v[:, part], state, magnitude, reference, chunk, signed
             )
             den, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
-            n = fq.phi.shape[-2]
-            outs.append((ch.y[..., :-1] / den).flatten(-3, -2)[:, :n])
-            dens.append(den.flatten(-3, -2)[:, :n])
-            frees.append(~guarded.flatten(-3, -2)[:, :n])
-            state, reference = ch.states[..., -1, :, :], ch.entering[..., -1]
-            magnitude = None if ch.magnitudes is None else ch.magnitudes[..., -1, :]
+            size, n = fq.phi.shape[:2]
+            outs.append((ch.y[..., :-1] / den).view(size, -1, v.shape[-1])[:, :n])
+            dens.append(den.view(size, -1, 1)[:, :n])
+            frees.append(~guarded.view(size, -1, 1)[:, :n])
+            state, reference = ch.states[:, -1], ch.entering[:, -1]
+            magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1]
         out, den, free = (x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (outs, dens, frees))
         entering_states = torch.stack(states) if states else None
         entering_references = torch.stack(references) if references else None
@@ -846,19 +867,19 @@ class _Causal(torch.autograd.Function):
             mask = None if key_mask is None else key_mask[:, part]
             fq, fk, scale = _causal_features(q[:, part], k[:, part], mask, qs, ks)
             ch = chunked_products(fq.phi, fk.phi, scale, v[:, part], state, None, reference, chunk, False)
-            n = fq.phi.shape[-2]
-            t, c = ch.pq.shape[-3:-1]
+            size, n, m = fq.phi.shape
+            c = ch.pq.shape[-2]
             gy = grad_y[:, part]
-            if t * c != n:
-                gy = F.pad(gy, (0, 0, 0, t * c - n))
+            if n % c:
+                gy = F.pad(gy, (0, 0, 0, c - n % c))
             grad_pq, grad_pk, grad_pv, grad_state = _chunked_vjp(
-                ch, gy.unflatten(-2, (t, c)), grad_state, index > 0
+                ch, gy.reshape(-1, c, gy.shape[-1]), grad_state, index > 0
             )
-            grad_v.append(grad_pv.flatten(-3, -2)[:, :n, :-1])
-            gx, gp, gb = _feature_vjp(grad_pq.flatten(-3, -2)[:, :n], q[:, part], fq, qs)
+            grad_v.append(grad_pv.view(size, -1, grad_pv.shape[-1])[:, :n, :-1])
+            gx, gp, gb = _feature_vjp(grad_pq.view(size, -1, m)[:, :n], q[:, part], fq, qs)
             grad_q.append(gx)
             _grad_into(grads, 4, gp, gb)
-            gx, gp, gb = _feature_vjp(grad_pk.flatten(-3, -2)[:, :n], k[:, part], fk, ks)
+            gx, gp, gb = _feature_vjp(grad_pk.view(size, -1, m)[:, :n], k[:, part], fk, ks)
             grad_k.append(gx)
             _grad_into(grads, 6, gp, gb)
         grads[0], grads[1], grads[2] = (
