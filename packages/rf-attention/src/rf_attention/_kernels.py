@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -518,48 +518,56 @@ class _Features(NamedTuple):
     squares: torch.Tensor  # (G, n, 2d): [x, x * x]
 
 
-def _log_features(
-    x: torch.Tensor, side: FeatureSide
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Log-magnitudes ``(G, n, m)``, ``[cos, sin]`` of the phases (or None) and ``[x, x * x]``."""
+#: How a group's log-features are stabilized: by each row's maximum, each column's, or a given tensor.
+Stabilizer = Literal["row", "column"] | torch.Tensor
+
+
+def _features(
+    x: torch.Tensor, side: FeatureSide, mask: torch.Tensor | None, stabilizer: Stabilizer
+) -> tuple[_Features, torch.Tensor]:
+    """Features of ``x (G, n, d)``, ``exp(log - M) * sign [* waves]``, and the maximum ``M`` subtracted.
+
+    ``M`` is the rows' maxima ``(G, n, 1)``, the columns' ``(G, 1, m)`` (``-inf`` where every key is
+    padding; 0 is subtracted there) or the given tensor. Padded rows (``mask (G, n)``) are 0. The
+    log-features are computed in place: one ``n x m`` tensor for positive features.
+    """
     squares = torch.cat((x, x * x), dim=-1)
-    if not side.trigonometric:
-        return torch.baddbmm(side.offset, squares, side.projection), None, squares
-    u = torch.bmm(squares, side.projection)
-    phases = u[..., :-1]
-    return u[..., -1:] + side.offset, torch.cat((phases.cos(), phases.sin()), dim=-1), squares
-
-
-def _stabilized(
-    log_x: torch.Tensor,
-    stabilizer: torch.Tensor,
-    waves: torch.Tensor | None,
-    side: FeatureSide,
-    squares: torch.Tensor,
-) -> _Features:
-    """``exp(log_x - stabilizer) * sign * waves``."""
-    magnitude = torch.exp(log_x - stabilizer)
+    waves = None
+    if side.trigonometric:
+        u = torch.bmm(squares, side.projection)
+        phases = u[..., :-1]
+        waves = torch.cat((phases.cos(), phases.sin()), dim=-1)
+        log_x = u[..., -1:] + side.offset
+    else:
+        log_x = torch.baddbmm(side.offset, squares, side.projection)
+    if mask is not None:
+        log_x = log_x.masked_fill_(mask.unsqueeze(-1), -math.inf)
+    if isinstance(stabilizer, torch.Tensor):
+        top = stabilizer
+    else:
+        top = log_x.amax(dim=-1 if stabilizer == "row" else -2, keepdim=True)
+    magnitude = log_x.sub_(finite_or_zero(top)).exp_()
     if side.sign is not None:
-        magnitude = magnitude * side.sign
+        magnitude = magnitude.mul_(side.sign)
     phi = magnitude if waves is None else magnitude * waves
-    return _Features(phi, magnitude, waves, squares)
+    return _Features(phi, magnitude, waves, squares), top
 
 
 def _feature_vjp(
     grad_phi: torch.Tensor, x: torch.Tensor, f: _Features, side: FeatureSide
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of ``x (G, n, d)``, the projection and the offset from ``grad_phi (G, n, m)``.
+    """Gradients of ``x (G, n, d)``, the projection and the offset from ``grad_phi (G, n, m)`` (overwritten).
 
     The stabilizers are constants (they cancel exactly in attention). Positive: ``dL = dphi * phi``.
     Trigonometric: ``dL = dphi * phi`` for the log-magnitude, and for the phase of row ``l``
     ``dtheta = dphi_sin * mag_sin * cos - dphi_cos * mag_cos * sin``.
     """
-    grad_log = grad_phi * f.phi
     if f.waves is None:
-        grad_u = grad_log
+        grad_u = grad_log = grad_phi.mul_(f.phi)
     else:
         r = f.waves.shape[-1] // 2
         grad_waves = grad_phi * f.magnitude
+        grad_log = grad_phi.mul_(f.phi)
         cos, sin = f.waves[..., :r], f.waves[..., r:]
         grad_phase = torch.addcmul(grad_waves[..., r:] * cos, grad_waves[..., :r], sin, value=-1.0)
         grad_u = torch.cat((grad_phase, grad_log.sum(dim=-1, keepdim=True)), dim=-1)
@@ -569,15 +577,13 @@ def _feature_vjp(
     return grad_x, torch.bmm(f.squares.mT, grad_u), grad_log.sum(dim=-2, keepdim=True)
 
 
+def _row_groups(x: torch.Tensor | None, rows: int, count: int) -> list[torch.Tensor | None]:
+    """``count`` groups of ``rows`` rows (dim 1) of ``x`` by one ``split`` (all None for None)."""
+    return [None] * count if x is None else list(x.split(rows, dim=1))
+
+
 def _accumulate(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
     return part if total is None else total + part
-
-
-def _grad_into(
-    grads: list[torch.Tensor | None], offset: int, projection: torch.Tensor, bias: torch.Tensor
-) -> None:
-    grads[offset] = _accumulate(grads[offset], projection)
-    grads[offset + 1] = _accumulate(grads[offset + 1], bias)
 
 
 def _guard_gradient(
@@ -590,6 +596,25 @@ def _guard_gradient(
     grad_num = grad_out / den
     grad_den = -(grad_num * out).sum(dim=-1, keepdim=True) * free
     return torch.cat((grad_num, grad_den), dim=-1)
+
+
+class _Gradients:
+    """The gradients a kernel Function returns: ``q, k, v`` by groups, the feature sides summed."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: tuple[int, int]) -> None:
+        self.q, self.k, self.v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self.q_parts = self.q.split(rows[0], dim=1)
+        self.k_parts, self.v_parts = self.k.split(rows[1], dim=1), self.v.split(rows[1], dim=1)
+        self.sides: list[torch.Tensor | None] = [None] * 4
+
+    def side(self, index: int, projection: torch.Tensor, offset: torch.Tensor) -> None:
+        """Add a group's gradients of a side's projection and offset (index 0: queries, 1: keys)."""
+        self.sides[2 * index] = _accumulate(self.sides[2 * index], projection)
+        self.sides[2 * index + 1] = _accumulate(self.sides[2 * index + 1], offset)
+
+    def result(self) -> tuple[torch.Tensor | None, ...]:
+        """In the order of the Functions' inputs (the non-tensor ones get None)."""
+        return (self.q, self.k, self.v, None, *self.sides, *[None] * 5)
 
 
 class _NonCausal(torch.autograd.Function):
@@ -615,137 +640,90 @@ class _NonCausal(torch.autograd.Function):
         key_rows: int,
         eps: float,
     ) -> torch.Tensor:
-        qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
         ks = FeatureSide(key_projection, key_offset, None, trigonometric)
-        v_ones = with_ones(v)
         tops, sums, magnitudes = [], [], []
-        for part in _groups(k.shape[-2], key_rows):
-            log_k, waves, squares = _log_features(k[:, part], ks)
-            if key_mask is not None:
-                log_k = log_k.masked_fill(key_mask[:, part, None], -math.inf)
-            top = log_k.amax(dim=-2, keepdim=True)
-            f = _stabilized(log_k, finite_or_zero(top), waves, ks, squares)
+        key_parts = k.split(key_rows, dim=1)
+        key_masks = _row_groups(key_mask, key_rows, len(key_parts))
+        for k_part, v_part, mask in zip(key_parts, v.split(key_rows, dim=1), key_masks, strict=True):
+            f, top = _features(k_part, ks, mask, "column")
             tops.append(top)
-            sums.append(torch.bmm(f.phi.mT, v_ones[:, part]))
+            sums.append(torch.bmm(f.phi.mT, with_ones(v_part)))
             if trigonometric:
                 magnitudes.append(f.phi.abs().sum(dim=-2, keepdim=True))
         top_all = torch.stack(tops)  # (groups, G, 1, m)
         reference = finite_or_zero(top_all.amax(dim=0))
         decay = torch.exp(top_all - reference)
         state = (torch.stack(sums) * decay.mT).sum(dim=0)  # (G, m, Dv + 1)
-        signed = trigonometric or query_sign is not None
         normalizer = None
-        if signed:
-            normalizer = (torch.stack(magnitudes) * decay).sum(dim=0) if trigonometric else state[..., -1:].mT
-        outs, dens, frees = [], [], []
-        query_offset_ref = FeatureSide(query_projection, query_offset + reference, query_sign, trigonometric)
-        for part in _groups(q.shape[-2], query_rows):
-            log_q, waves, squares = _log_features(q[:, part], query_offset_ref)
-            f = _stabilized(log_q, log_q.amax(dim=-1, keepdim=True), waves, qs, squares)
+        if trigonometric:
+            normalizer = (torch.stack(magnitudes) * decay).sum(dim=0)
+        elif query_sign is not None:
+            normalizer = state[..., -1:].mT
+        qs = FeatureSide(query_projection, query_offset + reference, query_sign, trigonometric)
+        out = v.new_empty(*q.shape[:-1], v.shape[-1])
+        den = v.new_empty(*q.shape[:-1], 1)
+        free = torch.empty(den.shape, dtype=torch.bool, device=den.device)
+        groups = zip(*(x.split(query_rows, dim=1) for x in (q, out, den, free)), strict=True)
+        for q_part, out_part, den_part, free_part in groups:
+            f, _ = _features(q_part, qs, None, "row")
             y = torch.bmm(f.phi, state)
             bound = None if normalizer is None else torch.bmm(f.phi.abs(), normalizer.mT)
-            den, guarded = guarded_denominator(y[..., -1:], bound, eps)
-            outs.append(y[..., :-1] / den)
-            dens.append(den)
-            frees.append(~guarded)
-        out, den, free = (x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (outs, dens, frees))
+            den_y, guarded = guarded_denominator(y[..., -1:], bound, eps)
+            out_part.copy_(y[..., :-1] / den_y)
+            den_part.copy_(den_y)
+            free_part.copy_(~guarded)
         ctx.save_for_backward(
-            q,
-            k,
-            v,
-            key_mask,
-            query_projection,
-            query_offset,
-            key_projection,
-            key_offset,
-            query_sign,
-            state,
-            reference,
-            out,
-            den,
-            free,
-        )
+            q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
+            state, reference, den, free,
+        )  # fmt: skip
         ctx.config = (trigonometric, query_rows, key_rows)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (
-            q,
-            k,
-            v,
-            key_mask,
-            query_projection,
-            query_offset,
-            key_projection,
-            key_offset,
-            query_sign,
-            state,
-            reference,
-            out,
-            den,
-            free,
-        ) = ctx.saved_tensors
+            q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
+            state, reference, den, free,
+        ) = ctx.saved_tensors  # fmt: skip
         trigonometric, query_rows, key_rows = ctx.config
         qs = FeatureSide(query_projection, query_offset + reference, query_sign, trigonometric)
         ks = FeatureSide(key_projection, key_offset, None, trigonometric)
-        grad_y = _guard_gradient(out, den, free.to(den.dtype), grad_out)
-        grads: list[torch.Tensor | None] = [None] * 13
+        grads = _Gradients(q, k, v, (query_rows, key_rows))
         grad_state: torch.Tensor | None = None
-        grad_q = []
-        for part in _groups(q.shape[-2], query_rows):
-            log_q, waves, squares = _log_features(q[:, part], qs)
-            f = _stabilized(log_q, log_q.amax(dim=-1, keepdim=True), waves, qs, squares)
-            gy = grad_y[:, part]
+        groups = zip(*(x.split(query_rows, dim=1) for x in (q, den, free, grad_out)), strict=True)
+        for index, (q_part, den_part, free_part, grad_part) in enumerate(groups):
+            f, _ = _features(q_part, qs, None, "row")
+            out_part = torch.bmm(f.phi, state[..., :-1]).div_(den_part)  # recomputed, not kept
+            gy = _guard_gradient(out_part, den_part, free_part.to(den.dtype), grad_part)
             grad_state = _accumulate(grad_state, torch.bmm(f.phi.mT, gy))
-            gx, gp, gb = _feature_vjp(torch.bmm(gy, state.mT), q[:, part], f, qs)
-            grad_q.append(gx)
-            _grad_into(grads, 4, gp, gb)
+            gx, gp, gb = _feature_vjp(torch.bmm(gy, state.mT), q_part, f, qs)
+            grads.q_parts[index].copy_(gx)
+            grads.side(0, gp, gb)
         assert grad_state is not None, "q has at least one row"
-        v_ones = with_ones(v)
-        grad_k, grad_v = [], []
-        for part in _groups(k.shape[-2], key_rows):
-            log_k, waves, squares = _log_features(k[:, part], ks)
-            if key_mask is not None:
-                log_k = log_k.masked_fill(key_mask[:, part, None], -math.inf)
-            f = _stabilized(log_k, reference, waves, ks, squares)  # relative to the column maxima of all keys
-            grad_v.append(torch.bmm(f.phi, grad_state[..., :-1]))
-            gx, gp, gb = _feature_vjp(torch.bmm(v_ones[:, part], grad_state.mT), k[:, part], f, ks)
-            grad_k.append(gx)
-            _grad_into(grads, 6, gp, gb)
-        grads[0], grads[1], grads[2] = (
-            x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (grad_q, grad_k, grad_v)
-        )
-        return tuple(grads)
-
-
-def _causal_features(
-    q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None, qs: FeatureSide, ks: FeatureSide
-) -> tuple[_Features, _Features, torch.Tensor]:
-    """Row-stabilized query and key features of a group, the keys' log-scales ``(G, n)`` (-inf: padding)."""
-    log_q, waves_q, squares_q = _log_features(q, qs)
-    fq = _stabilized(log_q, log_q.amax(dim=-1, keepdim=True), waves_q, qs, squares_q)
-    log_k, waves_k, squares_k = _log_features(k, ks)
-    if key_mask is not None:
-        log_k = log_k.masked_fill(key_mask.unsqueeze(-1), -math.inf)
-    top = log_k.amax(dim=-1, keepdim=True)
-    fk = _stabilized(log_k, finite_or_zero(top), waves_k, ks, squares_k)
-    return fq, fk, top.squeeze(-1)
+        key_parts = k.split(key_rows, dim=1)
+        key_masks = _row_groups(key_mask, key_rows, len(key_parts))
+        groups_k = zip(key_parts, v.split(key_rows, dim=1), key_masks, strict=True)
+        for index, (k_part, v_part, mask) in enumerate(groups_k):
+            f, _ = _features(k_part, ks, mask, reference)  # relative to the column maxima of all keys
+            grads.v_parts[index].copy_(torch.bmm(f.phi, grad_state[..., :-1]))
+            gx, gp, gb = _feature_vjp(torch.bmm(with_ones(v_part), grad_state.mT), k_part, f, ks)
+            grads.k_parts[index].copy_(gx)
+            grads.side(1, gp, gb)
+        return grads.result()
 
 
 def _chunked_vjp(
     ch: Chunked, grad_y: torch.Tensor, grad_state_out: torch.Tensor | None, need_state: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gradients of ``phi_q``, ``phi_k``, ``[v, 1]`` ``(G, t, c, .)`` and of the entering state.
+    """Gradients of ``phi_q``, ``phi_k``, ``[v, 1]`` ``(g t, c, .)`` and of the entering state.
 
-    From those of ``y`` ``(G, t, c, w)`` and of the state leaving the block (None: nothing used it).
-
+    From those of ``y`` ``(g t, c, w)`` and of the state leaving the block (None: nothing used it).
     ``y = carry * (pq @ P_t) + scores @ pv``, ``scores = (pq @ pk^T) * weights``, ``P = decay @ S +
     carried * P_0``, ``S_t = (pk * e^{c - E_t})^T @ pv``: the reference weights are constants.
     """
     g, m, w = ch.decay.shape[0], ch.pq.shape[-1], ch.pv.shape[-1]
     carried_grad = ch.carry * grad_y
-    grad_scores = torch.bmm(grad_y, ch.pv.mT) * ch.weights
+    grad_scores = torch.bmm(grad_y, ch.pv.mT).mul_(ch.weights)
     entering_states = ch.states[:, :-1].reshape(-1, m, w)
     grad_pq = torch.baddbmm(torch.bmm(grad_scores, ch.pk), carried_grad, entering_states.mT)
     grad_states = torch.bmm(ch.pq.mT, carried_grad).view(g, -1, m * w)  # (g, t, m w)
@@ -766,9 +744,8 @@ class _Causal(torch.autograd.Function):
     """Causal attention with closed-form features, by groups of chunks.
 
     The backward pass recomputes each group's features and chunk products, last group first, and applies
-    their hand-written VJPs.
-
-    Saved: the inputs, the state and reference entering each group, the outputs and normalizers.
+    their hand-written VJPs. Saved: the inputs, the state and reference entering each group, the outputs
+    and normalizers.
     """
 
     @staticmethod
@@ -794,98 +771,75 @@ class _Causal(torch.autograd.Function):
         state: torch.Tensor | None = None
         magnitude: torch.Tensor | None = None
         reference: torch.Tensor | None = None
-        states, references, outs, dens, frees = [], [], [], [], []
-        for part in _groups(q.shape[-2], rows):
-            if state is not None:
-                assert reference is not None, "set with the state"
+        states, references = [], []
+        out = v.new_empty(v.shape)
+        den = v.new_empty(*v.shape[:-1], 1)
+        free = torch.empty(den.shape, dtype=torch.bool, device=den.device)
+        parts = [x.split(rows, dim=1) for x in (q, k, v, out, den, free)]
+        masks = _row_groups(key_mask, rows, len(parts[0]))
+        for q_part, k_part, v_part, out_part, den_part, free_part, mask in zip(*parts, masks, strict=True):
+            if state is not None and reference is not None:
                 states.append(state)
                 references.append(reference)
-            mask = None if key_mask is None else key_mask[:, part]
-            fq, fk, scale = _causal_features(q[:, part], k[:, part], mask, qs, ks)
+            fq, _ = _features(q_part, qs, None, "row")
+            fk, scale = _features(k_part, ks, mask, "row")
             ch = chunked_products(
-                fq.phi, fk.phi, scale, v[:, part], state, magnitude, reference, chunk, signed
+                fq.phi, fk.phi, scale.squeeze(-1), v_part, state, magnitude, reference, chunk, signed
             )
-            den, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
+            den_y, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
             size, n = fq.phi.shape[:2]
-            outs.append((ch.y[..., :-1] / den).view(size, -1, v.shape[-1])[:, :n])
-            dens.append(den.view(size, -1, 1)[:, :n])
-            frees.append(~guarded.view(size, -1, 1)[:, :n])
+            out_part.copy_((ch.y[..., :-1] / den_y).view(size, -1, v.shape[-1])[:, :n])
+            den_part.copy_(den_y.view(size, -1, 1)[:, :n])
+            free_part.copy_(~guarded.view(size, -1, 1)[:, :n])
             state, reference = ch.states[:, -1], ch.entering[:, -1]
             magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1]
-        out, den, free = (x[0] if len(x) == 1 else torch.cat(x, dim=-2) for x in (outs, dens, frees))
         entering_states = torch.stack(states) if states else None
         entering_references = torch.stack(references) if references else None
         ctx.save_for_backward(
-            q,
-            k,
-            v,
-            key_mask,
-            query_projection,
-            query_offset,
-            key_projection,
-            key_offset,
-            query_sign,
-            entering_states,
-            entering_references,
-            out,
-            den,
-            free,
-        )
+            q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
+            entering_states, entering_references, out, den, free,
+        )  # fmt: skip
         ctx.config = (trigonometric, rows, chunk)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (
-            q,
-            k,
-            v,
-            key_mask,
-            query_projection,
-            query_offset,
-            key_projection,
-            key_offset,
-            query_sign,
-            entering_states,
-            entering_references,
-            out,
-            den,
-            free,
-        ) = ctx.saved_tensors
+            q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
+            entering_states, entering_references, out, den, free,
+        ) = ctx.saved_tensors  # fmt: skip
         trigonometric, rows, chunk = ctx.config
         qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
         ks = FeatureSide(key_projection, key_offset, None, trigonometric)
-        grad_y = _guard_gradient(out, den, free.to(den.dtype), grad_out)
-        grads: list[torch.Tensor | None] = [None] * 13
-        grad_q, grad_k, grad_v = [], [], []
+        grads = _Gradients(q, k, v, (rows, rows))
         grad_state: torch.Tensor | None = None
-        parts = _groups(q.shape[-2], rows)
-        for index in reversed(range(len(parts))):
-            part = parts[index]
+        parts = [x.split(rows, dim=1) for x in (q, k, v, out, den, free, grad_out)]
+        masks = _row_groups(key_mask, rows, len(parts[0]))
+        for index in reversed(range(len(masks))):
+            q_part, k_part, v_part, out_part, den_part, free_part, grad_part = (p[index] for p in parts)
             state = None if index == 0 else entering_states[index - 1]
             reference = None if index == 0 else entering_references[index - 1]
-            mask = None if key_mask is None else key_mask[:, part]
-            fq, fk, scale = _causal_features(q[:, part], k[:, part], mask, qs, ks)
-            ch = chunked_products(fq.phi, fk.phi, scale, v[:, part], state, None, reference, chunk, False)
+            fq, _ = _features(q_part, qs, None, "row")
+            fk, scale = _features(k_part, ks, masks[index], "row")
+            ch = chunked_products(
+                fq.phi, fk.phi, scale.squeeze(-1), v_part, state, None, reference, chunk, False
+            )
             size, n, m = fq.phi.shape
             c = ch.pq.shape[-2]
-            gy = grad_y[:, part]
+            gy = _guard_gradient(out_part, den_part, free_part.to(den.dtype), grad_part)
             if n % c:
                 gy = F.pad(gy, (0, 0, 0, c - n % c))
             grad_pq, grad_pk, grad_pv, grad_state = _chunked_vjp(
-                ch, gy.reshape(-1, c, gy.shape[-1]), grad_state, index > 0
+                ch, gy.view(-1, c, gy.shape[-1]), grad_state, index > 0
             )
-            grad_v.append(grad_pv.view(size, -1, grad_pv.shape[-1])[:, :n, :-1])
-            gx, gp, gb = _feature_vjp(grad_pq.view(size, -1, m)[:, :n], q[:, part], fq, qs)
-            grad_q.append(gx)
-            _grad_into(grads, 4, gp, gb)
-            gx, gp, gb = _feature_vjp(grad_pk.view(size, -1, m)[:, :n], k[:, part], fk, ks)
-            grad_k.append(gx)
-            _grad_into(grads, 6, gp, gb)
-        grads[0], grads[1], grads[2] = (
-            x[0] if len(x) == 1 else torch.cat(x[::-1], dim=-2) for x in (grad_q, grad_k, grad_v)
-        )
-        return tuple(grads)
+            grads.v_parts[index].copy_(grad_pv.view(size, -1, grad_pv.shape[-1])[:, :n, :-1])
+            gx, gp, gb = _feature_vjp(grad_pq.view(size, -1, m)[:, :n], q_part, fq, qs)
+            grads.q_parts[index].copy_(gx)
+            grads.side(0, gp, gb)
+            gx, gp, gb = _feature_vjp(grad_pk.view(size, -1, m)[:, :n], k_part, fk, ks)
+            grads.k_parts[index].copy_(gx)
+            grads.side(1, gp, gb)
+        return grads.result()
 
 
 def closed_form_attention(
