@@ -271,6 +271,7 @@ def causal_block(
         chunk,
         signed,
     )
+    assert ch.y is not None, "asked for"
     den, _ = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
     out = (ch.y[..., :-1] / den).view(size, -1, v.shape[-1])[:, :n].reshape(*lead, n, v.shape[-1])
     final_magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1].reshape(*lead, m)
@@ -294,10 +295,11 @@ class Chunked(NamedTuple):
     decay: torch.Tensor  # (g, t + 1, t): prefix weights over chunks
     carried: torch.Tensor  # (g, t + 1): weight of the entering state
     states: torch.Tensor  # (g, t + 1, m w): state entering each chunk, then the one after the block
+    entering_states: torch.Tensor  # (g t, m, w): the state entering each chunk
     magnitudes: torch.Tensor | None  # (g, t + 1, m)
     entering: torch.Tensor  # (g, t + 1): reference entering each chunk, then the final one
     scores: torch.Tensor  # (g t, c, c): weighted intra-chunk products
-    y: torch.Tensor  # (g t, c, w): numerators and normalizers
+    y: torch.Tensor | None  # (g t, c, w): numerators and normalizers (None: not asked for)
     bound: torch.Tensor | None  # (g t, c, 1): |phi_q| . sum |phi_k| (signed features)
 
 
@@ -311,11 +313,13 @@ def chunked_products(
     reference: torch.Tensor | None,
     chunk: int,
     signed: bool,
+    outputs: bool = True,
 ) -> Chunked:
     """All [`causal_block`][rf_attention._kernels.causal_block] computes before the normalizer's guard.
 
     Inputs with one leading dimension: ``phi_q, phi_k (g, n, m)``, ``key_log_scale (g, n)``, ``v (g, n, Dv)``,
-    ``state (g, m, w)``, ``magnitude (g, m)``, ``reference (g,)``.
+    ``state (g, m, w)``, ``magnitude (g, m)``, ``reference (g,)``. ``outputs=False`` leaves out ``y`` and
+    the bound (a backward pass needs only the intermediates).
     """
     g, n, m = phi_q.shape
     c = min(chunk, n)
@@ -356,33 +360,21 @@ def chunked_products(
     # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
     carry = torch.exp(entering[:, :-1].reshape(g * t, 1) - safe_refs).unsqueeze(-1)  # (g t, c, 1)
     weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
-    scores = torch.bmm(pq, pk.mT) * weights
+    scores = torch.bmm(pq, pk.mT).mul_(weights)
     entering_states = states[:, :-1].reshape(g * t, m, w)
-    y = torch.addcmul(torch.bmm(scores, pv), carry, torch.bmm(pq, entering_states))
-    bound = None
-    if signed:
+    y = bound = None
+    if outputs:
+        y = torch.bmm(pq, entering_states).mul_(carry).baddbmm_(scores, pv)
+    if outputs and signed:
         assert magnitudes is not None, "tracked with the states"
         abs_q = pq.detach().abs()
         inside = (torch.bmm(abs_q, pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
         entering_magnitudes = magnitudes[:, :-1].detach().reshape(g * t, m, 1)
         bound = torch.addcmul(inside, carry, torch.bmm(abs_q, entering_magnitudes))
     return Chunked(
-        pq,
-        pk,
-        pv,
-        weighted,
-        key_weights,
-        weights,
-        carry,
-        decay,
-        carried,
-        states,
-        magnitudes,
-        entering,
-        scores,
-        y,
-        bound,
-    )
+        pq, pk, pv, weighted, key_weights, weights, carry, decay, carried, states, entering_states,
+        magnitudes, entering, scores, y, bound,
+    )  # fmt: skip
 
 
 def _causal_group(
@@ -650,6 +642,7 @@ class _NonCausal(torch.autograd.Function):
             sums.append(torch.bmm(f.phi.mT, with_ones(v_part)))
             if trigonometric:
                 magnitudes.append(f.phi.abs().sum(dim=-2, keepdim=True))
+            del f  # a group's features are freed before the next group's are made
         top_all = torch.stack(tops)  # (groups, G, 1, m)
         reference = finite_or_zero(top_all.amax(dim=0))
         decay = torch.exp(top_all - reference)
@@ -672,6 +665,7 @@ class _NonCausal(torch.autograd.Function):
             out_part.copy_(y[..., :-1] / den_y)
             den_part.copy_(den_y)
             free_part.copy_(~guarded)
+            del f, y, bound, den_y, guarded
         ctx.save_for_backward(
             q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
             state, reference, den, free,
@@ -699,6 +693,7 @@ class _NonCausal(torch.autograd.Function):
             gx, gp, gb = _feature_vjp(torch.bmm(gy, state.mT), q_part, f, qs)
             grads.q_parts[index].copy_(gx)
             grads.side(0, gp, gb)
+            del f, out_part, gy, gx
         assert grad_state is not None, "q has at least one row"
         key_parts = k.split(key_rows, dim=1)
         key_masks = _row_groups(key_mask, key_rows, len(key_parts))
@@ -709,6 +704,7 @@ class _NonCausal(torch.autograd.Function):
             gx, gp, gb = _feature_vjp(torch.bmm(with_ones(v_part), grad_state.mT), k_part, f, ks)
             grads.k_parts[index].copy_(gx)
             grads.side(1, gp, gb)
+            del f, gx
         return grads.result()
 
 
@@ -724,8 +720,7 @@ def _chunked_vjp(
     g, m, w = ch.decay.shape[0], ch.pq.shape[-1], ch.pv.shape[-1]
     carried_grad = ch.carry * grad_y
     grad_scores = torch.bmm(grad_y, ch.pv.mT).mul_(ch.weights)
-    entering_states = ch.states[:, :-1].reshape(-1, m, w)
-    grad_pq = torch.baddbmm(torch.bmm(grad_scores, ch.pk), carried_grad, entering_states.mT)
+    grad_pq = torch.bmm(grad_scores, ch.pk).baddbmm_(carried_grad, ch.entering_states.mT)
     grad_states = torch.bmm(ch.pq.mT, carried_grad).view(g, -1, m * w)  # (g, t, m w)
     decay, carried = ch.decay[:, :-1], ch.carried[:, :-1]
     if grad_state_out is not None:
@@ -735,8 +730,8 @@ def _chunked_vjp(
     grad_state_in = None
     if need_state:
         grad_state_in = torch.bmm(carried.unsqueeze(-2), grad_states).view(g, m, w)
-    grad_pk = torch.addcmul(torch.bmm(grad_scores.mT, ch.pq), ch.key_weights, torch.bmm(ch.pv, grad_sums.mT))
-    grad_pv = torch.baddbmm(torch.bmm(ch.scores.mT, grad_y), ch.weighted_keys, grad_sums)
+    grad_pk = torch.bmm(ch.pv, grad_sums.mT).mul_(ch.key_weights).baddbmm_(grad_scores.mT, ch.pq)
+    grad_pv = torch.bmm(ch.scores.mT, grad_y).baddbmm_(ch.weighted_keys, grad_sums)
     return grad_pq, grad_pk, grad_pv, grad_state_in
 
 
@@ -786,6 +781,7 @@ class _Causal(torch.autograd.Function):
             ch = chunked_products(
                 fq.phi, fk.phi, scale.squeeze(-1), v_part, state, magnitude, reference, chunk, signed
             )
+            assert ch.y is not None, "asked for"
             den_y, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
             size, n = fq.phi.shape[:2]
             out_part.copy_((ch.y[..., :-1] / den_y).view(size, -1, v.shape[-1])[:, :n])
@@ -793,6 +789,7 @@ class _Causal(torch.autograd.Function):
             free_part.copy_(~guarded.view(size, -1, 1)[:, :n])
             state, reference = ch.states[:, -1], ch.entering[:, -1]
             magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1]
+            del fq, fk, ch, den_y, guarded
         entering_states = torch.stack(states) if states else None
         entering_references = torch.stack(references) if references else None
         ctx.save_for_backward(
@@ -822,7 +819,7 @@ class _Causal(torch.autograd.Function):
             fq, _ = _features(q_part, qs, None, "row")
             fk, scale = _features(k_part, ks, masks[index], "row")
             ch = chunked_products(
-                fq.phi, fk.phi, scale.squeeze(-1), v_part, state, None, reference, chunk, False
+                fq.phi, fk.phi, scale.squeeze(-1), v_part, state, None, reference, chunk, False, outputs=False
             )
             size, n, m = fq.phi.shape
             c = ch.pq.shape[-2]
@@ -839,6 +836,7 @@ class _Causal(torch.autograd.Function):
             gx, gp, gb = _feature_vjp(grad_pk.view(size, -1, m)[:, :n], k_part, fk, ks)
             grads.k_parts[index].copy_(gx)
             grads.side(1, gp, gb)
+            del fq, fk, ch, gy, grad_pq, grad_pk, grad_pv, gx
         return grads.result()
 
 
