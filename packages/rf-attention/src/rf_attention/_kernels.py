@@ -1,8 +1,9 @@
 """Chunk-parallel random-feature attention: a fixed number of batched operations per call, whatever N.
 
 The sequence is cut into a few *groups* of rows, as many as keep one group's features no larger than the
-query tensor itself (``group_rows``): their number depends on the feature width and the head dimension,
-never on N. Each group is one batched computation:
+query tensor itself (``group_rows``; causal groups of the closed-form kernel take twice the rows): their
+number depends on the feature width and the head dimension, never on N. Each group is one batched
+computation:
 
 - non-causal (Eq. 7): a group of keys gives its ``m x (Dv + 1)`` sums ``phi_k^T [v, 1]`` by one matmul; a
   group of queries reads them by one matmul;
@@ -11,11 +12,20 @@ never on N. Each group is one batched computation:
   chunks (one batched matmul), the intra-chunk masked products by batched ``chunk x chunk`` matmuls. The
   state leaving a group enters the next.
 
-Each group runs under ``torch.utils.checkpoint``: autograd keeps ``q, k, v``, the ``m x (Dv + 1)`` sums
-passed between groups and the outputs, and recomputes a group's features in the backward pass, so the
-``N x m`` feature tensors live one group at a time. The backward pass is autograd's through the same
-operations (gradients of the plain formula ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)``; the stabilizers are
-detached constants that cancel exactly), and the whole computation traces under ``torch.compile``.
+Two implementations share that layout:
+
+- ``closed_form_attention``: for feature maps with a closed form (``rf_features.ExponentialForm``, every
+  component of Section 3.2). Two ``torch.autograd.Function`` s (``_NonCausal``, ``_Causal``) keep ``q, k, v``,
+  the sums passed between groups and the normalizers; their backward passes recompute each group's
+  features (and, causal, its chunk products) and apply hand-written vector-Jacobian products, returning the
+  gradients of ``q, k, v`` and of the closed form's ``A, g, c`` (autograd carries these on to the weight
+  matrix). No ``torch.autograd.grad`` inside, so the whole step traces under ``torch.compile``.
+- ``noncausal_attention`` / ``causal_attention``: for any ``FeatureFn`` (a component without a closed form,
+  ``linear_attention``'s given features). Each group runs under ``torch.utils.checkpoint``, and the backward
+  pass is autograd's through the same operations.
+
+In both, the stabilizers are detached constants that cancel exactly, so every gradient is that of the plain
+formula ``phi_q (phi_k^T v) / (phi_q phi_k^T 1)``.
 """
 
 from __future__ import annotations
@@ -36,6 +46,9 @@ FeatureFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | No
 DEFAULT_CHUNK_SIZE = 128
 #: A group's features hold at most this many elements per element of ``q`` (the memory rule of the groups).
 GROUP_FEATURES_PER_QUERY_ELEMENT = 1.0
+#: The same for a causal group of the closed-form kernel: a causal group costs about twice the operations of a
+#: non-causal one (chunk products and their VJPs), so it takes twice the rows (half the groups).
+CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT = 2.0
 
 
 def guarded_denominator(
@@ -78,13 +91,15 @@ def _exp(log_x: torch.Tensor, mult: torch.Tensor | None) -> torch.Tensor:
     return features if mult is None else features * mult
 
 
-def group_rows(n: int, dim: int, width: int, multiple: int = 1) -> int:
+def group_rows(n: int, dim: int, width: int, multiple: int = 1, per_element: float | None = None) -> int:
     """Rows per group: the most whose ``width`` features hold no more elements than ``n`` rows of ``dim``.
 
-    A multiple of ``multiple`` (the causal chunk), at least one ``multiple``. The number of groups,
-    ``ceil(n / rows)``, is about ``width / dim`` whatever ``n``.
+    (times ``per_element``, default ``GROUP_FEATURES_PER_QUERY_ELEMENT``). A multiple of ``multiple`` (the
+    causal chunk), at least one ``multiple``. The number of groups, ``ceil(n / rows)``, is about
+    ``width / (dim * per_element)`` whatever ``n``.
     """
-    rows = int(n * dim * GROUP_FEATURES_PER_QUERY_ELEMENT) // max(1, width)
+    factor = GROUP_FEATURES_PER_QUERY_ELEMENT if per_element is None else per_element
+    rows = int(n * dim * factor) // max(1, width)
     return max(multiple, rows // multiple * multiple)
 
 
@@ -880,7 +895,9 @@ def closed_form_attention(
     common = (qs.projection, qs.offset, ks.projection, ks.offset, qs.sign, qs.trigonometric)
     if causal:
         n = q.shape[-2]
-        group = group_rows(n, q.shape[-1], width, multiple=min(chunk, n))
+        group = group_rows(
+            n, q.shape[-1], width, multiple=min(chunk, n), per_element=CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT
+        )
         out = _Causal.apply(*flat, mask, *common, group, chunk, eps)
     else:
         query_rows = rows or group_rows(q.shape[-2], q.shape[-1], width)
