@@ -631,7 +631,7 @@ class _NonCausal(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -689,7 +689,7 @@ class _NonCausal(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (
             q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
             state, reference, den, free,
@@ -759,7 +759,7 @@ class _Causal(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -815,7 +815,7 @@ class _Causal(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (
             q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
             entering_states, entering_references, out, den, free,
