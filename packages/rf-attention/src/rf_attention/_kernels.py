@@ -520,8 +520,6 @@ class _Features(NamedTuple):
     """One group's features and what their VJP needs."""
 
     phi: torch.Tensor  # (G, n, m)
-    magnitude: torch.Tensor  # (G, n, m): exp(log - stabilizer) * sign (phi itself for positive features)
-    waves: torch.Tensor | None  # (G, n, m): [cos, sin] of the phases (trigonometric), else None
     squares: torch.Tensor  # (G, n, 2d): [x, x * x]
 
 
@@ -556,8 +554,8 @@ def _features(
     magnitude = log_x.sub_(finite_or_zero(top)).exp_()
     if side.sign is not None:
         magnitude = magnitude.mul_(side.sign)
-    phi = magnitude if waves is None else magnitude * waves
-    return _Features(phi, magnitude, waves, squares), top
+    phi = magnitude if waves is None else waves.mul_(magnitude)
+    return _Features(phi, squares), top
 
 
 def _feature_vjp(
@@ -566,17 +564,16 @@ def _feature_vjp(
     """Gradients of ``x (G, n, d)``, the projection and the offset from ``grad_phi (G, n, m)`` (overwritten).
 
     The stabilizers are constants (they cancel exactly in attention). Positive: ``dL = dphi * phi``.
-    Trigonometric: ``dL = dphi * phi`` for the log-magnitude, and for the phase of row ``l``
-    ``dtheta = dphi_sin * mag_sin * cos - dphi_cos * mag_cos * sin``.
+    Trigonometric (``phi = M [cos theta, sin theta]``, one magnitude ``M`` per row and phase):
+    ``dL = dphi * phi`` for the log-magnitude and ``dtheta = dphi_sin * phi_cos - dphi_cos * phi_sin``.
     """
-    if f.waves is None:
+    if not side.trigonometric:
         grad_u = grad_log = grad_phi.mul_(f.phi)
     else:
-        r = f.waves.shape[-1] // 2
-        grad_waves = grad_phi * f.magnitude
+        r = f.phi.shape[-1] // 2
+        grad_phase = grad_phi[..., r:] * f.phi[..., :r]
+        grad_phase = grad_phase.addcmul_(grad_phi[..., :r], f.phi[..., r:], value=-1.0)
         grad_log = grad_phi.mul_(f.phi)
-        cos, sin = f.waves[..., :r], f.waves[..., r:]
-        grad_phase = torch.addcmul(grad_waves[..., r:] * cos, grad_waves[..., :r], sin, value=-1.0)
         grad_u = torch.cat((grad_phase, grad_log.sum(dim=-1, keepdim=True)), dim=-1)
     grad_squares = torch.bmm(grad_u, side.projection.mT)
     d = x.shape[-1]

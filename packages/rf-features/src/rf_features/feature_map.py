@@ -42,7 +42,7 @@ class ExponentialForm:
         square_weight: ``g``, ``(..., d)``.
         offset: ``c``, ``(..., m)``.
         sign: ``(m,)`` signs of the component weights (queries only), or None.
-        trigonometric: the cos/sin form.
+        trigonometric: the cos/sin form (the cos and the sin of a row share their offset and sign).
     """
 
     matrix: torch.Tensor
