@@ -49,6 +49,9 @@ GROUP_FEATURES_PER_QUERY_ELEMENT = 1.0
 #: The same for a causal group of the closed-form kernel: a causal group costs about twice the operations of a
 #: non-causal one (chunk products and their VJPs), so it takes twice the rows (half the groups).
 CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT = 2.0
+#: ... but a group of the closed-form kernel holds at least this many feature elements (1 MiB in float32):
+#: short sequences run in few groups (per-operation overhead, not memory, bounds them).
+MIN_GROUP_FEATURE_ELEMENTS = 2**18
 
 
 def guarded_denominator(
@@ -91,16 +94,22 @@ def _exp(log_x: torch.Tensor, mult: torch.Tensor | None) -> torch.Tensor:
     return features if mult is None else features * mult
 
 
-def group_rows(n: int, dim: int, width: int, multiple: int = 1, per_element: float | None = None) -> int:
+def group_rows(
+    n: int, dim: int, width: int, multiple: int = 1, per_element: float | None = None, batch: int = 0
+) -> int:
     """Rows per group: the most whose ``width`` features hold no more elements than ``n`` rows of ``dim``.
 
-    (times ``per_element``, default ``GROUP_FEATURES_PER_QUERY_ELEMENT``). A multiple of ``multiple`` (the
-    causal chunk), at least one ``multiple``. The number of groups, ``ceil(n / rows)``, is about
+    (times ``per_element``, default ``GROUP_FEATURES_PER_QUERY_ELEMENT``), or, given ``batch`` (the number
+    of sequences), at least as many as make ``MIN_GROUP_FEATURE_ELEMENTS``. A multiple of ``multiple`` (the
+    causal chunk), at least one ``multiple``. The number of groups, ``ceil(n / rows)``, is at most about
     ``width / (dim * per_element)`` whatever ``n``.
     """
     factor = GROUP_FEATURES_PER_QUERY_ELEMENT if per_element is None else per_element
-    rows = int(n * dim * factor) // max(1, width)
-    return max(multiple, rows // multiple * multiple)
+    rows = int(n * dim * factor) // max(1, width) // multiple * multiple
+    if batch:
+        least = -(-MIN_GROUP_FEATURE_ELEMENTS // (batch * max(1, width)))
+        rows = max(rows, -(-least // multiple) * multiple)
+    return max(multiple, rows)
 
 
 def _groups(n: int, rows: int) -> list[slice]:
@@ -892,12 +901,11 @@ def closed_form_attention(
     common = (qs.projection, qs.offset, ks.projection, ks.offset, qs.sign, qs.trigonometric)
     if causal:
         n = q.shape[-2]
-        group = group_rows(
-            n, q.shape[-1], width, multiple=min(chunk, n), per_element=CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT
-        )
+        per_element = CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT
+        group = group_rows(n, q.shape[-1], width, min(chunk, n), per_element, batch=size)
         out = _Causal.apply(*flat, mask, *common, group, chunk, eps)
     else:
-        query_rows = rows or group_rows(q.shape[-2], q.shape[-1], width)
-        key_rows = rows or group_rows(k.shape[-2], k.shape[-1], width)
+        query_rows = rows or group_rows(q.shape[-2], q.shape[-1], width, batch=size)
+        key_rows = rows or group_rows(k.shape[-2], k.shape[-1], width, batch=size)
         out = _NonCausal.apply(*flat, mask, *common, query_rows, key_rows, eps)
     return out.reshape(*lead, *out.shape[-2:])
