@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 
+import rf_attention._kernels as kernels
 import rf_features
 from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend
@@ -169,3 +170,40 @@ def test_a_learned_matrix_is_built_once_per_call(monkeypatch):
     rf_attend(q, k, v, fm, chunk_size=64).sum().backward()
     assert len(builds) == 1
     assert all(p.grad is not None for p in fm.weight_matrix.parameters())
+
+
+# The grid's sizes fit in one group; here the group rules are shrunk so that every call runs in several
+# groups (and, causal, several chunks per group): key groups combined, states passed between causal groups.
+
+
+@pytest.fixture
+def small_groups(monkeypatch):
+    monkeypatch.setattr(kernels, "GROUP_FEATURES_PER_QUERY_ELEMENT", 0.1)
+    monkeypatch.setattr(kernels, "CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT", 0.1)
+    monkeypatch.setattr(kernels, "MIN_GROUP_FEATURE_ELEMENTS", 1)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "padded"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize(
+    "name", ["posrf-orf", "trigrf-sorf", "oprf-fastfoodl", "saderf-qmc", "posrf-hyp-base"]
+)
+def test_many_groups_equal_the_naive_reference(small_groups, name, causal, masked):
+    b, h, n, d, s = 2, 2, 37, 8, 6
+    fm = make_feature_map(name, d, s, causal, torch.float64)
+    width = fm.num_features
+    per_element = kernels.CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT if causal else None
+    rows = kernels.group_rows(n, d, width, 4 if causal else 1, per_element, batch=b * h)
+    assert -(-n // rows) >= 3, "several groups"
+    reference_map = copy.deepcopy(fm)
+    (q, k, v), mask, weights = inputs(b, h, n, d, torch.float64, masked, causal)
+    out = rf_attend(q, k, v, fm, causal=causal, key_padding_mask=mask, query_padding_mask=mask, chunk_size=4)
+    got = grads(out, weights, [q, k, v, *fm.parameters()])
+    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    expected_out = naive_rf_attention(
+        q64, k64, v64, reference_map, causal=causal, key_padding_mask=mask, query_padding_mask=mask
+    )
+    expected = grads(expected_out, weights, [q64, k64, v64, *reference_map.parameters()])
+    assert relative_error(out, expected_out) < 1e-10
+    for g, e in zip(got, expected, strict=True):
+        assert relative_error(g, e) < 1e-10
