@@ -32,8 +32,13 @@ import json
 import os
 import platform
 import resource
+import signal
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +104,8 @@ def parse_repeats_at(text: str) -> tuple[int, int]:
         n, repeats = (int(part) for part in text.split("="))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--repeats-at: expected N=R (two integers), got {text!r}") from None
-    if repeats < 1:
-        raise argparse.ArgumentTypeError(f"--repeats-at: expected at least 1 repeat, got {text!r}")
+    if repeats < 0:
+        raise argparse.ArgumentTypeError(f"--repeats-at: expected R >= 0 repeats, got {text!r}")
     return n, repeats
 
 
@@ -115,7 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--features", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (median)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per point after the measured one (median of all)"
+    )
     parser.add_argument(
         "--repeats-at",
         type=parse_repeats_at,
@@ -126,11 +133,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--isolation",
-        choices=["point", "attention"],
+        choices=["point", "attention", "run"],
         default="attention",
-        help="a fresh process per point, or per attention (its lengths in increasing order)",
+        help="a fresh process per point, per attention (its lengths in increasing order), or one in all",
     )
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per point")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA peak: max_memory_allocated)")
     parser.add_argument(
@@ -201,7 +208,7 @@ def flops(name: str, n: int, args: argparse.Namespace) -> float:
 
 
 def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
-    """Peak memory of one forward+backward at ``n``, then the median time of ``repeats_at(n)`` more.
+    """Peak memory and time of a forward+backward at ``n``: time the median of it and ``repeats_at(n)`` more.
 
     Runs in a process that made one forward+backward at ``WARMUP_LENGTH`` first (`measure_points`).
     """
@@ -210,25 +217,24 @@ def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     attend = build(name, n, args)
     shape = (args.batch, args.heads, n, args.head_dim)
     q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
-    before = reset_peak(device)
-    attend(q, k, v).sum().backward()
-    peak_mib = (peak(device) - before) / 2**20
-
-    def clear_grads() -> None:
+    samples = []
+    for run in range(1 + repeats_at(n, args)):
         for t in (q, k, v):
             t.grad = None
-
-    seconds = ac.median_seconds(
-        lambda: attend(q, k, v).sum().backward(),
-        repeats=repeats_at(n, args),
-        warmup=0,
-        device=device,
-        setup=clear_grads,
-    )
+        if run == 0:
+            before = reset_peak(device)
+        start = time.perf_counter()
+        attend(q, k, v).sum().backward()
+        synchronize(device)
+        samples.append(time.perf_counter() - start)
+        if run == 0:
+            peak_mib = (peak(device) - before) / 2**20
+    seconds = statistics.median(samples)
     return {
         "attention": name,
         "n": n,
         "seconds": seconds,
+        "samples": len(samples),
         "peak_mib": peak_mib,
         "gflops": flops(name, n, args) / seconds / 1e9,
     }
@@ -237,7 +243,6 @@ def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
 def measure_compile(name: str, n: int, args: argparse.Namespace) -> dict:
     """Median seconds of a module training step, eager and compiled (inductor, fullgraph), interleaved."""
     import copy
-    import time
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -365,31 +370,37 @@ def point_environment() -> dict[str, str]:
 
 
 def run_process(points: list[tuple[str, int]], args: argparse.Namespace) -> list[dict]:
-    """``points`` measured in one fresh interpreter, so its peak RSS belongs to them alone."""
+    """``points`` measured in one fresh interpreter, so its peak RSS belongs to them alone.
+
+    Each result is echoed to stderr as it comes; the process is killed after ``--timeout`` seconds per point.
+    """
     command = [sys.executable, __file__, "--points", *(f"{name}:{n}" for name, n in points)]
     for flag in ("batch", "heads", "head_dim", "features", "repeats", "device", "threads"):
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     command += [f"--repeats-at={n}={r}" for n, r in args.repeats_at] + (["--compile"] if args.compile else [])
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=args.timeout,
-            check=False,
-            env=point_environment(),
-        )
-        stdout, error = done.stdout, done.stderr.strip().splitlines()[-1:] if done.returncode else []
-    except subprocess.TimeoutExpired as timeout:
-        stdout, error = _text(timeout.stdout), [f"timeout after {args.timeout:.0f} s"]
-    measured = {(r["attention"], r["n"]): r for r in map(json.loads, stdout.splitlines()) if r}
-    reason = error[0] if error else "no result"
+    measured: dict[tuple[str, int], dict] = {}
+    with (
+        tempfile.TemporaryFile("w+") as errors,
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, text=True, env=point_environment()
+        ) as process,
+    ):
+        timer = threading.Timer(args.timeout * len(points), process.kill)
+        timer.start()
+        for line in process.stdout or []:
+            if line.strip():
+                result = json.loads(line)
+                measured[(result["attention"], result["n"])] = result
+                print(line.strip(), file=sys.stderr, flush=True)
+        process.wait()
+        timer.cancel()
+        errors.seek(0)
+        last_error = errors.read().strip().splitlines()[-1:]
+    if process.returncode == -signal.SIGKILL:
+        last_error = [f"timeout after {args.timeout:.0f} s per point"]
+    reason = last_error[0] if last_error and process.returncode else "no result"
     return [measured.get(point, {"attention": point[0], "n": point[1], "error": reason}) for point in points]
-
-
-def _text(output: bytes | str | None) -> str:
-    return output.decode() if isinstance(output, bytes) else output or ""
 
 
 def process_groups(args: argparse.Namespace) -> list[list[tuple[str, int]]]:
@@ -397,7 +408,8 @@ def process_groups(args: argparse.Namespace) -> list[list[tuple[str, int]]]:
     lengths = sorted(args.lengths)
     if args.isolation == "point":
         return [[(name, n)] for n in lengths for name in args.attentions]
-    return [[(name, n) for n in lengths] for name in args.attentions]
+    by_attention = [[(name, n) for n in lengths] for name in args.attentions]
+    return by_attention if args.isolation == "attention" else [[p for group in by_attention for p in group]]
 
 
 @dataclass(frozen=True)
@@ -651,9 +663,7 @@ def main(argv: list[str] | None = None) -> None:
     rate = matmul_rate(device=torch.device(args.device))
     results = []
     for group in process_groups(args):
-        for result in run_process(group, args):
-            results.append(result)
-            print(json.dumps(result), file=sys.stderr, flush=True)
+        results += run_process(group, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"machine": machine(args.device), "matmul_gflops": rate, "results": results}, indent=1)
