@@ -77,12 +77,10 @@ def baseline_options(name: str, n: int) -> dict:
 
 
 def random_feature_pairs() -> list[str]:
-    """Every ``"<component>-<matrix>"`` name of ``rf_attention.names()`` (component from ``rf_features``)."""
-    import rf_attention
-    import rf_features
+    """Every ``"<component>-<matrix>"`` name of ``rf_attention.names()`` (``operation_counts.rf_pairs``)."""
+    from operation_counts import rf_pairs
 
-    components = set(rf_features.names())
-    return [name for name in rf_attention.names() if name.rsplit("-", 1)[0] in components]
+    return rf_pairs()
 
 
 def expand_attentions(names: list[str]) -> list[str]:
@@ -148,6 +146,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("results/bench/attention_scaling.json"))
     parser.add_argument("--plot", type=Path, default=None, help="write PNGs of time and memory here")
     parser.add_argument("--summary", type=Path, default=None, help="write the per-attention table here")
+    parser.add_argument(
+        "--operations",
+        type=Path,
+        default=None,
+        help="JSON of operation_counts.py --out: its counts (longest N) as a column of the summary",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="tables and plots of an earlier run's --out (no measuring)",
+    )
     parser.add_argument("--points", nargs="+", metavar="ATTENTION:N", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.attentions = expand_attentions(args.attentions)
@@ -275,6 +285,11 @@ def measure_compile(name: str, n: int, args: argparse.Namespace) -> dict:
     }
 
 
+#: Size of the matmul whose rate each attention's points are compared with (measured in their process, just
+#: before them, so that the share of the matmul rate is one of the same load).
+LOCAL_MATMUL_SIZE = 1024
+
+
 def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> None:
     """Run in a fresh process: a warm-up forward+backward per attention, then each point, printed as JSON."""
     device = torch.device(args.device)
@@ -291,7 +306,8 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
                 for _ in "qkv"
             ]
             warm(*(t.requires_grad_() for t in small)).sum().backward()
-        print(json.dumps(measure_point(name, n, args)), flush=True)
+            rate = matmul_rate(LOCAL_MATMUL_SIZE, repeats=3, device=device)
+        print(json.dumps({**measure_point(name, n, args), "matmul_gflops": rate}), flush=True)
 
 
 def synchronize(device: torch.device) -> None:
@@ -438,7 +454,8 @@ def _memory(point: dict, reference: dict, rate: float) -> float:
 
 
 def _matmul_share(point: dict, reference: dict, rate: float) -> float:
-    return float(point["gflops"] / rate)
+    """GFLOP/s over the matmul rate measured with the point (else the run's)."""
+    return float(point["gflops"] / point.get("matmul_gflops", rate))
 
 
 #: The goals of the random-feature pairs, each against SDPA or the matmul rate measured in the same run.
@@ -517,7 +534,7 @@ def table(results: list[dict], args: argparse.Namespace, rate: float) -> str:
 def run_description(args: argparse.Namespace, rate: float) -> str:
     """The shape, the machine and the matmul rate of a run, one line."""
     shape = f"B={args.batch}, H={args.heads}, Dh={args.head_dim}, {args.features} features"
-    return f"{shape}; machine: {machine(args.device)}; float32 matmul rate {rate:.1f} GFLOP/s"
+    return f"{shape}; machine: {args.machine}; float32 matmul rate {rate:.1f} GFLOP/s"
 
 
 #: Length whose achieved GFLOP/s the summary shows (the matmul-rate goal's), when the run has it.
@@ -536,9 +553,14 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
         header += [f"{_k(n)} ms", f"{_k(n)} speed-up", f"{_k(n)} memory"]
     rate_length = GFLOPS_LENGTH if GFLOPS_LENGTH in lengths else max(lengths)
     header += [f"{_k(rate_length)} GFLOP/s (% of matmul)"]
+    operations = operation_counts(args.operations) if args.operations else {}
+    if operations:
+        header.insert(1, "operations (causal)")
     rows = []
     for name in args.attentions:
         row = [f"`{name}`"]
+        if operations:
+            row.append(" ".join(operations.get((name, causal), "?") for causal in (False, True)))
         for n in lengths:
             point = points.get((name, n), {"error": "not run"})
             if "error" in point:
@@ -553,7 +575,8 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
             ]
         last = points.get((name, rate_length), {})
         gflops = last.get("gflops", float("nan"))
-        row.append("" if gflops != gflops else f"{gflops:.1f} ({100 * gflops / rate:.0f} %)")
+        share = f" ({100 * _matmul_share(last, {}, rate):.0f} %)" if last else ""
+        row.append("" if gflops != gflops else f"{gflops:.1f}{share}")
         rows.append(row)
     lines = [run_description(args, rate), "", markdown_table(header, rows), ""]
     pairs = [name for name in args.attentions if name in set(random_feature_pairs())]
@@ -562,6 +585,18 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
         if missed:
             lines[-1] += ", ".join(missed)
     return "\n".join(lines) + "\n"
+
+
+def operation_counts(path: Path) -> dict[tuple[str, bool], str]:
+    """``operation_counts.py --out`` rows as ``{(name, causal): "count"}`` at their longest length.
+
+    The non-causal count plain, the causal one in parentheses (``"467"``, ``"(845)"``).
+    """
+    counts = {}
+    for row in json.loads(path.read_text()):
+        total = f"{row['operations'][-1]:,}"
+        counts[(row["attention"], row["causal"])] = f"({total})" if row["causal"] else total
+    return counts
 
 
 def compile_table(results: list[dict], args: argparse.Namespace) -> str:
@@ -585,7 +620,7 @@ def compile_table(results: list[dict], args: argparse.Namespace) -> str:
             ]
         )
     shape = f"x ({args.batch}, N, {args.heads * args.head_dim}), {args.heads} heads, {args.features} features"
-    return f"{shape}; machine: {machine(args.device)}\n\n" + markdown_table(header, rows)
+    return f"{shape}; machine: {args.machine}\n\n" + markdown_table(header, rows)
 
 
 def _k(n: int) -> str:
@@ -660,14 +695,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.points:
         measure_points([(p.rsplit(":", 1)[0], int(p.rsplit(":", 1)[1])) for p in args.points], args)
         return
-    rate = matmul_rate(device=torch.device(args.device))
-    results = []
-    for group in process_groups(args):
-        results += run_process(group, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"machine": machine(args.device), "matmul_gflops": rate, "results": results}, indent=1)
-    )
+    if args.from_json:  # tables and plots of an earlier run
+        run = json.loads(args.from_json.read_text())
+        args.machine, rate, results = run["machine"], run["matmul_gflops"], run["results"]
+        args.attentions = list(dict.fromkeys(r["attention"] for r in results))
+        args.lengths = sorted({r["n"] for r in results})
+    else:
+        args.machine, rate = machine(args.device), matmul_rate(device=torch.device(args.device))
+        results = []
+        for group in process_groups(args):
+            results += run_process(group, args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps({"machine": args.machine, "matmul_gflops": rate, "results": results}, indent=1)
+        )
     if args.compile:
         print(compile_table(results, args))
         return
