@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -537,6 +538,9 @@ def run_description(args: argparse.Namespace, rate: float) -> str:
     return f"{shape}; machine: {args.machine}; float32 matmul rate {rate:.1f} GFLOP/s"
 
 
+#: Shortest length whose peak memory the summary and the plot show: below it the peaks (a few hundred KiB to a
+#: few MiB) are within the granularity of the kernel's resident-size counters (updated in batches of pages).
+MEMORY_MIN_LENGTH = 4096
 #: Length whose achieved GFLOP/s the summary shows (the matmul-rate goal's), when the run has it.
 GFLOPS_LENGTH = 8192
 
@@ -550,7 +554,7 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
     reference = {n: points.get(("softmax", n), {}) for n in lengths}
     header = ["attention"]
     for n in lengths:
-        header += [f"{_k(n)} ms", f"{_k(n)} speed-up", f"{_k(n)} memory"]
+        header += [f"{_k(n)} ms", f"{_k(n)} speed-up"] + [f"{_k(n)} memory"] * (n >= MEMORY_MIN_LENGTH)
     rate_length = GFLOPS_LENGTH if GFLOPS_LENGTH in lengths else max(lengths)
     header += [f"{_k(rate_length)} GFLOP/s (% of matmul)"]
     operations = operation_counts(args.operations) if args.operations else {}
@@ -563,16 +567,18 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
             row.append(" ".join(operations.get((name, causal), "?") for causal in (False, True)))
         for n in lengths:
             point = points.get((name, n), {"error": "not run"})
+            with_memory = n >= MEMORY_MIN_LENGTH
             if "error" in point:
-                row += [point["error"], "", ""]
+                row += [point["error"], ""] + [""] * with_memory
                 continue
             ref = reference[n]
             ok = "error" not in ref and ref
             row += [
                 f"{1000 * point['seconds']:,.0f}",
                 f"{ref['seconds'] / point['seconds']:.2f}x" if ok else "n/a",
-                f"{_memory(point, ref, rate):.2f}x ({point['peak_mib']:.1f} MiB)" if ok else "n/a",
             ]
+            if with_memory:
+                row.append(f"{_memory(point, ref, rate):.2f}x ({point['peak_mib']:.1f} MiB)" if ok else "n/a")
         last = points.get((name, rate_length), {})
         gflops = last.get("gflops", float("nan"))
         share = f" ({100 * _matmul_share(last, {}, rate):.0f} %)" if last else ""
@@ -634,9 +640,10 @@ def family(name: str) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Log-log time and memory against N: one panel per component family, SDPA in each (two PNGs).
+    """Two PNGs of one panel per component family: time, and memory against SDPA's.
 
-    ``path`` gets the time; ``<stem>_memory<suffix>`` beside it the peak memory.
+    ``path``: time against N, log-log, SDPA in each panel; ``<stem>_memory<suffix>`` beside it: peak memory
+    over SDPA's at each length from ``MEMORY_MIN_LENGTH`` (bars, the goal as a line).
     """
     import matplotlib
 
@@ -645,46 +652,66 @@ def plot(results: list[dict], path: Path) -> None:
 
     names = list(dict.fromkeys(r["attention"] for r in results))
     families = list(dict.fromkeys(family(n) for n in names if n != "softmax"))
-    metrics = [
-        (path, "forward+backward (ms)", lambda r: 1000 * r["seconds"]),
-        (
-            path.with_name(f"{path.stem}_memory{path.suffix}"),
-            "peak memory added (MiB)",
-            lambda r: r["peak_mib"],
-        ),
-    ]
-    colors = plt.get_cmap("tab10").colors
+    points = {(r["attention"], r["n"]): r for r in results if "error" not in r}
     columns = min(3, len(families))
     rows = -(-len(families) // columns)
-    for target, ylabel, value in metrics:
-        fig, axes = plt.subplots(
-            rows, columns, figsize=(4.2 * columns, 3.4 * rows), sharex=True, sharey=True, squeeze=False
+    colors = plt.get_cmap("tab10").colors
+
+    def panels() -> tuple[Any, Any]:
+        return plt.subplots(rows, columns, figsize=(4.4 * columns, 3.4 * rows), sharey=True, squeeze=False)
+
+    fig, axes = panels()
+    for ax, group in zip(axes.flat, families, strict=False):
+        for i, name in enumerate(["softmax", *(n for n in names if family(n) == group)]):
+            line = sorted((n, 1000 * r["seconds"]) for (a, n), r in points.items() if a == name)
+            style = (
+                {"lw": 2.2, "color": "black"} if name == "softmax" else {"lw": 1.2, "color": colors[i % 10]}
+            )
+            label = "SDPA" if name == "softmax" else name.removeprefix(f"{group}-")
+            ax.loglog(*zip(*line, strict=True), marker="o", ms=3, label=label, **style)
+        ax.set(title=group, xlabel="sequence length N")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2, loc="lower right")
+    _finish(fig, axes, len(families), "forward+backward (ms)", path)
+
+    lengths = sorted({n for _, n in points if n >= MEMORY_MIN_LENGTH})
+    bound = next(g.bound for g in GOALS if g.value is _memory)
+    fig, axes = panels()
+    for ax, group in zip(axes.flat, families, strict=False):
+        members = [n for n in names if family(n) == group]
+        width = 0.8 / max(len(lengths), 1)
+        for j, n in enumerate(lengths):
+            reference = points.get(("softmax", n))
+            ratios = [
+                _memory(points[(m, n)], reference, 0.0) if reference and (m, n) in points else 0.0
+                for m in members
+            ]
+            xs = [i + (j - (len(lengths) - 1) / 2) * width for i in range(len(members))]
+            ax.bar(xs, ratios, width, label=f"N = {_k(n)}", color=colors[j % 10])
+        ax.axhline(bound, color="black", lw=1, ls="--", label=f"goal {bound}x")
+        ax.set_xticks(
+            range(len(members)), [m.removeprefix(f"{group}-") for m in members], rotation=45, fontsize=8
         )
-        for ax, group in zip(axes.flat, families, strict=False):
-            members = [n for n in names if family(n) == group]
-            for i, name in enumerate(["softmax", *members]):
-                points = [r for r in results if r["attention"] == name and "error" not in r]
-                style = (
-                    {"lw": 2.2, "color": "black"}
-                    if name == "softmax"
-                    else {"lw": 1.2, "color": colors[i % 10]}
-                )
-                label = "SDPA" if name == "softmax" else name.removeprefix(f"{group}-")
-                ys = [max(value(r), 0.1) for r in points]
-                ax.loglog([r["n"] for r in points], ys, marker="o", ms=3, label=label, **style)
-            ax.set_title(group, fontsize=10)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7, ncol=2, loc="upper left")
-        for ax in axes.flat[len(families) :]:
-            ax.set_visible(False)
-        for ax in axes[-1]:
-            ax.set_xlabel("sequence length N")
-        for ax in axes[:, 0]:
-            ax.set_ylabel(ylabel)
-        fig.tight_layout()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(target, dpi=110)
-        plt.close(fig)
+        ax.set(title=group, ylim=(0, 1.35 * bound))
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, ncol=3, loc="upper center")
+    _finish(
+        fig, axes, len(families), "peak memory / SDPA's", path.with_name(f"{path.stem}_memory{path.suffix}")
+    )
+
+
+def _finish(fig: Any, axes: Any, used: int, ylabel: str, target: Path) -> None:
+    """Hide the unused panels, label the first column, save ``fig`` at ``target``."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes.flat[used:]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
