@@ -658,7 +658,14 @@ def plot(results: list[dict], path: Path) -> None:
     colors = plt.get_cmap("tab10").colors
 
     def panels() -> tuple[Any, Any]:
-        return plt.subplots(rows, columns, figsize=(4.4 * columns, 3.4 * rows), sharey=True, squeeze=False)
+        return plt.subplots(
+            rows,
+            columns,
+            figsize=(4.4 * columns, 3.6 * rows),
+            sharey=True,
+            squeeze=False,
+            layout="constrained",
+        )
 
     fig, axes = panels()
     for ax, group in zip(axes.flat, families, strict=False):
@@ -671,7 +678,9 @@ def plot(results: list[dict], path: Path) -> None:
             ax.loglog(*zip(*line, strict=True), marker="o", ms=3, label=label, **style)
         ax.set(title=group, xlabel="sequence length N")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2, loc="lower right")
+    # one legend below the panels: every family lists its matrices in the same order, so the colours agree
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8)
     _finish(fig, axes, len(families), "forward+backward (ms)", path)
 
     lengths = sorted({n for _, n in points if n >= MEMORY_MIN_LENGTH})
@@ -708,7 +717,6 @@ def _finish(fig: Any, axes: Any, used: int, ylabel: str, target: Path) -> None:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
-    fig.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=110)
     plt.close(fig)
