@@ -475,20 +475,26 @@ GOALS = [
 ]
 
 
-def goal_misses(results: list[dict], rate: float) -> dict[str, list[str]]:
-    """For each goal, the pairs that miss it as ``"name (value)"`` (pairs not measured at its N left out)."""
+def goal_misses(results: list[dict], rate: float) -> dict[str, tuple[list[str], int]]:
+    """For each goal, the pairs that miss it as ``"name (value)"``, and how many pairs it was checked on."""
     pairs = set(random_feature_pairs())
     points = {(r["attention"], r["n"]): r for r in results if "error" not in r}
-    misses: dict[str, list[str]] = {}
+    misses: dict[str, tuple[list[str], int]] = {}
     for goal in GOALS:
         reference = points.get(("softmax", goal.n))
         if reference is None:
             continue
-        misses[goal.label] = [
-            f"{name} ({goal.value(point, reference, rate):.2f})"
+        checked = {
+            name: point
             for (name, n), point in points.items()
-            if n == goal.n and name in pairs and goal.applies(name) and not goal.met(point, reference, rate)
+            if n == goal.n and name in pairs and goal.applies(name)
+        }
+        missed = [
+            f"{name} ({goal.value(point, reference, rate):.2f})"
+            for name, point in checked.items()
+            if not goal.met(point, reference, rate)
         ]
+        misses[goal.label] = (missed, len(checked))
     return misses
 
 
@@ -585,9 +591,8 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
         row.append("" if gflops != gflops else f"{gflops:.1f}{share}")
         rows.append(row)
     lines = [run_description(args, rate), "", markdown_table(header, rows), ""]
-    pairs = [name for name in args.attentions if name in set(random_feature_pairs())]
-    for label, missed in goal_misses(results, rate).items():
-        lines.append(f"- {label}: missed by {len(missed)} of {len(pairs)} pairs" + (": " if missed else ""))
+    for label, (missed, checked) in goal_misses(results, rate).items():
+        lines.append(f"- {label}: missed by {len(missed)} of {checked} pairs" + (": " if missed else ""))
         if missed:
             lines[-1] += ", ".join(missed)
     return "\n".join(lines) + "\n"
