@@ -439,7 +439,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickling and ``copy.deepcopy``: the copy redraws its own features."""
-        super().__setstate__(state)
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         _REDRAWING[id(self)] = self
 
     def attend(
