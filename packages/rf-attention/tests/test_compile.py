@@ -75,12 +75,8 @@ def test_training_step_compiles_to_one_graph_and_never_recompiles(name, causal):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AOT autograd (torch 2.15) differentiates a training step whose running statistics (OPRF's A, "
-    "SADERF's Psi) are updated in place during the step with other gradients than eager; outputs agree",
-)
-def test_running_statistics_gradients_under_aot_autograd():
+def test_running_statistics_gradients_under_aot_autograd_equal_eager():
+    # the running statistics (SADERF's Psi, OPRF's A) are updated in place during the step
     torch._dynamo.reset()
     torch.manual_seed(0)
     module = rf_attention.create("saderf-orf", 32, 2, num_features=8, causal=True, seed=0).train()

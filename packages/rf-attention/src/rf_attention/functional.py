@@ -8,8 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention import varlen
-from rf_attention._kernels import DEFAULT_CHUNK_SIZE, FeatureFn, causal_attention, noncausal_attention
-from rf_features import FeatureMap
+from rf_attention._kernels import (
+    DEFAULT_CHUNK_SIZE,
+    FeatureFn,
+    causal_attention,
+    closed_form_attention,
+    noncausal_attention,
+)
+from rf_features import ExponentialForm, FeatureMap
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -130,6 +136,34 @@ def _run_kernel(
             out = causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)
         else:
             out = noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
+    return out.to(out_dtype)
+
+
+def _run_closed_form(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    query_form: ExponentialForm,
+    key_form: ExponentialForm,
+    *,
+    causal: bool,
+    eps: float | None,
+    chunk_size: int | None,
+) -> torch.Tensor:
+    """[`closed_form_attention`][rf_attention._kernels.closed_form_attention] in the accumulation dtype."""
+    out_dtype = v.dtype
+    acc = _accumulation_dtype(q, k, v)
+    eps = torch.finfo(acc).eps if eps is None else eps
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
+    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None or not causal else chunk_size
+    rows = None if causal else chunk_size
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    with torch.autocast(q.device.type, enabled=False):
+        out = closed_form_attention(
+            q, k, v, key_mask, query_form, key_form, causal=causal, rows=rows, chunk=chunk, eps=eps
+        )
     return out.to(out_dtype)
 
 
@@ -257,6 +291,15 @@ def rf_attention(
     )
 
     matrix = _learned_dense_matrix(feature_map)
+    mask = _broadcast_key_mask(key_padding_mask, k)
+    forms = [
+        feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=scale, matrix=matrix)
+        for side in (True, False)
+    ]
+    if forms[0] is not None and forms[1] is not None:
+        return _run_closed_form(
+            q, k, v, mask, forms[0], forms[1], causal=causal, eps=eps, chunk_size=chunk_size
+        )
 
     def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         # scaled chunk by chunk: autograd keeps no scaled copy of q and k
@@ -264,7 +307,6 @@ def rf_attention(
             x * scale, stats, is_query=is_query, stabilized=True, matrix=matrix
         )
 
-    mask = _broadcast_key_mask(key_padding_mask, k)
     width = feature_map.num_features
     return _run_kernel(q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, width=width)
 

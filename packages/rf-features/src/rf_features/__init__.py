@@ -16,12 +16,13 @@ from rf_features.components import (
     PosRFHyp,
     TrigRF,
     gerf_log_features,
+    gerf_log_form,
     gerf_relative_variance,
     mean_pair_sqnorm,
     oprf_optimal_a,
     saderf_psi,
 )
-from rf_features.feature_map import KERNELS, FeatureMap, masked_mean
+from rf_features.feature_map import KERNELS, ExponentialForm, FeatureMap, masked_mean
 from rf_features.kernels import gaussian_kernel, relative_mse, softmax_kernel
 from rf_features.registry import COMPONENTS, create, names, register
 
@@ -31,6 +32,7 @@ __all__ = [
     "KERNELS",
     "OPRF",
     "SADERF",
+    "ExponentialForm",
     "FeatureMap",
     "PosRF",
     "PosRFHyp",
@@ -38,6 +40,7 @@ __all__ = [
     "create",
     "gaussian_kernel",
     "gerf_log_features",
+    "gerf_log_form",
     "gerf_relative_variance",
     "masked_mean",
     "mean_pair_sqnorm",

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rf_features.feature_map import FeatureMap, masked_mean
+from rf_features.feature_map import FeatureMap, LogForm, masked_mean
 from rf_features.registry import register
 
 
@@ -61,6 +61,28 @@ def gerf_log_features(
     if log_mag.shape[-1] != 1:  # A != 0: one magnitude per row and feature, for the cos and the sin
         log_mag = torch.cat((log_mag, log_mag), dim=-1)
     return log_mag, torch.cat((torch.cos(phase), torch.sin(phase)), dim=-1)
+
+
+def gerf_log_form(
+    matrix: torch.Tensor, omega_sqnorm: torch.Tensor | None, a: torch.Tensor | float, s: int, dim: int
+) -> LogForm:
+    """[`gerf_log_features`][rf_features.gerf_log_features] as ``(A, beta, offset, trigonometric)`` (Eq. 21).
+
+    ``A = sqrt(1 - 4A') W`` (``(..., s, d)`` for a per-index ``A'``), ``beta = -s/2``,
+    ``offset = (d/4) log(1 - 4A') + A' ||omega||^2`` (twice, for cos and sin, when ``s = -1``).
+    """
+    if isinstance(a, torch.Tensor):
+        a = a.unsqueeze(-1)
+    one_minus_4a = 1 - 4 * a
+    log_1m4a = torch.log(one_minus_4a) if isinstance(one_minus_4a, torch.Tensor) else math.log(one_minus_4a)
+    offset = dim / 4 * log_1m4a
+    if omega_sqnorm is not None:
+        offset = offset + a * omega_sqnorm
+    b = one_minus_4a**0.5
+    scaled = b.unsqueeze(-1) * matrix if isinstance(b, torch.Tensor) else b * matrix
+    if s == -1 and isinstance(offset, torch.Tensor) and offset.shape[-1] != 1:
+        offset = torch.cat((offset, offset), dim=-1)
+    return scaled, -s / 2, offset, s == -1
 
 
 def gerf_relative_variance(a: complex, s: int, dim: int, sqnorm: float) -> float:
@@ -120,6 +142,11 @@ class GERF(FeatureMap):
         omega_sqnorm = self.omega_sqnorm(projection.dtype, stats) if self.a != 0 else None
         return gerf_log_features(projection, sqnorm, omega_sqnorm, self.a, self.s, self.dim)
 
+    def log_form(self, matrix: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool) -> LogForm:
+        """GERF's closed form with this map's ``(A, s)``."""
+        omega_sqnorm = self.omega_sqnorm(matrix.dtype, stats) if self.a != 0 else None
+        return gerf_log_form(matrix, omega_sqnorm, self.a, self.s, self.dim)
+
     def extra_repr(self) -> str:
         """``A``, ``s``, the kernel and the output width."""
         return f"a={self.a:g}, s={self.s}, {super().extra_repr()}"
@@ -169,6 +196,10 @@ class PosRFHyp(FeatureMap):
         """The ``+omega`` and ``-omega`` components side by side."""
         base = -sqnorm / 2 - 0.5 * math.log(2)
         return torch.cat((base + projection, base - projection), dim=-1), None
+
+    def log_form(self, matrix: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool) -> LogForm:
+        """``A = [W; -W]``, ``beta = -1/2``, ``offset = -log(2) / 2``."""
+        return torch.cat((matrix, -matrix), dim=-2), -0.5, -0.5 * math.log(2), False
 
 
 def oprf_optimal_a(sum_sqnorm: torch.Tensor, dim: int) -> torch.Tensor:
@@ -230,6 +261,10 @@ class OPRF(FeatureMap):
         omega_sqnorm = self.omega_sqnorm(projection.dtype, stats)
         return gerf_log_features(projection, sqnorm, omega_sqnorm, stats["a"], 1, self.dim)
 
+    def log_form(self, matrix: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool) -> LogForm:
+        """GERF's closed form with ``s = +1`` and the data-dependent ``A``."""
+        return gerf_log_form(matrix, self.omega_sqnorm(matrix.dtype, stats), stats["a"], 1, self.dim)
+
 
 def saderf_psi(
     q: torch.Tensor,
@@ -286,3 +321,7 @@ class SADERF(OPRF):
         """``(Psi q, Psi^-1 k)``."""
         psi = stats["psi"].unsqueeze(-2)
         return q * psi, k / psi
+
+    def input_scale(self, stats: dict[str, torch.Tensor], is_query: bool) -> torch.Tensor:
+        """``diag(Psi)`` for queries, ``diag(Psi^-1)`` for keys, ``(..., d)``."""
+        return stats["psi"] if is_query else 1 / stats["psi"]

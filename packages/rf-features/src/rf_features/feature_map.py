@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,6 +18,38 @@ STATISTICS_MODES = ("batch", "running")
 
 #: Input dtypes whose features are computed in float32 (and returned in the input dtype).
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+#: What a component's [`log_form`][rf_features.FeatureMap.log_form] returns: the matrix ``A`` ``(..., r, d)``,
+#: the coefficient of ``||t||^2`` (a float or ``(...)``), the per-column offset (a float or ``(..., m)``) and
+#: whether the features are trigonometric.
+LogForm = tuple[torch.Tensor, "torch.Tensor | float", "torch.Tensor | float", bool]
+
+
+@dataclass(frozen=True)
+class ExponentialForm:
+    r"""The features of ``x (..., n, d)`` in closed form, for kernels that apply them without autograd.
+
+    Positive features: $\phi(x) = \operatorname{sign} \cdot \exp(x A^\top + (x \odot x)\, g + c)$
+    (``r = m``). Trigonometric features: $\phi(x) = \operatorname{sign} \cdot \exp((x \odot x)\, g + c)
+    \odot [\cos(x A^\top), \sin(x A^\top)]$ (``r = m / 2``). Every component of Section 3.2 is of this form
+    (Eq. 18-23: the log-features are affine in $\omega^\top x$ and $\lVert x \rVert^2$), with SADERF's
+    $\Psi$, the input scale and the Gaussian kernel's factor folded into ``A`` and ``g``.
+
+    Attributes:
+        matrix: ``A``, ``(..., r, d)`` (leading dims broadcast against the inputs'; carries the weight
+            matrix's gradient when it is learned).
+        square_weight: ``g``, ``(..., d)``.
+        offset: ``c``, ``(..., m)``.
+        sign: ``(m,)`` signs of the component weights (queries only), or None.
+        trigonometric: the cos/sin form.
+    """
+
+    matrix: torch.Tensor
+    square_weight: torch.Tensor
+    offset: torch.Tensor
+    sign: torch.Tensor | None
+    trigonometric: bool
 
 
 class FeatureMap(nn.Module):
@@ -167,6 +200,70 @@ class FeatureMap(nn.Module):
             ``multiplier * exp(log_magnitude)``; ``multiplier`` is None for positive features.
         """
         raise NotImplementedError
+
+    def log_form(
+        self, matrix: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
+    ) -> LogForm | None:
+        """`log_features` as an affine function of the projection and ``||t||^2``, or None if it is not one.
+
+        Returns ``(A, beta, offset, trigonometric)`` such that `log_features` of ``t`` is
+        ``t @ A.mT + beta ||t||^2 + offset`` (positive features) or ``beta ||t||^2 + offset`` with the
+        multiplier ``[cos(t @ A.mT), sin(t @ A.mT)]`` (trigonometric). ``matrix`` is ``W`` ``(s, d)``. The
+        default, None, leaves a component to the generic path (autograd through `weighted_log_features`).
+        """
+        return None
+
+    def input_scale(self, stats: dict[str, torch.Tensor], is_query: bool) -> torch.Tensor | None:
+        """The diagonal of [`transform`][rf_features.FeatureMap.transform] ``(..., d)``, or None: identity."""
+        return None
+
+    def exponential_form(
+        self,
+        stats: dict[str, torch.Tensor],
+        *,
+        is_query: bool,
+        dtype: torch.dtype,
+        scale: float = 1.0,
+        matrix: torch.Tensor | None = None,
+    ) -> ExponentialForm | None:
+        """`weighted_log_features` of ``x * scale`` in closed form (for stabilized use), or None.
+
+        None when the component has no [`log_form`][rf_features.FeatureMap.log_form] or overrides
+        `transform` without its [`input_scale`][rf_features.FeatureMap.input_scale]. A uniform component
+        weight is left out (it cancels in stabilization). ``matrix``: as in `weighted_log_features`.
+        """
+        custom_transform = type(self).transform is not FeatureMap.transform
+        if custom_transform and type(self).input_scale is FeatureMap.input_scale:
+            return None
+        if matrix is None:
+            wm = self.weight_matrix
+            w = wm.cached("matrix", dtype, lambda: wm.matrix().to(dtype))
+        else:
+            w = matrix.to(dtype)
+            stats = {**stats, "matrix": w}
+        form = self.log_form(w, stats, is_query)
+        if form is None:
+            return None
+        a, beta, offset, trigonometric = form
+        x_scale = self.input_scale(stats, is_query)
+        x_scale = w.new_full((self.dim,), scale) if x_scale is None else x_scale * scale
+        if isinstance(beta, torch.Tensor):
+            beta = beta.unsqueeze(-1)
+        square_weight = beta * x_scale.pow(2)
+        if self.kernel == "gaussian":
+            square_weight = square_weight - scale**2 / 2
+        log_weight, sign = self._component_weights(dtype, w.device)
+        width = self.num_features
+        offset = offset + log_weight if isinstance(log_weight, torch.Tensor) else offset
+        if not isinstance(offset, torch.Tensor):
+            offset = w.new_full((width,), offset)
+        return ExponentialForm(
+            matrix=a * x_scale.unsqueeze(-2),
+            square_weight=square_weight,
+            offset=offset,
+            sign=sign if is_query else None,
+            trigonometric=trigonometric,
+        )
 
     def omega_sqnorm(self, dtype: torch.dtype, stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """``||omega_i||^2`` of the weight matrix rows, ``(s,)``.
