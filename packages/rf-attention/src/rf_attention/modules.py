@@ -391,8 +391,8 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
             (``fastfoodl``) are never redrawn. The module traces whole under ``torch.compile``
             (``fullgraph=True``) with redraws too: the redraw is one operator of the graph
-            ([`redraw_features_if_due`][rf_attention.modules.redraw_features_if_due]) that reads the call
-            count (one host read of a scalar per training call) and draws on the host when due.
+            (``rf_attention::redraw_features_if_due``) that reads the call count (one host read of a
+            scalar per training call) and draws on the host when due.
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
