@@ -114,3 +114,31 @@ def test_inductor_training_step_equals_eager():
     expected_outputs, expected_gradients = train_steps(eager, x, steps=2)
     for a, b in zip(outputs + gradients, expected_outputs + expected_gradients, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def matrix_after_each_step(module: torch.nn.Module, x: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The feature map's dense weight matrix after each of ``steps`` training steps."""
+    matrices = []
+    for _ in range(steps):
+        train_steps(module, x, steps=1)
+        matrices.append(module.feature_map.weight_matrix.matrix().detach().clone())
+    return matrices
+
+
+@pytest.mark.parametrize("name", ["posrf-orf", "trigrf-sorf", "saderf-qmc"])
+def test_training_with_periodic_redraws_compiles_to_one_graph_and_redraws_as_eager(name):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = rf_attention.create(name, 32, 2, num_features=16, seed=0, redraw_interval=2).train()
+    eager = copy.deepcopy(module)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 40, 32)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = matrix_after_each_step(compiled, x, steps=5)
+    expected = matrix_after_each_step(eager, x, steps=5)
+    # redrawn before calls 2 and 4 (counting from 0), from the same generator as eager's
+    changed = [not torch.equal(got[i], got[i + 1]) for i in range(len(got) - 1)]
+    assert changed == [False, True, False, True]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -18,6 +19,40 @@ from spectraformer_core import check_int
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
 #: ``seed`` come from different streams.
 PROJECTION_SEED_OFFSET = 0x5EED_0F_7A0
+
+
+#: The modules with periodic redraws, by ``id``: `redraw_features_if_due` finds its module here.
+_REDRAWING: weakref.WeakValueDictionary[int, RandomFeatureAttention] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("rf_attention::redraw_features_if_due", mutates_args=("state",))
+def redraw_features_if_due(module_key: int, calls: torch.Tensor, state: list[torch.Tensor]) -> None:
+    """Redraw the features of module ``module_key`` when training call number ``calls`` is due for it.
+
+    One operator, opaque to ``torch.compile``: the redraw (a host-side draw from the weight matrix's
+    generator) runs inside a compiled training step as one node of its graph, without a graph break, and
+    the decision is read from the tensor ``calls`` when the step runs, so the graph is the same whatever the
+    count (no recompilation).
+
+    Args:
+        module_key: ``id`` of the [`RandomFeatureAttention`][rf_attention.RandomFeatureAttention] module.
+        calls: ``()`` int64, the module's ``training_calls`` before this call (redraw when it is a positive
+            multiple of ``redraw_interval``).
+        state: the weight matrix's buffers (what a redraw writes): updated in place.
+    """
+    module = _REDRAWING[module_key]
+    count = int(calls)
+    if count and count % module.redraw_interval == 0:
+        matrix = module.feature_map.weight_matrix
+        matrix.redraw()
+        for target, drawn in zip(state, matrix.buffers(), strict=True):
+            if target is not drawn:  # under torch.compile, ``state`` may hold functional copies
+                target.copy_(drawn)
+
+
+@redraw_features_if_due.register_fake
+def _redraw_features_if_due_fake(module_key: int, calls: torch.Tensor, state: list[torch.Tensor]) -> None:
+    return None
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -355,8 +390,10 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         kernel: ``"softmax"`` (approximates softmax attention) or ``"gaussian"`` (Skyformer-style).
         redraw_interval: redraw the random features before every ``redraw_interval``-th training forward
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
-            (``fastfoodl``) are never redrawn. With 0 the module traces whole under ``torch.compile``
-            (``fullgraph=True``); a redraw is a host-side decision, a graph break.
+            (``fastfoodl``) are never redrawn. The module traces whole under ``torch.compile``
+            (``fullgraph=True``) with redraws too: the redraw is one operator of the graph
+            (``rf_attention::redraw_features_if_due``) that reads the call count (one host read of a
+            scalar per training call) and draws on the host when due.
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
@@ -398,17 +435,18 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         self.redraw_interval = redraw_interval
         self.training_calls: torch.Tensor
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))
+        _REDRAWING[id(self)] = self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling and ``copy.deepcopy``: the copy redraws its own features."""
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        _REDRAWING[id(self)] = self
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """[`rf_attention`][rf_attention.rf_attention] with this module's feature map."""
-        if self.training:
-            if self.redraw_interval:  # a redraw is decided on the host (a graph break under torch.compile)
-                calls = int(self.training_calls)
-                if calls and calls % self.redraw_interval == 0:
-                    self.feature_map.redraw()
-            self.training_calls += 1
+        self._count_training_call()
         return rf_attention(
             q,
             k,
@@ -444,12 +482,17 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         )
 
     def _count_training_call(self) -> None:
-        """In training, redraw the features before every ``redraw_interval``-th call, then count this one."""
-        if self.training:
-            calls = int(self.training_calls)
-            if self.redraw_interval and calls and calls % self.redraw_interval == 0:
-                self.feature_map.redraw()
-            self.training_calls += 1
+        """In training, redraw the features before every ``redraw_interval``-th call, then count this one.
+
+        Tensor operations only (the count is a buffer, the redraw one operator), so that a compiled training
+        step has one graph whatever the count.
+        """
+        if not self.training:
+            return
+        matrix = self.feature_map.weight_matrix
+        if self.redraw_interval and matrix.redrawable:
+            redraw_features_if_due(id(self), self.training_calls, list(matrix.buffers()))
+        self.training_calls += 1
 
     def _features(
         self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None
