@@ -26,15 +26,20 @@ SCHEDULES: Registry[Callable[..., Schedule]] = Registry("schedule")
 NO_DECAY_NAMES = ("node_cos", "node_sin", "poly_coef", "pos_embed", "cls_token")
 
 
-def _warmup(step: int, warmup_steps: int) -> float | None:
-    return (step + 1) / warmup_steps if step < warmup_steps else None
+def _after_warmup(warmup_steps: int, decay: Schedule) -> Schedule:
+    """Linear warm-up over ``warmup_steps`` steps, then ``decay(step)``."""
+
+    def factor(step: int) -> float:
+        return (step + 1) / warmup_steps if step < warmup_steps else decay(step)
+
+    return factor
 
 
 @SCHEDULES.register("constant")
 def constant(warmup_steps: int = 0, steps: int = 1, *, final: float = 1.0) -> Schedule:
     """Linear warm-up, then the peak for good (``steps`` and ``final`` are ignored)."""
     check_int("warmup_steps", warmup_steps, minimum=0)
-    return lambda step: _warmup(step, warmup_steps) or 1.0
+    return _after_warmup(warmup_steps, lambda step: 1.0)
 
 
 @SCHEDULES.register("linear")
@@ -42,14 +47,8 @@ def linear(warmup_steps: int, steps: int, *, final: float = 0.0) -> Schedule:
     """Linear warm-up, then linear decay from the peak to ``final`` at ``steps`` (and ``final`` after)."""
     check_int("warmup_steps", warmup_steps, minimum=0)
     check_int("steps", steps, minimum=1)
-
-    def factor(step: int) -> float:
-        up = _warmup(step, warmup_steps)
-        if up is not None:
-            return up
-        return final + (1 - final) * max(0.0, (steps - step) / max(1, steps - warmup_steps))
-
-    return factor
+    span = max(1, steps - warmup_steps)
+    return _after_warmup(warmup_steps, lambda step: final + (1 - final) * max(0.0, (steps - step) / span))
 
 
 @SCHEDULES.register("cosine")
@@ -57,15 +56,13 @@ def cosine(warmup_steps: int, steps: int, *, final: float = 0.0) -> Schedule:
     """Linear warm-up, then half a cosine from the peak to ``final`` at ``steps`` (and ``final`` after)."""
     check_int("warmup_steps", warmup_steps, minimum=0)
     check_int("steps", steps, minimum=1)
+    span = max(1, steps - warmup_steps)
 
-    def factor(step: int) -> float:
-        up = _warmup(step, warmup_steps)
-        if up is not None:
-            return up
-        progress = min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))
+    def decay(step: int) -> float:
+        progress = min(1.0, (step - warmup_steps) / span)
         return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return factor
+    return _after_warmup(warmup_steps, decay)
 
 
 def schedule(name: str, warmup_steps: int, steps: int, *, final: float = 0.0) -> Schedule:
