@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import overload
 
 import torch
@@ -84,17 +85,8 @@ def linear_attention(
     mask = _broadcast_key_mask(key_padding_mask, phi_k)
     log_scale = phi_k.new_zeros(phi_k.shape[:-1]) if key_log_scale is None else key_log_scale
     packed_k = torch.cat((phi_k.to(acc), log_scale.to(acc).unsqueeze(-1)), dim=-1)
-    return _run_kernel(
-        phi_q,
-        packed_k,
-        v,
-        mask,
-        _given_features,
-        causal=causal,
-        eps=eps,
-        chunk_size=chunk_size,
-        width=phi_q.shape[-1],
-    )
+    kernel = _chunk_parallel(mask, _given_features, causal=causal, width=phi_q.shape[-1])
+    return _run_in_accumulation_dtype(phi_q, packed_k, v, kernel, eps=eps, chunk_size=chunk_size)
 
 
 def _given_features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,19 +104,23 @@ def _accumulation_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float32 if acc in _LOW_PRECISION else acc
 
 
-def _run_kernel(
+#: ``kernel(q, k, v, eps, chunk_size)`` of `_run_in_accumulation_dtype`, on tensors in the accumulation dtype.
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, int | None], torch.Tensor]
+
+
+def _run_in_accumulation_dtype(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    features: FeatureFn,
+    kernel: Kernel,
     *,
-    causal: bool,
     eps: float | None,
     chunk_size: int | None,
-    width: int,
 ) -> torch.Tensor:
-    """The causal or non-causal chunk-parallel kernel (features ``width`` wide) in the accumulation dtype."""
+    """``kernel`` on ``q, k, v`` cast to the accumulation dtype, autocast off; the output in ``v``'s dtype.
+
+    ``eps`` None becomes the accumulation dtype's machine epsilon; ``chunk_size`` is checked here once.
+    """
     out_dtype = v.dtype
     acc = _accumulation_dtype(q, k, v)
     eps = torch.finfo(acc).eps if eps is None else eps
@@ -132,40 +128,41 @@ def _run_kernel(
         check_int("chunk_size", chunk_size, minimum=1)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     with torch.autocast(q.device.type, enabled=False):
+        out = kernel(q, k, v, eps, chunk_size)
+    return out.to(out_dtype)
+
+
+def _chunk_parallel(
+    key_mask: torch.Tensor | None, features: FeatureFn, *, causal: bool, width: int
+) -> Kernel:
+    """The causal or non-causal chunk-parallel kernel with ``features`` (``width`` wide) as a `Kernel`."""
+
+    def kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
+    ) -> torch.Tensor:
         if causal:
             chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-            out = causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)
-        else:
-            out = noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
-    return out.to(out_dtype)
+            return causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)
+        return noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
+
+    return kernel
 
 
-def _run_closed_form(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    query_form: ExponentialForm,
-    key_form: ExponentialForm,
-    *,
-    causal: bool,
-    eps: float | None,
-    chunk_size: int | None,
-) -> torch.Tensor:
-    """[`closed_form_attention`][rf_attention._kernels.closed_form_attention] in the accumulation dtype."""
-    out_dtype = v.dtype
-    acc = _accumulation_dtype(q, k, v)
-    eps = torch.finfo(acc).eps if eps is None else eps
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size}")
-    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None or not causal else chunk_size
-    rows = None if causal else chunk_size
-    q, k, v = q.to(acc), k.to(acc), v.to(acc)
-    with torch.autocast(q.device.type, enabled=False):
-        out = closed_form_attention(
+def _closed_form(
+    key_mask: torch.Tensor | None, query_form: ExponentialForm, key_form: ExponentialForm, *, causal: bool
+) -> Kernel:
+    """[`closed_form_attention`][rf_attention._kernels.closed_form_attention] as a `Kernel`."""
+
+    def kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
+    ) -> torch.Tensor:
+        chunk = DEFAULT_CHUNK_SIZE if chunk_size is None or not causal else chunk_size
+        rows = None if causal else chunk_size
+        return closed_form_attention(
             q, k, v, key_mask, query_form, key_form, causal=causal, rows=rows, chunk=chunk, eps=eps
         )
-    return out.to(out_dtype)
+
+    return kernel
 
 
 def softmax_attention(
@@ -298,9 +295,8 @@ def rf_attention(
         for side in (True, False)
     ]
     if forms[0] is not None and forms[1] is not None:
-        return _run_closed_form(
-            q, k, v, mask, forms[0], forms[1], causal=causal, eps=eps, chunk_size=chunk_size
-        )
+        kernel = _closed_form(mask, forms[0], forms[1], causal=causal)
+        return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
 
     def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         # scaled chunk by chunk: autograd keeps no scaled copy of q and k
@@ -308,8 +304,8 @@ def rf_attention(
             x * scale, stats, is_query=is_query, stabilized=True, matrix=matrix
         )
 
-    width = feature_map.num_features
-    return _run_kernel(q, k, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size, width=width)
+    kernel = _chunk_parallel(mask, features, causal=causal, width=feature_map.num_features)
+    return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
 
 
 def _learned_dense_matrix(feature_map: FeatureMap) -> torch.Tensor | None:
