@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from spectraformer_core import check_int
+
 #: The counting rules of a budget.
 COUNTS = ("paper", "width")
 
@@ -34,9 +36,10 @@ def check_count(count: object) -> str:
 
 def check_budget(budget: object) -> int:
     """``budget`` if it is an integer >= 1, else a `BudgetError`."""
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise BudgetError(f"budget: expected an integer >= 1, got {budget!r}")
-    return budget
+    try:
+        return check_int("budget", budget)
+    except ValueError as error:
+        raise BudgetError(str(error)) from None
 
 
 def exact_share(rest: int, per: int, what: str, budget: int) -> int:

@@ -44,7 +44,7 @@ from ralimp.features import complex_exponential_features, product_features
 from ralimp.quadrature import gauss_laguerre
 from ralimp.rational import RationalFunction
 from rf_matrices import WeightMatrix
-from spectraformer_core import check_positive_int
+from spectraformer_core import check_int, check_positive_int
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -186,10 +186,8 @@ class RaLiMP(FeatureLinearization):
         super().__init__()
         self.in_features = check_positive_int("in_features", in_features)
         self.out_features = check_positive_int("out_features", out_features)
-        if isinstance(poly_degree, bool) or not isinstance(poly_degree, int) or poly_degree < 0:
-            raise ValueError(f"poly_degree: expected an integer >= 0, got {poly_degree!r}")
-        if isinstance(num_atoms, bool) or not isinstance(num_atoms, int) or num_atoms < 0:
-            raise ValueError(f"num_atoms: expected an integer >= 0, got {num_atoms!r}")
+        check_int("poly_degree", poly_degree, 0)
+        check_int("num_atoms", num_atoms, 0)
         if not (tau == "auto" or (isinstance(tau, int | float) and tau > 0)):
             raise ValueError(f"tau: expected 'auto' or a positive number, got {tau!r}")
         if not (balance == "auto" or (isinstance(balance, int | float) and balance > 0)):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ralimp.activations import ACTIVATIONS
-from spectraformer_core import check_positive_int
+from spectraformer_core import check_int, check_positive_int
 
 #: The interval the shipped fits cover.
 DEFAULT_INTERVAL = (-4.0, 4.0)
@@ -181,10 +181,8 @@ def fit_rational(
         the grid.
     """
     fn = ACTIVATIONS.get(fn) if isinstance(fn, str) else fn
-    if isinstance(num_atoms, bool) or not isinstance(num_atoms, int) or num_atoms < 0:
-        raise ValueError(f"num_atoms: expected an integer >= 0, got {num_atoms!r}")
-    if isinstance(poly_degree, bool) or not isinstance(poly_degree, int) or poly_degree < 0:
-        raise ValueError(f"poly_degree: expected an integer >= 0, got {poly_degree!r}")
+    check_int("num_atoms", num_atoms, 0)
+    check_int("poly_degree", poly_degree, 0)
     a, b = (float(v) for v in interval)
     if not a < b:
         raise ValueError(f"interval: expected (a, b) with a < b, got {interval!r}")

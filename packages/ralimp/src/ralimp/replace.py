@@ -14,7 +14,7 @@ from ralimp.base import Elementwise, FeatureLinearization
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError, check_count, nearest_valid
 from ralimp.layer import RaLiMP
-from spectraformer_core import Registry
+from spectraformer_core import Registry, check_int
 
 #: Rows (tokens) of the captured inputs that `replace_mlp` keeps per block to calibrate it.
 MAX_CALIBRATION_ROWS = 4096
@@ -249,10 +249,7 @@ def replace_mlp(
     if not blocks:
         raise ValueError(f"model: found no MLP block (known layouts: {LAYOUTS}) in {type(model).__name__}")
     if last_k is not None:
-        if isinstance(last_k, bool) or not isinstance(last_k, int) or not 0 < last_k <= len(blocks):
-            raise ValueError(
-                f"last_k: expected an integer in [1, {len(blocks)}] (the MLP blocks), got {last_k!r}"
-            )
+        check_int("last_k", last_k, 1, maximum=len(blocks))  # at most the MLP blocks
         blocks = blocks[-last_k:]
     samples = {} if inputs is None else calibration_inputs(model, blocks, inputs, max_calibration_rows)
     for index, block in enumerate(blocks):
