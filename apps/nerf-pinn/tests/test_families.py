@@ -18,9 +18,6 @@ from nerf_pinn.pinn import PinnFamily
 from nerf_pinn.scenes import load_blender, load_tiny_nerf, render_synthetic_scene
 from nerf_pinn.siren import SirenFamily
 
-# One Gauss-Laguerre node floors the poles of the fits (a PoleWidthWarning says so): expected here.
-pytestmark = pytest.mark.filterwarnings("ignore::ralimp.PoleWidthWarning")
-
 LAYER_CLASSES = {"ralimp": ralimp.RaLiMP, "snnk": ralimp.SNNK, "eugen": ralimp.EUGen}
 
 
