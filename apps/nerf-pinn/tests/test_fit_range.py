@@ -1,4 +1,4 @@
-"""``--fit-range``: where the linearized layers fit relu (NeRF's default) or the sample's range."""
+"""``--fit-range`` and ``--fit``: where and how the linearized layers fit their activation."""
 
 import pytest
 import torch
@@ -29,3 +29,16 @@ def test_nerf_fits_on_a_fixed_range_by_default_and_the_others_on_the_sample():
     assert PinnConfig().fit_range == 0.0
     with pytest.raises(ValueError, match="--fit-range"):
         NerfConfig(fit_range=-1.0)
+
+
+def test_fit_chooses_ralimps_fit_mode_and_nerf_fits_by_least_squares_on_orthogonal_projections():
+    torch.manual_seed(0)
+    x = 0.1 * torch.randn(64, 8)
+    for fit in ("variance", "discretized", "paper"):
+        stack = nn.ModuleList([FeedForward(8, 8, "relu")])
+        linearize(stack, "ralimp", budget=32, indices=[0], inputs=[x], num_atoms=0, fit_range=4.0, fit=fit)
+        assert stack[0].fit_record()["fit"] == fit
+    assert (NerfConfig().fit, PinnConfig().fit) == ("discretized", "variance")
+    assert (NerfConfig().weight_matrix, PinnConfig().weight_matrix) == ("orf", "base")
+    with pytest.raises(ValueError, match="--fit"):
+        NerfConfig(fit="lstsq")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import app_common as ac
-from nerf_pinn.layers import DENSE, KINDS
+from nerf_pinn.layers import DENSE, FIT_MODES, KINDS
 
 REPLACED_LAYERS: dict[str, Callable[[int], list[int]]] = {
     "alternate": lambda depth: list(range(1, depth, 2)),
@@ -82,6 +82,15 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             "range of the layer's calibration sample, snnk on [-4, 4]; sin always on the sample's range)"
         ),
     )
+    fit: str = field(
+        default="variance",
+        metadata=_help(
+            "how RaLiMP fits its activation: variance (bias^2 + the exact variance at the calibration "
+            "sample), discretized (least squares in the layer's basis) or paper (the continuous fit, node "
+            "k weighted by gamma_k)",
+            choices=FIT_MODES,
+        ),
+    )
     seed: int = ac.option("seed", 0)
     lr: float = ac.option("lr", 1e-3, help="Adam")
     grad_clip: float = ac.option("grad_clip", 0.0)
@@ -102,6 +111,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
         self.balance_value()
         if not self.fit_range >= 0:
             raise ValueError(f"--fit-range: expected a half-width >= 0, got {self.fit_range!r}")
+        if self.fit not in FIT_MODES:
+            raise ValueError(f"--fit: expected one of {list(FIT_MODES)}, got {self.fit!r}")
         ac.check_int_fields(self, "time_repeats", "num_freqs")
         ac.check_int_fields(self, "checkpoint_every", minimum=0)
 
@@ -171,6 +182,11 @@ class NerfConfig(CompareConfig):
     """
 
     out: Path = ac.option("out", Path("results/nerf-pinn/nerf"))
+    weight_matrix: str = ac.option(
+        "weight_matrix",
+        "orf",
+        help="orf here: orthogonal projections, a RaLiMP NeRF far less seed-dependent than with base",
+    )
     num_atoms: int = field(
         default=0,
         metadata=_help(
@@ -183,6 +199,15 @@ class NerfConfig(CompareConfig):
         metadata=_help(
             "half-width T of the relu fit [-T, T] (0: the calibration sample's range; the trunk's "
             "pre-activations grow up to 35x in training, far beyond the range they start in)"
+        ),
+    )
+    fit: str = field(
+        default="discretized",
+        metadata=_help(
+            "how RaLiMP fits relu: discretized (least squares in the layer's basis, the default here: the "
+            "variance-aware fit weighs the variance at the initial pre-activations and shrinks the quadratic "
+            "term the trunk trains against), variance or paper",
+            choices=FIT_MODES,
         ),
     )
     data: Path | None = field(

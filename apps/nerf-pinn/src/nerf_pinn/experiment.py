@@ -91,6 +91,7 @@ class Family(abc.ABC):
             weight_matrix=config.weight_matrix,
             balance=config.balance_value(),
             fit_range=config.fit_range,
+            fit=config.fit,
             seed=config.seed,
         )
 

@@ -70,10 +70,13 @@ class FeedForward(nn.Module):
 #: The shape options of ``--poly-degree``, ``--num-atoms``, ``--num-freqs`` each kind takes (the budget
 #: itself is spent by ``ralimp.create``).
 SHAPE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "ralimp": ("poly_degree", "num_atoms", "num_freqs", "balance"),
+    "ralimp": ("poly_degree", "num_atoms", "num_freqs", "balance", "fit"),
     "eugen": ("poly_degree",),
     "snnk": ("balance",),
 }
+
+#: RaLiMP's fit modes (``--fit``), ``ralimp.calibration.FITS``.
+FIT_MODES: tuple[str, ...] = tuple(ralimp.calibration.FITS.names())
 
 
 def sine_fit_interval(t: torch.Tensor, *, margin: float = 1.1, minimum: float = 1.0) -> tuple[float, float]:
@@ -95,14 +98,15 @@ def linearize(
     weight_matrix: str = "base",
     balance: float | str = 1.0,
     fit_range: float = 0.0,
+    fit: str = "variance",
     seed: int = 0,
 ) -> list[int]:
     """Replace ``layers[i]`` (a `FeedForward`) for ``i in indices`` by ``kind`` layers, in place.
 
     Each replacement is ``ralimp.create(kind, scaled_linear, activation, budget=budget, sample=...)``,
     calibrated on the layer's own inputs (``inputs[i]``, e.g. from `stack_inputs`): RaLiMP fits its
-    activation on the pre-activations of that sample (``fit="variance"``, which also chooses the number of
-    atoms up to ``num_atoms``); ``sin`` is fitted on the symmetric interval covering them
+    activation on the pre-activations of that sample (by default ``fit="variance"``, which also chooses the
+    number of atoms up to ``num_atoms``); ``sin`` is fitted on the symmetric interval covering them
     (`sine_fit_interval`, for RaLiMP as for EUGen's polynomial and SNNK's Fourier series). With
     ``fit_range = T > 0`` every kind fits any other activation on $[-T, T]$ instead (RaLiMP and EUGen: instead
     of the sample's range; SNNK's Fourier series: instead of $[-4, 4]$).
@@ -120,6 +124,7 @@ def linearize(
         balance: RaLiMP's and SNNK's ``balance``: 1 (the paper's layer) or ``"auto"`` (a departure).
         fit_range: half-width ``T`` of the fit interval $[-T, T]$ for activations other than ``sin`` (0:
             the sample's pre-activation range for RaLiMP and EUGen, $[-4, 4]$ for SNNK).
+        fit: RaLiMP's fit mode (`FIT_MODES`).
         seed: seed of layer ``i``'s projections is ``seed + i``.
 
     Returns:
@@ -131,7 +136,13 @@ def linearize(
         raise ValueError(f"fit_range: expected a half-width >= 0 (0: the sample's range), got {fit_range!r}")
     if kind not in SHAPE_OPTIONS:
         raise ValueError(f"kind: expected one of {sorted(SHAPE_OPTIONS)}, got {kind!r}")
-    shape = {"poly_degree": poly_degree, "num_atoms": num_atoms, "num_freqs": num_freqs, "balance": balance}
+    shape = {
+        "poly_degree": poly_degree,
+        "num_atoms": num_atoms,
+        "num_freqs": num_freqs,
+        "balance": balance,
+        "fit": fit,
+    }
     options = {name: shape[name] for name in SHAPE_OPTIONS[kind]}
     bad = [i for i in indices if not 0 <= i < len(layers) or not isinstance(layers[i], FeedForward)]
     if bad:
