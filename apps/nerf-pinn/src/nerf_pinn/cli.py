@@ -49,6 +49,7 @@ class QuickConfig(ac.RuntimeFields, ac.OutputFields):
     out: Path = ac.option("out", Path("results/nerf-pinn-quick"))
     steps: int = ac.option("steps", 500, help="Adam steps (then 5 L-BFGS steps)")
     seed: int = ac.option("seed", 0)
+    threads: int = ac.option("threads", 1, help="the networks are small: more threads only contend")
 
 
 @dataclass(frozen=True)

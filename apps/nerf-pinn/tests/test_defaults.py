@@ -1,4 +1,4 @@
-"""``--fit-range`` and ``--fit``: where and how the linearized layers fit their activation."""
+"""What ``--fit-range`` and ``--fit`` do; NeRF's fit defaults; the quick run's threads."""
 
 import pytest
 import torch
@@ -42,3 +42,10 @@ def test_fit_chooses_ralimps_fit_mode_and_nerf_fits_by_least_squares_on_orthogon
     assert (NerfConfig().weight_matrix, PinnConfig().weight_matrix) == ("orf", "base")
     with pytest.raises(ValueError, match="--fit"):
         NerfConfig(fit="lstsq")
+
+
+def test_quick_runs_on_one_thread_by_default():
+    from nerf_pinn.cli import QuickConfig
+
+    assert QuickConfig().threads == 1
+    assert QuickConfig(threads=0).threads == 0
