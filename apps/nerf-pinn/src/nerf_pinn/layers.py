@@ -67,8 +67,8 @@ class FeedForward(nn.Module):
         return f"activation={self.activation_name!r}, scale={self.scale:g}"
 
 
-#: The shape options of ``--poly-degree``, ``--num-atoms``, ``--num-freqs`` each kind takes (the budget
-#: itself is spent by ``ralimp.create``).
+#: The layer options (``--poly-degree``, ``--num-atoms``, ``--num-freqs``, ``--balance``, ``--fit``) each kind
+#: takes (the budget itself is spent by ``ralimp.create``).
 SHAPE_OPTIONS: dict[str, tuple[str, ...]] = {
     "ralimp": ("poly_degree", "num_atoms", "num_freqs", "balance", "fit"),
     "eugen": ("poly_degree",),
