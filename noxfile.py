@@ -142,7 +142,10 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Speed and memory benchmarks (not a test): tables on stdout, the docs' plot under docs/img/."""
+    """Every benchmark at its defaults (not a test): tables on stdout, plots under results/bench/.
+
+    The figures on the docs' pages come from the commands printed beside them, not from this session.
+    """
     sync(session, "--all-packages", "--group", "bench")
     session.run("python", "benchmarks/structured_transform.py")
     session.run("python", "benchmarks/operation_counts.py", "--batch", "1")
@@ -150,7 +153,7 @@ def bench(session: nox.Session) -> None:
         "python",
         "benchmarks/attention_scaling.py",
         "--plot",
-        "docs/img/attention_scaling.png",
+        "results/bench/attention_scaling.png",
         *session.posargs,
     )
     session.run("python", "benchmarks/ralimp_layer.py")

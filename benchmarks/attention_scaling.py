@@ -16,10 +16,12 @@ analytic FLOP count) next to the machine's measured float32 matmul rate, and che
 backward of ``(B, N, H * Dh)``) eager and under ``torch.compile(module, fullgraph=True)`` (inductor),
 interleaved, after the compiled module's first two calls (compilation; a recompilation raises).
 
-    uv run --frozen nox -s bench                          # everything, as in the docs
+    uv run --frozen nox -s bench                          # every benchmark at its defaults
     python benchmarks/attention_scaling.py --lengths 1024 2048 --attentions softmax performer
-    python benchmarks/attention_scaling.py --threads 1 --attentions softmax pairs --lengths 1024 8192 16384 \
-        --repeats 3 --repeats-at 16384=1 --summary docs-table.md --plot docs/img/attention_scaling.png
+    python benchmarks/attention_scaling.py --threads 1 --isolation run --attentions softmax pairs \
+        --lengths 1024 8192 16384 --repeats 4 --repeats-at 8192=2 --repeats-at 16384=1 \
+        --operations results/bench/operation_counts.json --summary results/bench/attention_scaling.md \
+        --plot docs/img/attention_scaling.png                 # the Performance page's run
     python benchmarks/attention_scaling.py --threads 1 --compile --lengths 2048 \
         --attentions trigrf-sorf posrf-orf posrf-hyp-orf gerf-orf oprf-fastfoodl saderf-orf
     python benchmarks/attention_scaling.py --device cuda --lengths 4096 65536   # on a GPU
