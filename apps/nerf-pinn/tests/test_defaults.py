@@ -49,3 +49,17 @@ def test_quick_runs_on_one_thread_by_default():
 
     assert QuickConfig().threads == 1
     assert QuickConfig(threads=0).threads == 0
+
+
+def test_the_balance_is_a_departure_only_where_a_layer_has_complex_exponential_features():
+    torch.manual_seed(0)
+    x = 0.1 * torch.randn(64, 8)
+    config = PinnConfig()  # balance "auto"
+    departures = {}
+    for atoms in (0, 1):
+        stack = nn.ModuleList([FeedForward(8, 8, "tanh")])
+        linearize(stack, "ralimp", budget=32, indices=[0], inputs=[x], num_atoms=atoms, fit="discretized")
+        assert stack[0].num_atoms == atoms
+        departures[atoms] = config.departures("ralimp", stack)
+    assert departures[0] == [] and "balance='auto'" in departures[1][0]
+    assert PinnConfig(balance="1").departures("ralimp", stack) == []

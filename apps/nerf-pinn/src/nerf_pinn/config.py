@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from torch import nn
+
 import app_common as ac
+import ralimp
 from nerf_pinn.layers import DENSE, FIT_MODES, KINDS
 
 REPLACED_LAYERS: dict[str, Callable[[int], list[int]]] = {
@@ -128,9 +131,16 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             raise ValueError(f"--balance: expected auto or a positive number, got {self.balance!r}")
         return value
 
-    def departures(self, kind: str) -> list[str]:
-        """What variant ``kind`` does that the paper does not (recorded with its results)."""
-        if kind in ("ralimp", "snnk") and self.balance_value() == "auto":
+    def departures(self, kind: str, model: nn.Module) -> list[str]:
+        """What variant ``kind``, built as ``model``, does that the paper does not (kept with its results).
+
+        The balance moves only complex-exponential features (SNNK's, RaLiMP's atoms): a RaLiMP model whose
+        fits kept no atom does not use it.
+        """
+        if self.balance_value() != "auto":
+            return []
+        atoms = any(m.num_atoms for m in model.modules() if isinstance(m, ralimp.RaLiMP))
+        if kind == "snnk" or (kind == "ralimp" and atoms):
             return ["balance='auto': features at x/lambda and lambda w (not in the paper)"]
         return []
 

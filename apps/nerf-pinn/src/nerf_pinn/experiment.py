@@ -196,7 +196,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
             {
                 "family": family.name,
                 "kind": kind,
-                "departures": config.departures(kind),
+                "departures": config.departures(kind, model),
                 family.metric: evaluation[family.metric],
                 **{k: v for k, v in evaluation.items() if k not in ("outputs", family.metric)},
                 "params": ac.count_parameters(model),
