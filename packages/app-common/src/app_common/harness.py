@@ -86,22 +86,11 @@ CLOSURE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.LBFGS
 #: The NaN policies of `Trainer`.
 NAN_POLICIES = ("raise", "stop")
 
-#: The arguments of `Trainer` that `Trainer.from_config` reads from a configuration's fields of the same name.
-CONFIG_SETTINGS = (
-    "out",
-    "seed",
-    "steps",
-    "device",
-    "dtype",
-    "threads",
-    "resume",
-    "grad_clip",
-    "log_every",
-    "eval_every",
-    "checkpoint_every",
-)
-#: Those every configuration has (its field groups and its seed); the others are taken where present.
-REQUIRED_CONFIG_SETTINGS = CONFIG_SETTINGS[:8]
+#: The arguments of `Trainer` that `Trainer.from_config` reads from the configuration's fields of the same
+#: name and that every configuration has (its field groups and its seed).
+REQUIRED_CONFIG_SETTINGS = ("out", "seed", "steps", "device", "dtype", "threads", "resume", "grad_clip")
+#: All it reads: those, and the ones it takes where the configuration has them.
+CONFIG_SETTINGS = (*REQUIRED_CONFIG_SETTINGS, "log_every", "eval_every", "checkpoint_every")
 
 #: ``loss_fn(step, batch) -> scalar loss``: ``batch`` is the step's batch of `TrainData`, or without data
 #: the micro-batch index (``0 .. accumulate - 1``; 0 without accumulation).
