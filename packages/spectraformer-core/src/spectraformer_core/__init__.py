@@ -9,7 +9,8 @@ integer checks whose errors name the argument;
 ``torch.device``;
 - [`markdown_table`][spectraformer_core.markdown_table]: a plain-text Markdown table;
 - [`load_pickle`][spectraformer_core.load_pickle]: a downloaded pickle of numpy arrays, read without running
-code from the file.
+code from the file;
+- [`spectraformer_core.testing`][spectraformer_core.testing]: the relative-error comparison the tests share.
 """
 
 from spectraformer_core.device import DEVICES, resolve_device
