@@ -12,31 +12,21 @@ import pytest
 from lra_data import DataFormatError, read_cifar10, read_pickle, rgb_to_gray
 
 
-class Payload:
-    """Pickles as the call ``os.system(command)``: what a crafted data file runs when it is loaded."""
-
-    def __init__(self, command: str):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command,)
-
-
-def crafted_cifar(folder: Path, payload: Payload) -> Path:
+def crafted_cifar(folder: Path, payload: object) -> Path:
     """A ``test_batch`` of CIFAR-10's structure whose ``b'data'`` is ``payload``."""
     with (folder / "test_batch").open("wb") as f:
         pickle.dump({b"batch_label": b"testing batch 1 of 1", b"labels": [0], b"data": payload}, f)
     return folder / "test_batch"
 
 
-def crafted_lra(folder: Path, payload: Payload) -> Path:
+def crafted_lra(folder: Path, payload: object) -> Path:
     """An ``image.test.pickle`` of the pre-processed format whose first ``input_ids_0`` is ``payload``."""
     with (folder / "image.test.pickle").open("wb") as f:
         pickle.dump([{"input_ids_0": payload, "label": np.int64(0)}], f)
     return folder / "image.test.pickle"
 
 
-def read_crafted(fmt: str, folder: Path, payload: Payload) -> Path:
+def read_crafted(fmt: str, folder: Path, payload: object) -> Path:
     """Write the crafted file of format ``fmt`` and read it with its reader; returns the file's path."""
     if fmt == "cifar":
         path = crafted_cifar(folder, payload)
@@ -51,18 +41,18 @@ FORMATS = ["cifar", "lra"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_crafted_pickle_is_refused_naming_the_file_and_the_global(tmp_path, fmt):
+def test_a_crafted_pickle_is_refused_naming_the_file_and_the_global(tmp_path, lra_files, fmt):
     path = tmp_path / ("test_batch" if fmt == "cifar" else "image.test.pickle")
     with pytest.raises(DataFormatError) as error:
-        read_crafted(fmt, tmp_path, Payload("true"))
+        read_crafted(fmt, tmp_path, lra_files.SystemCall("true"))
     assert str(error.value).startswith(f"{path}: refused global {os.system.__module__}.system: ")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_crafted_pickle_never_runs_its_payload(tmp_path, fmt):
+def test_a_crafted_pickle_never_runs_its_payload(tmp_path, lra_files, fmt):
     marker = tmp_path / "marker"
     with pytest.raises(DataFormatError):
-        read_crafted(fmt, tmp_path, Payload(f"touch {marker}"))
+        read_crafted(fmt, tmp_path, lra_files.SystemCall(f"touch {marker}"))
     assert not marker.exists()
 
 
