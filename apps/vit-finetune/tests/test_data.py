@@ -1,5 +1,6 @@
 """The readers (digits, CIFAR-100 pickles, ImageFolder, VTAB-1k lists) and the batch preparation."""
 
+import os
 import pickle
 
 import numpy as np
@@ -43,6 +44,25 @@ def test_cifar100_pickles_are_read_with_fine_labels(tmp_path):
     assert torch.equal(image, torch.from_numpy(raw.reshape(3, 32, 32)))
     with pytest.raises(FileNotFoundError, match="no CIFAR-100 file 'train'"):
         data.load("cifar100", tmp_path / "nowhere", image_size=224)
+
+
+class CraftedData:
+    """Pickles as the call ``os.system(command)``, as a crafted data file would."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_crafted_cifar100_pickle_is_refused_and_its_payload_never_runs(tmp_path):
+    marker = tmp_path / "marker"
+    with (tmp_path / "train").open("wb") as f:
+        pickle.dump({b"data": CraftedData(f"touch {marker}"), b"fine_labels": [0]}, f)
+    with pytest.raises(ValueError, match=rf"train: refused global {os.system.__module__}\.system"):
+        data.load("cifar100", tmp_path, image_size=224)
+    assert not marker.exists()
 
 
 def write_image(path, color, size=(12, 10)):

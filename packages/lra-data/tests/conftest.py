@@ -1,5 +1,6 @@
 """Tiny data folders in every real format the package reads, written by the tests themselves."""
 
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -102,6 +103,16 @@ def write_pickles(root: Path, task: str, items: dict[str, list[dict]]) -> Path:
         with (folder / f"{task}.{split}.pickle").open("wb") as f:
             pickle.dump(rows, f)
     return folder
+
+
+class SystemCall:
+    """Pickles as ``os.system(command)``: what a crafted data file runs when it is loaded."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
 
 
 @pytest.fixture

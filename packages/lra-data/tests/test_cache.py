@@ -269,6 +269,11 @@ def test_generate_refuses_tasks_without_a_generator(tmp_path):
         generate(GenerateConfig("text", 5, tmp_path))
 
 
+def test_generate_refuses_a_split_of_no_examples(tmp_path):
+    with pytest.raises(ValueError, match=r"^val: expected an integer >= 1, got 0$"):
+        generate(GenerateConfig("listops", 5, tmp_path, val=0))
+
+
 def test_dataloader_batches_a_cache_with_collate(listops_cache):
     dataset = load("listops", "train", listops_cache.parent)
     batch = next(iter(DataLoader(dataset, batch_size=4, collate_fn=collate)))

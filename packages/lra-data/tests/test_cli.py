@@ -1,4 +1,6 @@
 import json
+import os
+import pickle
 
 import pytest
 
@@ -95,6 +97,17 @@ def test_errors_exit_with_status_2_and_a_message_naming_the_problem(tmp_path, ca
     with pytest.raises(SystemExit):
         main(["info", str(tmp_path)])
     assert "no manifest.json there nor in its subfolders" in capsys.readouterr().err
+
+
+def test_prepare_refuses_a_crafted_cifar_batch_without_running_it(tmp_path, cifar, lra_files, capsys):
+    marker = tmp_path / "marker"
+    with (cifar / "test_batch").open("wb") as f:
+        pickle.dump({b"data": lra_files.SystemCall(f"touch {marker}"), b"labels": [0]}, f)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prepare", "--task", "image", "--source", str(tmp_path), "--out", str(tmp_path / "c")])
+    assert exit_info.value.code == 2
+    assert f"test_batch: refused global {os.system.__module__}.system" in capsys.readouterr().err
+    assert not marker.exists()
 
 
 def test_corrupted_cache_fails_info_verify(tmp_path, capsys):

@@ -129,4 +129,4 @@ def test_user_registers_a_component_without_editing_the_package():
         phi_q, _ = fm(torch.randn(3, 4), torch.randn(3, 4))
         assert (phi_q >= 0).all()
     finally:
-        del rf_features.COMPONENTS._entries["test-relu"]
+        rf_features.COMPONENTS.unregister("test-relu")

@@ -39,7 +39,7 @@ def test_user_registers_a_matrix_without_editing_the_package():
         assert set(w.matrix().unique().tolist()) == {-1.0, 1.0}
         assert "test-rademacher" in rf_matrices.names()
     finally:
-        del rf_matrices.WEIGHT_MATRICES._entries["test-rademacher"]
+        rf_matrices.WEIGHT_MATRICES.unregister("test-rademacher")
 
 
 def test_registering_a_taken_name_needs_override():

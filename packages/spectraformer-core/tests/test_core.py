@@ -75,6 +75,22 @@ def test_registry_lookup_ignores_case_and_passes_factories_through():
     assert registry.names("al*") == ["alpha"]
 
 
+def test_unregister_removes_a_name_and_returns_its_factory():
+    registry = Registry("thing")
+    registry.register("alpha")(int)
+    assert registry.unregister("Alpha") is int
+    assert "alpha" not in registry
+    registry.register("alpha")(float)  # the name is free again, without override
+    assert registry.get("alpha") is float
+
+
+def test_unregister_of_an_unknown_name_raises_the_unknown_name_error():
+    registry = Registry("thing")
+    registry.register("alpha")(int)
+    with pytest.raises(ValueError, match="unknown thing 'alph'; did you mean 'alpha'"):
+        registry.unregister("alph")
+
+
 def test_markdown_table_pads_columns_and_checks_row_lengths():
     assert markdown_table(["a", "bb"], [["ccc", "d"]]).splitlines() == [
         "| a   | bb |",

@@ -22,7 +22,6 @@ Layouts read:
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from spectraformer_core import Registry
+from spectraformer_core import RefusedGlobalError, Registry, load_pickle
 
 SPLITS = ("train", "val", "test")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
@@ -156,7 +155,10 @@ def _cifar_file(root: Path, name: str) -> dict:
     for folder in (root, root / "cifar-100-python"):
         if (folder / name).is_file():
             with (folder / name).open("rb") as f:
-                return pickle.load(f, encoding="bytes")
+                try:
+                    return load_pickle(f, encoding="bytes")  # runs no code from the file
+                except RefusedGlobalError as error:
+                    raise ValueError(f"{folder / name}: {error}") from None
     raise FileNotFoundError(
         f"data_path: no CIFAR-100 file {name!r} in {root} or {root / 'cifar-100-python'} (expected the "
         "python "

@@ -15,6 +15,7 @@ from lra_data.pathfinder import PathfinderConfig, iter_pathfinder
 from lra_data.readers import Example, read_pickle
 from lra_data.tasks import ReleaseOptions, task_spec
 from lra_data.tokenizers import tokenize_listops, tokenize_pixels
+from spectraformer_core import check_int
 
 PICKLE_SPLITS = {"train": "train", "val": "dev", "test": "test"}
 """Our split name -> the split name of the pre-processed pickles' file names."""
@@ -220,8 +221,7 @@ def generate(config: GenerateConfig) -> dict[str, Any]:
             getattr(config, split) if getattr(config, split) is not None else max(1, config.n // 10)
         )
     for split, count in counts.items():
-        if count < 1:
-            raise ValueError(f"{'n' if split == 'train' else split}: expected a count >= 1, got {count}")
+        check_int("n" if split == "train" else split, count, 1)
     spec = task_spec(config.task)
     generator = GENERATORS[config.task]
     settings = generator.settings(config)

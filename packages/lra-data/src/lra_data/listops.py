@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lra_data.tokenizers import LISTOPS_CLOSE, listops_symbols
+from spectraformer_core import check_int
 
 _LRA_OPERATOR_ORDER = ("[MIN", "[MAX", "[MED", "[SM")  # the order of the LRA code's OPERATORS list
 
@@ -53,13 +54,13 @@ class ListOpsConfig:
     operator_prob: float = 0.25
 
     def __post_init__(self) -> None:
-        if self.max_depth < 1:
-            raise ValueError(f"max_depth: expected an integer >= 1, got {self.max_depth}")
-        if self.max_args < 2:
-            raise ValueError(f"max_args: expected an integer >= 2, got {self.max_args}")
+        check_int("max_depth", self.max_depth, 1)
+        check_int("max_args", self.max_args, 2)
+        check_int("min_length", self.min_length, 0)
+        check_int("max_length", self.max_length, None)
         if not 0.0 <= self.operator_prob <= 1.0:
             raise ValueError(f"operator_prob: expected a probability in [0, 1], got {self.operator_prob}")
-        if self.min_length < 0 or self.max_length <= self.min_length + 1:
+        if self.max_length <= self.min_length + 1:
             raise ValueError(
                 f"min_length, max_length: expected 0 <= min_length < max_length - 1 (both exclusive), "
                 f"got {self.min_length}, {self.max_length}"
@@ -167,8 +168,7 @@ def iter_listops(
     n: int, *, seed: int, config: ListOpsConfig | None = None, max_attempts: int | None = None
 ) -> Iterator[tuple[str, int]]:
     """Yield ``n`` expressions ``(source, label)`` one at a time; see `generate_listops`."""
-    if n < 0:
-        raise ValueError(f"n: expected a count >= 0, got {n}")
+    check_int("n", n, 0)
     config = config or ListOpsConfig()
     rng = random.Random(seed)
     limit = 1000 * n + 100_000 if max_attempts is None else max_attempts

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spectraformer_core import check_int
+
 
 @dataclass(frozen=True)
 class PathfinderConfig:
@@ -49,29 +51,25 @@ class PathfinderConfig:
     max_tries: int = 100
 
     def __post_init__(self) -> None:
+        check_int("size", self.size, 8)
+        check_int("num_segments", self.num_segments, 1)
+        check_int("num_distractors", self.num_distractors, 0)
+        check_int("max_tries", self.max_tries, 1)
         checks = {
-            "size": self.size >= 8,
-            "num_segments": self.num_segments >= 1,
             "segment_length": self.segment_length > 0,
             "dash_fraction": 0 < self.dash_fraction <= 1,
             "max_turn": 0 <= self.max_turn <= math.pi,
-            "num_distractors": self.num_distractors >= 0,
             "spacing": self.spacing >= 0,
             "margin": 0 <= self.margin < self.size / 2,
             "dot_radius": self.dot_radius >= 0,
-            "max_tries": self.max_tries >= 1,
         }
         expected = {
-            "size": ">= 8",
-            "num_segments": ">= 1",
             "segment_length": "> 0",
             "dash_fraction": "in (0, 1]",
             "max_turn": "in [0, pi]",
-            "num_distractors": ">= 0",
             "spacing": ">= 0",
             "margin": "in [0, size / 2)",
             "dot_radius": ">= 0",
-            "max_tries": ">= 1",
         }
         for name, ok in checks.items():
             if not ok:
@@ -189,8 +187,7 @@ def iter_pathfinder(
     n: int, *, seed: int, config: PathfinderConfig | None = None
 ) -> Iterator[PathfinderSample]:
     """Yield ``n`` samples one at a time; see [`generate_pathfinder`][lra_data.generate_pathfinder]."""
-    if n < 0:
-        raise ValueError(f"n: expected a count >= 0, got {n}")
+    check_int("n", n, 0)
     g = torch.Generator().manual_seed(seed)
     labels = (torch.randperm(n, generator=g) < n // 2).long().tolist()
     for label in labels:

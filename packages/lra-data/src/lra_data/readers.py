@@ -10,7 +10,6 @@ arrays.
 from __future__ import annotations
 
 import math
-import pickle
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from lra_data.errors import DataFormatError
 from lra_data.tokenizers import rgb_to_gray, tokenize_bytes, tokenize_listops, tokenize_pixels
+from spectraformer_core import RefusedGlobalError, load_pickle
 
 Tokens = np.ndarray
 Example = tuple[Tokens, int] | tuple[tuple[Tokens, Tokens], int]
@@ -57,6 +57,20 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                     path, "blank line inside the file; expected one record a line", line=blank
                 )
             yield number, line
+
+
+def _unpickle(path: Path, what: str, *, encoding: str = "ASCII") -> object:
+    """The object pickled in ``path``; a global other than numpy's array, dtype and scalar ones is refused.
+
+    [`load_pickle`][spectraformer_core.load_pickle] reads the file, so nothing from it runs.
+    """
+    with _require_file(path).open("rb") as f:
+        try:
+            return load_pickle(f, encoding=encoding)
+        except RefusedGlobalError as error:
+            raise DataFormatError(path, str(error)) from None
+        except Exception as error:
+            raise DataFormatError(path, f"not a {what} ({error})") from None
 
 
 def _int_label(text: bytes, path: Path, line: int, num_classes: int) -> int:
@@ -169,11 +183,7 @@ CIFAR_TEST_BATCH = "test_batch"
 
 def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Gray images ``(n, 32, 32)`` and labels ``(n,)`` of one pickled CIFAR-10 batch."""
-    with _require_file(path).open("rb") as f:
-        try:
-            batch = pickle.load(f, encoding="bytes")
-        except Exception as error:
-            raise DataFormatError(path, f"not a pickled CIFAR-10 batch ({error})") from None
+    batch = _unpickle(path, "pickled CIFAR-10 batch", encoding="bytes")
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise DataFormatError(path, f"expected a dict with keys b'data' and b'labels', got {keys}")
@@ -197,6 +207,9 @@ def read_cifar10(folder: str | Path, split: str) -> Iterator[Example]:
 
     ``train`` is the first 90% of ``data_batch_1`` .. ``data_batch_5`` in order (45,000 images) and ``val``
     the last 10% (5,000), as the LRA splits ``train[:90%]`` / ``train[90%:]``; ``test`` is ``test_batch``.
+    The batches are unpickled by [`load_pickle`][spectraformer_core.load_pickle], which refuses any global
+    but numpy's array, dtype and scalar ones: a crafted batch raises a
+    [`DataFormatError`][lra_data.DataFormatError] and runs no code.
     """
     folder = Path(folder)
     if split == "test":
@@ -304,14 +317,12 @@ def read_pickle(path: str | Path, *, num_classes: int, pixels: bool, pair: bool 
     (``pixels=True``) the ids are gray values 0..255 that the pickles' ``input_ids != 0`` mask would take
     for padding; they become ``value + 1``, so black pixels are real tokens.
 
-    Unpickling runs code from the file: read only pickles you trust.
+    The file may name only numpy's array, dtype and scalar globals
+    ([`load_pickle`][spectraformer_core.load_pickle]); any other is refused with a
+    [`DataFormatError`][lra_data.DataFormatError], so a crafted pickle runs no code.
     """
     path = Path(path)
-    with _require_file(path).open("rb") as f:
-        try:
-            items = pickle.load(f)
-        except Exception as error:
-            raise DataFormatError(path, f"not a readable pickle ({error})") from None
+    items = _unpickle(path, "readable pickle")
     if not isinstance(items, list):
         raise DataFormatError(path, f"expected a list of dicts, got {type(items).__name__}")
     for i, item in enumerate(items):

@@ -51,6 +51,16 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return its factory (to undo a temporary registration, as in a test).
+
+        Raises:
+            ValueError: an unknown name, with the message of [`get`][spectraformer_core.Registry.get].
+        """
+        factory = self.get(name)
+        del self._entries[name.lower()]
+        return factory
+
     def get(self, name: str | T) -> T:
         """The factory registered as ``name``; a non-string argument is returned as it is.
 
