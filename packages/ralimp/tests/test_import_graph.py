@@ -1,4 +1,4 @@
-"""ralimp's modules import each other without a cycle, counting every import statement wherever it stands."""
+"""ralimp's import graph: acyclic over every import wherever it stands, no private name across modules."""
 
 import ast
 import graphlib
@@ -42,3 +42,13 @@ def test_the_modules_of_ralimp_form_an_acyclic_import_graph():
     graph = {module_name(p): imported_modules(p, modules) for p in paths}
     assert graph["ralimp.analysis"] >= {"ralimp.layer", "ralimp.moments"}  # the parser sees the imports
     graphlib.TopologicalSorter(graph).prepare()  # raises graphlib.CycleError on a cycle
+
+
+def test_no_module_of_ralimp_imports_a_private_name_of_another():
+    private = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                names = [alias.name for alias in node.names]
+                private += [f"{module_name(path)}: {name}" for name in names if name.startswith("_")]
+    assert private == []
