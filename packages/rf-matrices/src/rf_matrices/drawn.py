@@ -33,8 +33,12 @@ class DrawnMatrix(WeightMatrix):
         learnable: ``W`` is a trainable parameter.
         num_heads: ``H`` independent matrices ``(H, s, d)``, applied to inputs ``(..., H, n, d)``; None:
             one ``(s, d)``.
-        **kw: the [`WeightMatrix`][rf_matrices.WeightMatrix] arguments (``sigma``, ``seed``, ``generator``,
-            ``device``, ``dtype``) and the source's own options (e.g. ``rule`` for ``sgq``).
+        sigma: as in [`WeightMatrix`][rf_matrices.WeightMatrix].
+        seed: seeds the draws (the heads' draws follow one another from it).
+        generator: an explicit ``torch.Generator`` instead of ``seed``.
+        device: as in [`WeightMatrix`][rf_matrices.WeightMatrix].
+        dtype: as in [`WeightMatrix`][rf_matrices.WeightMatrix].
+        **source_options: the source's own options (e.g. ``rule`` for ``sgq``).
     """
 
     weight: torch.Tensor  # (s, d) or (H, s, d)
