@@ -79,9 +79,10 @@ def masked_mse(
         return error.mean()
     shape = [1] * error.dim()
     shape[0], shape[token_dim] = keep.shape
-    weight = keep.to(device=error.device, dtype=error.dtype).view(shape)
+    kept = keep.to(error.device).view(shape)
     per_token = error[0].numel() // error.shape[token_dim]  # elements of one token (of one sequence)
-    return (error * weight).sum() / (weight.sum() * per_token).clamp_min(1.0)
+    # where, not a product: a padded row's output may be anything, NaN included
+    return torch.where(kept, error, 0.0).sum() / (kept.sum() * per_token).clamp_min(1)
 
 
 class LayerLosses:
