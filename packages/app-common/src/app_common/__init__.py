@@ -74,6 +74,7 @@ from app_common.fields import (
 from app_common.harness import CLOSURE_OPTIMIZERS, NAN_POLICIES, TrainData, Trainer, training_stream_seed
 from app_common.measure import (
     PeakMemory,
+    PeakMemoryMeter,
     Timer,
     count_parameters,
     interleaved_medians,
@@ -122,6 +123,7 @@ __all__ = [
     "OptimizerFields",
     "OutputFields",
     "PeakMemory",
+    "PeakMemoryMeter",
     "RuntimeFields",
     "Schedule",
     "StepBatches",
