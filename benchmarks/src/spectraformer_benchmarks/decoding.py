@@ -10,7 +10,8 @@ cache is allocated for ``L + warmup + tokens`` positions so that no timed step g
 bytes the state holds: ``m x Dv`` sums for RF attention (the same at every ``L``), ``2 L dim`` floats for
 the cache.
 
-    uv run --frozen --group bench python benchmarks/decoding.py --plot docs/img/decoding.png
+    uv run --frozen --package spectraformer-benchmarks python -m spectraformer_benchmarks.decoding \
+        --plot docs/img/decoding.png
 
 ``--generate`` times plain ``model.generate()`` of a tiny Llama built from a config (2 layers, width 256,
 4 heads, 2 KV heads, vocabulary 1024, float32, batch 1, greedy) after a random prompt of each length: the
@@ -20,7 +21,8 @@ after ``rf_attention.hf.attach_feature_maps``: the recurrent state per layer), `
 model given HF's ``DynamicCache``, which keeps the keys: each token re-reads the prefix; only up to
 ``--key-cache-max``) and ``sdpa``, all in the same run:
 
-    uv run --frozen python benchmarks/decoding.py --generate --rounds 3 --tokens 8
+    uv run --frozen --package spectraformer-benchmarks python -m spectraformer_benchmarks.decoding \
+        --generate --rounds 3 --tokens 8 --contexts 4096 32768
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ import time
 from pathlib import Path
 
 import torch
+from attention_scaling import machine
 
 import rf_attention
-from attention_scaling import machine
 from rf_attention.decoding import KVCache
 
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 65536]
