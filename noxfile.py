@@ -149,8 +149,8 @@ def bench(session: nox.Session) -> None:
     """Every benchmark at its defaults (not a test): tables on stdout, plots under results/bench/.
 
     The benchmarks are the workspace member ``spectraformer-benchmarks`` (``benchmarks/``), each a module
-    run with ``python -m``. The figures on the docs' pages come from the commands printed beside them,
-    not from this session.
+    run with ``python -m``. The figures on the docs' pages come from the commands printed beside them
+    (the causal table from ``benchmarks/run_causal_table.sh``), not from this session.
     """
     sync(session, "--package", "spectraformer-benchmarks")
 
@@ -160,6 +160,7 @@ def bench(session: nox.Session) -> None:
     module("structured_transform")
     module("operation_counts", "--batch", "1")
     module("attention_scaling", "--plot", "results/bench/attention_scaling.png", *session.posargs)
+    module("causal", "--part", "flops", "--out", "results/bench/causal")
     module("ralimp_layer")
 
 
