@@ -16,12 +16,7 @@ import torch
 
 import app_common as ac
 import rf_attention
-
-#: glibc's malloc serves blocks of at least this many bytes by ``mmap`` and unmaps them when freed, so the
-#: resident high-water mark counts the tensors alive at once, not heap pages a freed tensor left behind
-#: (glibc otherwise raises the threshold as large blocks are freed, and the peak then depends on the order
-#: of allocations). Every measuring process, SDPA's included, runs with it.
-MMAP_THRESHOLD_BYTES = 128 * 1024
+from app_common.measure import MMAP_THRESHOLD_BYTES
 
 
 def rf_pairs() -> list[str]:
@@ -63,7 +58,11 @@ def matmul_rate(size: int = 2048, repeats: int = 5, device: torch.device | None 
 
 
 def point_environment() -> dict[str, str]:
-    """The environment of a measuring process: this one's, with a fixed malloc mmap threshold (glibc)."""
+    """The environment of a measuring process: this one's, with glibc's malloc mmap threshold fixed.
+
+    At ``app_common.measure.MMAP_THRESHOLD_BYTES`` (128 KiB), so that the resident peak counts the tensors
+    alive at once. Every measuring process, SDPA's included, runs with it.
+    """
     return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), **os.environ}
 
 

@@ -45,3 +45,7 @@ def test_reading_the_peak_inside_the_block_is_refused():
     meter = ac.PeakMemoryMeter("cpu")
     with meter, pytest.raises(RuntimeError, match="after the with block"):
         _ = meter.peak
+
+
+def test_the_mmap_threshold_is_fixed_through_glibc_mallopt():
+    assert ac.fix_mmap_threshold()

@@ -6,6 +6,7 @@ last reset (`reset_peak_memory`, or a `PeakMemoryMeter` block): the one measure 
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import statistics
 import sys
@@ -82,6 +83,28 @@ class PeakMemory:
 
     bytes: int
     kind: str
+
+
+#: glibc's malloc serves blocks of at least this many bytes by ``mmap`` once the threshold is fixed, and
+#: unmaps them when freed, so the resident high-water mark counts the tensors alive at once (glibc otherwise
+#: raises the threshold as large blocks are freed, and a freed tensor's pages stay resident for the next).
+MMAP_THRESHOLD_BYTES = 128 * 1024
+#: ``M_MMAP_THRESHOLD`` of glibc's ``<malloc.h>``, the ``mallopt`` parameter.
+_M_MMAP_THRESHOLD = -3
+
+
+def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's malloc mmap threshold of this process at ``nbytes`` (``mallopt``); False where not glibc.
+
+    The same as starting the process with ``MALLOC_MMAP_THRESHOLD_=nbytes``: from then on the CPU peak of a
+    [`PeakMemoryMeter`][app_common.PeakMemoryMeter] block counts the tensors (of at least ``nbytes``)
+    alive together, not pages that freed tensors left resident.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
 
 
 #: Linux: writing ``5`` here resets the resident high-water mark (``VmHWM``) to the resident size.
