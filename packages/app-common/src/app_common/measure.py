@@ -7,6 +7,7 @@ last reset (`reset_peak_memory`, or a `PeakMemoryMeter` block): the one measure 
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
 import statistics
 import sys
@@ -120,7 +121,8 @@ def _status_bytes(field: str) -> int:
 
 
 def _resettable() -> bool:
-    return CLEAR_REFS.exists()
+    """Whether this process may reset its resident high-water mark (Linux, ``clear_refs`` writable)."""
+    return os.access(CLEAR_REFS, os.W_OK)
 
 
 def _process_peak_bytes() -> int:
