@@ -148,19 +148,20 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every benchmark at its defaults (not a test): tables on stdout, plots under results/bench/.
 
-    The figures on the docs' pages come from the commands printed beside them, not from this session.
+    The benchmarks are the workspace member ``spectraformer-benchmarks`` (``benchmarks/``), each a module
+    run with ``python -m``. The figures on the docs' pages come from the commands printed beside them
+    (the causal table from ``benchmarks/run_causal_table.sh``), not from this session.
     """
-    sync(session, "--all-packages", "--group", "bench")
-    session.run("python", "benchmarks/structured_transform.py")
-    session.run("python", "benchmarks/operation_counts.py", "--batch", "1")
-    session.run(
-        "python",
-        "benchmarks/attention_scaling.py",
-        "--plot",
-        "results/bench/attention_scaling.png",
-        *session.posargs,
-    )
-    session.run("python", "benchmarks/ralimp_layer.py")
+    sync(session, "--package", "spectraformer-benchmarks")
+
+    def module(name: str, *args: str) -> None:
+        session.run("python", "-m", f"spectraformer_benchmarks.{name}", *args)
+
+    module("structured_transform")
+    module("operation_counts", "--batch", "1")
+    module("attention_scaling", "--plot", "results/bench/attention_scaling.png", *session.posargs)
+    module("causal", "--part", "flops", "--out", "results/bench/causal")
+    module("ralimp_layer")
 
 
 #: Names of workspace dependencies that belong to unrelated projects on PyPI (a pip user asking for one

@@ -6,7 +6,8 @@
 3. Sweep the given attentions over it (one seed), short runs with the rest of the protocol unchanged:
    early stopping on validation accuracy, the best checkpoint evaluated on test, results in
    ``OUT/results.jsonl``, checkpoints in ``OUT/runs`` (finished runs are skipped on a second call).
-4. Write the report to ``OUT/report`` and return its Table 1.
+4. Write the report to ``OUT/report`` and return its Table 1, followed by the same attentions' time and
+   memory against softmax at 1K-8K tokens (`long_sequences`: what linear attention buys).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from pathlib import Path
 import app_common as ac
 import lra_data
 from lra_bench.config import QuickConfig, ReportConfig, SweepConfig
+from lra_bench.long_sequences import long_sequence_table
 from lra_bench.report import report
 from lra_bench.sweep import check_attentions, grid, run_sweep
 
 
 def quick(config: QuickConfig) -> str:
-    """Run the quick pipeline; returns the Markdown of Table 1."""
+    """Run the quick pipeline; returns the Markdown of Table 1 and of the long-sequence table."""
     out = Path(config.out)
     data = out / "data"
     sweep = SweepConfig(
@@ -75,4 +77,5 @@ def quick(config: QuickConfig) -> str:
             time_unit="s",
         )
     )
-    return tables["table1"]
+    long = long_sequence_table(config.attention, features=config.attention_features)
+    return f"{tables['table1']}\n\n{long}"

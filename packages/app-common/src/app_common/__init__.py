@@ -74,8 +74,10 @@ from app_common.fields import (
 from app_common.harness import CLOSURE_OPTIMIZERS, NAN_POLICIES, TrainData, Trainer, training_stream_seed
 from app_common.measure import (
     PeakMemory,
+    PeakMemoryMeter,
     Timer,
     count_parameters,
+    fix_mmap_threshold,
     interleaved_medians,
     median_seconds,
     peak_memory,
@@ -122,6 +124,7 @@ __all__ = [
     "OptimizerFields",
     "OutputFields",
     "PeakMemory",
+    "PeakMemoryMeter",
     "RuntimeFields",
     "Schedule",
     "StepBatches",
@@ -147,6 +150,7 @@ __all__ = [
     "decays",
     "device_name",
     "finished_record",
+    "fix_mmap_threshold",
     "flag",
     "flat_record",
     "flat_settings",

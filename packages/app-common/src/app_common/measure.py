@@ -1,16 +1,20 @@
 """Timing (an accumulating timer, median timers), peak memory and parameter counts.
 
-Peak memory is the CUDA allocator's peak on GPUs and the peak resident set size on the CPU.
+Peak memory is the CUDA allocator's peak on GPUs and the peak resident set size on the CPU, both since the
+last reset (`reset_peak_memory`, or a `PeakMemoryMeter` block): the one measure of run records and benchmarks.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import resource
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -67,33 +71,128 @@ class Timer:
 
 @dataclass(frozen=True)
 class PeakMemory:
-    """A peak memory reading.
+    """A peak memory reading: the most in use since [`reset_peak_memory`][app_common.reset_peak_memory].
 
     Attributes:
         bytes: the peak in bytes.
-        kind: ``cuda_max_allocated`` (``torch.cuda.max_memory_allocated`` since the last reset: tensors
-            only, per device) or ``cpu_peak_rss`` (the process's peak resident set size since it started,
-            ``getrusage``: everything the process touched, including Python and libraries; it cannot be
-            reset, so run one measurement per process).
+        kind: ``cuda_max_allocated`` (``torch.cuda.max_memory_allocated``: tensors only, per device),
+            ``cpu_peak_rss`` (the process's resident high-water mark ``VmHWM``, reset through
+            ``/proc/self/clear_refs`` on Linux: everything the process touched, Python and libraries
+            included) or ``cpu_peak_rss_since_start`` (elsewhere: ``getrusage``'s peak since the process
+            started, which cannot be reset; run one measurement per process there).
     """
 
     bytes: int
     kind: str
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new CUDA peak (``torch.cuda.reset_peak_memory_stats``); nothing to do on the CPU."""
+#: glibc's malloc serves blocks of at least this many bytes by ``mmap`` once the threshold is fixed, and
+#: unmaps them when freed, so the resident high-water mark counts the tensors alive at once (glibc otherwise
+#: raises the threshold as large blocks are freed, and a freed tensor's pages stay resident for the next).
+MMAP_THRESHOLD_BYTES = 128 * 1024
+#: ``M_MMAP_THRESHOLD`` of glibc's ``<malloc.h>``, the ``mallopt`` parameter.
+_M_MMAP_THRESHOLD = -3
+
+
+def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's malloc mmap threshold of this process at ``nbytes`` (``mallopt``); False where not glibc.
+
+    The same as starting the process with ``MALLOC_MMAP_THRESHOLD_=nbytes``: from then on the CPU peak of a
+    [`PeakMemoryMeter`][app_common.PeakMemoryMeter] block counts the tensors (of at least ``nbytes``)
+    alive together, not pages that freed tensors left resident.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
+
+
+#: Linux: writing ``5`` here resets the resident high-water mark (``VmHWM``) to the resident size.
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return 1024 * int(line.split()[1])
+    raise KeyError(f"/proc/self/status has no {field} line")
+
+
+def _resettable() -> bool:
+    """Whether this process may reset its resident high-water mark (Linux, ``clear_refs`` writable)."""
+    return os.access(CLEAR_REFS, os.W_OK)
+
+
+def _process_peak_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports kibibytes, macOS bytes
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a new peak of ``device``; returns the bytes in use now (the new peak's ``baseline``).
+
+    CUDA: ``torch.cuda.reset_peak_memory_stats`` and the allocated bytes. CPU on Linux: the resident
+    high-water mark is reset to the resident size (``/proc/self/clear_refs``); elsewhere nothing can be reset
+    and the baseline is the process's peak so far.
+    """
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        baseline = int(torch.cuda.memory_allocated(device))
+    elif _resettable():
+        CLEAR_REFS.write_text("5")
+        baseline = _status_bytes("VmRSS")
+    else:
+        baseline = _process_peak_bytes()
+    return baseline
 
 
 def peak_memory(device: torch.device) -> PeakMemory:
-    """The peak memory of ``device`` (see [`PeakMemory`][app_common.PeakMemory] for what each kind counts)."""
+    """The peak memory of ``device`` since the last reset (see [`PeakMemory`][app_common.PeakMemory])."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
         return PeakMemory(int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated")
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports kibibytes, macOS bytes.
-    return PeakMemory(int(rss if sys.platform == "darwin" else rss * 1024), "cpu_peak_rss")
+    if _resettable():
+        return PeakMemory(_status_bytes("VmHWM"), "cpu_peak_rss")
+    return PeakMemory(_process_peak_bytes(), "cpu_peak_rss_since_start")
+
+
+class PeakMemoryMeter:
+    """``with PeakMemoryMeter(device) as meter: ...``: the block's peak (``meter.peak``, ``meter.added``).
+
+    The peak is reset on entry and read on exit, so consecutive blocks each get their own peak (on the CPU,
+    where the resident size can be reset: Linux). On the CPU the peak counts pages, not tensors: run with
+    glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed (e.g. 131072) so that a freed tensor's pages go back to the
+    system at once and the peak counts the tensors alive together.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        #: Bytes in use when the block started (CUDA: allocated tensors; CPU: the resident size).
+        self.baseline = 0
+        self._peak: PeakMemory | None = None
+
+    def __enter__(self) -> PeakMemoryMeter:
+        self._peak = None
+        self.baseline = reset_peak_memory(self.device)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._peak = peak_memory(self.device)
+
+    @property
+    def peak(self) -> PeakMemory:
+        """The block's peak (after the ``with`` block)."""
+        if self._peak is None:
+            raise RuntimeError("PeakMemoryMeter.peak: read it after the with block")
+        return self._peak
+
+    @property
+    def added(self) -> int:
+        """Bytes of the block's peak above its ``baseline``: what the block added at its largest."""
+        return self.peak.bytes - self.baseline
 
 
 def _synchronize(device: torch.device | None) -> None:

@@ -42,7 +42,8 @@ standard-normal inputs); ``Linear(256, 256)`` with unit-norm rows at budget 256,
 standard-normal rows, relative MSE on 4096 others; a ``64 -> 64`` relu layer fed one direction at
 ``|x| = 8, 16, 64`` (max ``|y|`` against the target's, or the overflow guard's ``ValueError``).
 
-Run: ``uv run --frozen --all-packages python benchmarks/ralimp_layer.py [--table init|variance|goals]``.
+Run: ``uv run --frozen --package spectraformer-benchmarks python -m spectraformer_benchmarks.ralimp_layer
+[--table init|variance|goals]``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,7 @@ import app_common as ac
 import ralimp
 from ralimp import analysis
 from ralimp.base import ridge_readout
+from spectraformer_benchmarks.common import command_line
 
 KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
         f"tokens {args.tokens}; eval rows {args.eval_rows}; calibration rows {args.calibration_rows}"
     )
-    print(f"Command: `{' '.join(['python', *sys.argv])}`\n")
+    print(f"Command: `{command_line()}`\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:

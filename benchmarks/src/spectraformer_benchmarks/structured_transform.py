@@ -4,7 +4,7 @@ Times ``w(x)`` for ``x`` of ``2^22 / d`` rows (16 MiB of float32) with ``fast_tr
 ``False``, for ``s = d``: the measurements behind ``BlockTransform.DENSE_MAX_DIM``, the automatic choice.
 
     uv run --frozen nox -s bench
-    python benchmarks/structured_transform.py --dims 32 1024 4096
+    python -m spectraformer_benchmarks.structured_transform --dims 32 1024 4096
 """
 
 from __future__ import annotations

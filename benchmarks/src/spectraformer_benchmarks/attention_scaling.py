@@ -17,29 +17,25 @@ backward of ``(B, N, H * Dh)``) eager and under ``torch.compile(module, fullgrap
 interleaved, after the compiled module's first two calls (compilation; a recompilation raises).
 
     uv run --frozen nox -s bench                          # every benchmark at its defaults
-    python benchmarks/attention_scaling.py --lengths 1024 2048 --attentions softmax performer
-    python benchmarks/attention_scaling.py --threads 1 --isolation run --attentions softmax pairs \
-        --lengths 1024 8192 16384 --repeats 4 --repeats-at 8192=2 --repeats-at 16384=1 \
+    python -m spectraformer_benchmarks.attention_scaling --lengths 1024 2048 --attentions softmax performer
+    python -m spectraformer_benchmarks.attention_scaling --threads 1 --isolation run \
+        --attentions softmax pairs --lengths 1024 8192 16384 \
+        --repeats 4 --repeats-at 8192=2 --repeats-at 16384=1 \
         --operations results/bench/operation_counts.json --summary results/bench/attention_scaling.md \
         --plot docs/img/attention_scaling.png                 # the Performance page's run
-    python benchmarks/attention_scaling.py --threads 1 --compile --lengths 2048 \
+    python -m spectraformer_benchmarks.attention_scaling --threads 1 --compile --lengths 2048 \
         --attentions trigrf-sorf posrf-orf posrf-hyp-orf gerf-orf oprf-fastfoodl saderf-orf
-    python benchmarks/attention_scaling.py --device cuda --lengths 4096 65536   # on a GPU
+    python -m spectraformer_benchmarks.attention_scaling --device cuda --lengths 4096 65536   # on a GPU
+
+(each ``python -m`` as ``uv run --frozen --package spectraformer-benchmarks python -m ...``)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +45,7 @@ from typing import Any
 import torch
 
 import app_common as ac
+from spectraformer_benchmarks.common import expand_pairs, k, machine, matmul_rate, rf_pairs, run_json_lines
 
 DEFAULT_ATTENTIONS = [
     "softmax",
@@ -77,21 +74,6 @@ def baseline_options(name: str, n: int) -> dict:
     No Nystromformer convolution, as in the Skyformer LRA configuration; Linformer sized for exactly ``n``.
     """
     return {"nystromformer": {"conv_kernel_size": None}, "linformer": {"max_seq_len": n}}.get(name, {})
-
-
-def random_feature_pairs() -> list[str]:
-    """Every ``"<component>-<matrix>"`` name of ``rf_attention.names()`` (``operation_counts.rf_pairs``)."""
-    from operation_counts import rf_pairs
-
-    return rf_pairs()
-
-
-def expand_attentions(names: list[str]) -> list[str]:
-    """``names`` with ``ALL_PAIRS`` replaced by every random-feature pair, duplicates dropped."""
-    expanded: list[str] = []
-    for name in names:
-        expanded += random_feature_pairs() if name == ALL_PAIRS else [name]
-    return list(dict.fromkeys(expanded))
 
 
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384]
@@ -163,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--points", nargs="+", metavar="ATTENTION:N", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.attentions = expand_attentions(args.attentions)
+    args.attentions = expand_pairs(args.attentions, ALL_PAIRS)
     return args
 
 
@@ -234,14 +216,11 @@ def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     for run in range(1 + repeats_at(n, args)):
         for t in (q, k, v):
             t.grad = None
+        with ac.PeakMemoryMeter(device) as meter, ac.Timer(device) as timer:
+            attend(q, k, v).sum().backward()
+        samples.append(timer.elapsed)
         if run == 0:
-            before = reset_peak(device)
-        start = time.perf_counter()
-        attend(q, k, v).sum().backward()
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
-        if run == 0:
-            peak_mib = (peak(device) - before) / 2**20
+            peak_mib = meter.added / 2**20
     seconds = statistics.median(samples)
     return {
         "attention": name,
@@ -313,113 +292,15 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
         print(json.dumps({**measure_point(name, n, args), "matmul_gflops": rate}), flush=True)
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued CUDA work (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def reset_peak(device: torch.device) -> int:
-    """Reset the peak memory counter; return the current bytes (CUDA: allocated; CPU: resident)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return torch.cuda.memory_allocated(device)
-    return 1024 * reset_peak_rss_kib()
-
-
-def peak(device: torch.device) -> int:
-    """Peak bytes since `reset_peak` (CUDA: ``max_memory_allocated``; CPU: resident high-water)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device)
-    return 1024 * peak_rss_kib()
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak_rss_kib() -> int:
-    """Reset the peak resident size to the current one and return it (KiB)."""
-    if Path("/proc/self/clear_refs").exists():
-        Path("/proc/self/clear_refs").write_text("5")
-        return _status_kib("VmRSS")
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # elsewhere: peak so far, not resettable
-
-
-def peak_rss_kib() -> int:
-    """Peak resident size since the last reset (KiB)."""
-    if Path("/proc/self/clear_refs").exists():
-        return _status_kib("VmHWM")
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def matmul_rate(size: int = 2048, repeats: int = 5, device: torch.device | None = None) -> float:
-    """Measured float32 matmul GFLOP/s of this machine (``size x size`` by ``size x size``)."""
-    device = device or torch.device("cpu")
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    return 2 * size**3 / ac.median_seconds(lambda: a @ b, repeats=repeats, device=device) / 1e9
-
-
-def machine(device: str = "cpu") -> str:
-    """The device's name (``app_common.device_name``), cores, threads and library versions."""
-    name = ac.device_name(torch.device(device))
-    if device.startswith("cuda"):
-        return f"{name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}"
-    return (
-        f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
-        f"PyTorch {torch.__version__}, Python {platform.python_version()}"
-    )
-
-
-#: glibc's malloc serves blocks of at least this many bytes by ``mmap`` and unmaps them when freed, so the
-#: resident high-water mark counts the tensors alive at once, not heap pages a freed tensor left behind
-#: (glibc otherwise raises the threshold as large blocks are freed, and the peak then depends on the order
-#: of allocations). Every point, SDPA's included, runs with it.
-MMAP_THRESHOLD_BYTES = 128 * 1024
-
-
-def point_environment() -> dict[str, str]:
-    """The environment of a point's process: this one's, with a fixed malloc mmap threshold (glibc)."""
-    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), **os.environ}
-
-
 def run_process(points: list[tuple[str, int]], args: argparse.Namespace) -> list[dict]:
-    """``points`` measured in one fresh interpreter, so its peak RSS belongs to them alone.
-
-    Each result is echoed to stderr as it comes; the process is killed after ``--timeout`` seconds per point.
-    """
-    command = [sys.executable, __file__, "--points", *(f"{name}:{n}" for name, n in points)]
+    """``points`` measured in one fresh interpreter (`common.run_json_lines`), ``--timeout`` s per point."""
+    command = [sys.executable, "-m", __spec__.name, "--points", *(f"{name}:{n}" for name, n in points)]
     for flag in ("batch", "heads", "head_dim", "features", "repeats", "device", "threads"):
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     command += [f"--repeats-at={n}={r}" for n, r in args.repeats_at] + (["--compile"] if args.compile else [])
-    measured: dict[tuple[str, int], dict] = {}
-    with (
-        tempfile.TemporaryFile("w+") as errors,
-        subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=errors, text=True, env=point_environment()
-        ) as process,
-    ):
-        timer = threading.Timer(args.timeout * len(points), process.kill)
-        timer.start()
-        for line in process.stdout or []:
-            if line.strip():
-                result = json.loads(line)
-                measured[(result["attention"], result["n"])] = result
-                print(line.strip(), file=sys.stderr, flush=True)
-        process.wait()
-        timer.cancel()
-        errors.seek(0)
-        last_error = errors.read().strip().splitlines()[-1:]
-    if process.returncode == -signal.SIGKILL:
-        last_error = [f"timeout after {args.timeout:.0f} s per point"]
-    reason = last_error[0] if last_error and process.returncode else "no result"
-    return [measured.get(point, {"attention": point[0], "n": point[1], "error": reason}) for point in points]
+    results = run_json_lines(command, args.timeout * len(points), lambda r: (r["attention"], r["n"]), points)
+    return [{"attention": name, "n": n, **r} for (name, n), r in zip(points, results, strict=True)]
 
 
 def process_groups(args: argparse.Namespace) -> list[list[tuple[str, int]]]:
@@ -479,7 +360,7 @@ GOALS = [
 
 def goal_misses(results: list[dict], rate: float) -> dict[str, tuple[list[str], int]]:
     """For each goal, the pairs that miss it as ``"name (value)"``, and how many pairs it was checked on."""
-    pairs = set(random_feature_pairs())
+    pairs = set(rf_pairs())
     points = {(r["attention"], r["n"]): r for r in results if "error" not in r}
     misses: dict[str, tuple[list[str], int]] = {}
     for goal in GOALS:
@@ -562,9 +443,9 @@ def summary(results: list[dict], args: argparse.Namespace, rate: float) -> str:
     reference = {n: points.get(("softmax", n), {}) for n in lengths}
     header = ["attention"]
     for n in lengths:
-        header += [f"{_k(n)} ms", f"{_k(n)} speed-up"] + [f"{_k(n)} memory"] * (n >= MEMORY_MIN_LENGTH)
+        header += [f"{k(n)} ms", f"{k(n)} speed-up"] + [f"{k(n)} memory"] * (n >= MEMORY_MIN_LENGTH)
     rate_length = GFLOPS_LENGTH if GFLOPS_LENGTH in lengths else max(lengths)
-    header += [f"{_k(rate_length)} GFLOP/s (% of matmul)"]
+    header += [f"{k(rate_length)} GFLOP/s (% of matmul)"]
     operations = operation_counts(args.operations) if args.operations else {}
     if operations:
         header.insert(1, "operations (causal)")
@@ -636,14 +517,10 @@ def compile_table(results: list[dict], args: argparse.Namespace) -> str:
     return f"{shape}; machine: {args.machine}\n\n" + markdown_table(header, rows)
 
 
-def _k(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
-
-
 def family(name: str) -> str:
     """The component of a ``"<component>-<matrix>"`` pair; ``"baselines"`` for every other name."""
     component = name.rsplit("-", 1)[0]
-    return component if name in set(random_feature_pairs()) else "baselines"
+    return component if name in set(rf_pairs()) else "baselines"
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -703,7 +580,7 @@ def plot(results: list[dict], path: Path) -> None:
                 for m in members
             ]
             xs = [i + (j - (len(lengths) - 1) / 2) * width for i in range(len(members))]
-            ax.bar(xs, ratios, width, label=f"N = {_k(n)}", color=colors[j % 10])
+            ax.bar(xs, ratios, width, label=f"N = {k(n)}", color=colors[j % 10])
         ax.axhline(bound, color="black", lw=1, ls="--", label=f"goal {bound}x")
         ax.set_xticks(
             range(len(members)), [m.removeprefix(f"{group}-") for m in members], rotation=45, fontsize=8

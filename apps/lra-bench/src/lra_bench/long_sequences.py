@@ -1,0 +1,75 @@
+"""What linear attention buys at long sequences: one attention layer's time and memory against softmax.
+
+``lra-bench quick`` trains at 100 tokens, where softmax attention is the fastest; this table, printed beside
+its Table 1, shows the same attentions at 1K, 4K and 8K tokens. Each point is one forward+backward of
+``rf_attention.create(name, dim, heads, num_features=...)`` (the Table 6 model's layer width and heads)
+on ``x (1, N, dim)`` on the CPU, timed (``app_common.Timer``) and with its peak memory
+(``app_common.PeakMemoryMeter``, glibc's mmap threshold fixed so that the resident peak counts the tensors
+alive at once), after one forward+backward at the shortest length. One run per point, so the ratios move
+with the machine's load (the Performance page has the careful measurement); softmax's quadratic cost sets
+the table's time: its forward+backward at 16K (2e11 FLOPs) took 42 s on the Performance page's 2-core
+machine, so the table stops at 8K, a quarter of that work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+import app_common as ac
+import rf_attention
+from lra_bench.config import ModelConfig
+from spectraformer_core import markdown_table
+
+#: Where the table's time goes is softmax's forward+backward at the longest length (quadratic).
+LENGTHS = (1024, 4096, 8192)
+
+
+def measure(
+    name: str, n: int, *, dim: int, heads: int, features: int, warmup_length: int
+) -> tuple[float, int]:
+    """Seconds and peak bytes (above the resident size before; 0 at least) of a forward+backward at ``n``."""
+    module = rf_attention.create(name, dim, heads, num_features=features, seed=0)
+    module(torch.randn(1, warmup_length, dim, requires_grad=True)).sum().backward()
+    x = torch.randn(1, n, dim, requires_grad=True)
+    with ac.PeakMemoryMeter("cpu") as meter, ac.Timer() as timer:
+        module(x).sum().backward()
+    return timer.elapsed, max(meter.added, 0)
+
+
+def long_sequence_table(
+    attentions: Sequence[str],
+    *,
+    features: int,
+    lengths: Sequence[int] = LENGTHS,
+    model: ModelConfig | None = None,
+) -> str:
+    """Markdown: per attention and N, forward+backward ms and peak MiB, each with its ratio to softmax's.
+
+    Time ratio: softmax's time over the attention's (above 1: faster than softmax); memory ratio: the
+    attention's peak over softmax's. Softmax is measured even when ``attentions`` leaves it out.
+    """
+    model = model or ModelConfig()
+    ac.fix_mmap_threshold()
+    names = list(dict.fromkeys(["softmax", *attentions]))
+    shape = {"dim": model.dim, "heads": model.num_heads, "features": features, "warmup_length": min(lengths)}
+    points = {(name, n): measure(name, n, **shape) for n in sorted(lengths) for name in names}
+    header = ["attention"]
+    for n in sorted(lengths):
+        header += [f"N = {n:,}: ms (speed-up)", f"N = {n:,}: MiB (x softmax)"]
+    rows = []
+    for name in names:
+        row = [name]
+        for n in sorted(lengths):
+            (seconds, peak), (soft_seconds, soft_peak) = points[(name, n)], points[("softmax", n)]
+            row += [
+                f"{1e3 * seconds:,.0f} ({soft_seconds / seconds:.2f}x)",
+                f"{peak / 2**20:,.1f} ({max(peak, 1) / max(soft_peak, 1):.2f}x)",
+            ]
+        rows.append(row)
+    title = (
+        f"One attention layer's forward+backward on the CPU, x (1, N, {model.dim}), {model.num_heads} heads, "
+        f"{features} features, one run per point (speed-up: softmax's time / the row's)"
+    )
+    return f"{title}\n\n{markdown_table(header, rows)}"

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Every number of the Performance page's causal table, in one run, on two cores at one torch thread each.
+#
+#   benchmarks/run_causal_table.sh [OUT]          (default OUT: results/bench/causal)
+#
+# Core 0 times: causal forward+backward against causal SDPA, a fresh process per point, at 1K, 8K, 16K
+# (time and memory) and 32K (memory, one forward+backward). Core 1 counts (deterministic: the load does not
+# change them): matmul FLOPs per token of every pair, the operations of a causal step at 1K and 64K, the
+# operations of a decode step of every pair; then times generate() of the decoding benchmark's Llama at a
+# 4K and a 32K prompt. The table is printed at the end and written to OUT/table.md.
+#
+# Expected run time on a quiet 2-core machine: about 12 minutes, extrapolated from CPU times of short runs
+# on a shared machine (kernels of df8d667): every pair's FLOP counts took 88 s of CPU, the 1K and 64K
+# operation counts of one pair 18 s; core 0's 28 processes start in about 5 s each, and causal SDPA's
+# forward+backward (0.56 s at 2K, loaded) grows with N^2 to about 9 s at 8K, 36 s at 16K and 2.4 min at 32K
+# (4, 2 and 1 samples: about 4 minutes), the six pairs about 4 minutes more; sdpa's generate() prefill of a
+# 32K prompt (about 2e12 FLOPs) is core 1's longest step. Each step prints when it ends (OUT/*.log).
+set -euo pipefail
+out=${1:-results/bench/causal}
+mkdir -p "$out"
+bench() { OMP_NUM_THREADS=1 uv run --frozen --package spectraformer-benchmarks python -m "spectraformer_benchmarks.$1" "${@:2}"; }
+on_core() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+pairs=(posrf-orf oprf-fastfoodl gerf-qmc saderf-sorf posrf-hyp-orf trigrf-sorf)
+start=$(date +%s)
+echo "causal table: started $(date -u '+%Y-%m-%d %H:%M UTC'), results under $out"
+(
+    on_core 0 bench causal --part measure --attentions softmax "${pairs[@]}" \
+        --lengths 1024 8192 16384 32768 --repeats 3 --repeats-at 16384=1 --repeats-at 32768=0 \
+        --out "$out" >"$out/measure.log" 2>&1
+    echo "core 0: measure done after $(($(date +%s) - start)) s"
+) &
+(
+    on_core 1 bench causal --part flops --out "$out" >"$out/flops.log" 2>&1
+    on_core 1 bench operation_counts --batch 1 --causal yes --lengths 1024 65536 \
+        --attentions "${pairs[@]}" --out "$out/operations.json" >"$out/operations.md" 2>&1
+    on_core 1 bench operation_counts --decode --out "$out/decode.json" >"$out/decode.md" 2>&1
+    echo "core 1: counts done after $(($(date +%s) - start)) s"
+    on_core 1 bench decoding --generate --contexts 4096 32768 --rounds 1 --tokens 8 --key-cache-max 4096 \
+        >"$out/generate.md" 2>&1
+    echo "core 1: generate done after $(($(date +%s) - start)) s"
+) &
+wait
+bench causal --table "$out" | tee "$out/table.md"
+echo
+tail -n 8 "$out/generate.md"
+echo "causal table: finished $(date -u '+%Y-%m-%d %H:%M UTC') after $(($(date +%s) - start)) s"

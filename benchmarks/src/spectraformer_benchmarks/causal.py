@@ -1,0 +1,322 @@
+"""Causal attention: speed, memory and matmul FLOPs per token of RF attention against causal SDPA.
+
+Shape: ``q, k, v`` of ``(1, 4, N, 64)`` (a language model's head size), float32, 128 random features.
+
+``--part measure``: forward+backward of ``rf_attention.rf_attention(q, k, v, feature_map, causal=True)``
+(the pair's feature map with running statistics, as a causal module builds it) and of
+``scaled_dot_product_attention(q, k, v, is_causal=True)`` (the ``softmax`` row), a fresh process per point
+(one attention at one N), each with one forward+backward at N = 256 first (code pages and allocator pools
+touched on first use are not the attention's). The first measured forward+backward gives the peak memory
+(``app_common.PeakMemoryMeter``: the resident high-water mark above the resident size just before, glibc's
+mmap threshold fixed at 128 KiB so that it counts the tensors alive at once; on CUDA the allocator's peak)
+and the first time sample; ``--repeats`` more samples follow (``--repeats-at N=R`` at one length), the time
+is their median. Ratios are SDPA's time over the pair's (speed) and the pair's peak over SDPA's (memory), at
+the same N, in the same run.
+
+``--part flops``: matmul FLOPs of one forward+backward (``torch.utils.flop_counter.FlopCounterMode``) per
+token, causal and not, every pair and SDPA, at each of ``--flop-lengths``. The inputs are fake tensors
+(``FakeTensorMode``: shapes only, nothing computed, so 64K costs what 1K does); an attention whose code needs
+real values is counted on real tensors instead. The count is deterministic.
+
+``--table DIR``: the Performance page's causal table from the JSON files the parts (and
+``operation_counts --out``) wrote under DIR. ``benchmarks/run_causal_table.sh`` runs every part.
+
+    python -m spectraformer_benchmarks.causal --part measure --lengths 1024 8192 --out results/bench/causal
+    python -m spectraformer_benchmarks.causal --part flops --attentions pairs --out results/bench/causal
+    python -m spectraformer_benchmarks.causal --table results/bench/causal
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+
+import app_common as ac
+import rf_attention
+import rf_features
+from spectraformer_benchmarks.attention_scaling import parse_repeats_at
+from spectraformer_benchmarks.common import command_line, expand_pairs, k, machine, run_json_lines
+from spectraformer_benchmarks.counting import matmul_flops
+
+#: The representative pairs of the timed part: one per component family, different matrices.
+DEFAULT_ATTENTIONS = [
+    "softmax",
+    "posrf-orf",
+    "oprf-fastfoodl",
+    "gerf-qmc",
+    "saderf-sorf",
+    "posrf-hyp-orf",
+    "trigrf-sorf",
+]
+DEFAULT_LENGTHS = [1024, 8192, 16384, 32768]
+#: Lengths of the speed columns and of the memory columns of the table.
+SPEED_LENGTHS = (1024, 8192, 16384)
+MEMORY_LENGTHS = (8192, 32768)
+FLOP_LENGTHS = [1024, 4096, 16384, 65536]
+#: The FLOP columns of the table (per token at these lengths, and their ratio).
+FLOP_COLUMNS = (4096, 65536)
+#: The operation-count columns (``operation_counts --causal yes --lengths 1024 65536 --out ...``).
+OPERATION_COLUMNS = (1024, 65536)
+WARMUP_LENGTH = 256
+BATCH, HEADS, HEAD_DIM, FEATURES = 1, 4, 64, 128
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--help`` lists them)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["measure", "flops"], default=None)
+    parser.add_argument("--table", type=Path, default=None, metavar="DIR", help="print the table of DIR")
+    parser.add_argument(
+        "--attentions", nargs="+", default=None, help="'pairs': every RF pair (default per part: see --help)"
+    )
+    parser.add_argument("--lengths", type=int, nargs="+", default=DEFAULT_LENGTHS, help="--part measure")
+    parser.add_argument("--flop-lengths", type=int, nargs="+", default=FLOP_LENGTHS, help="--part flops")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per point after the measured one")
+    parser.add_argument(
+        "--repeats-at",
+        type=parse_repeats_at,
+        action="append",
+        default=[],
+        metavar="N=R",
+        help="R timed runs at length N instead of --repeats (repeatable)",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
+    parser.add_argument("--out", type=Path, default=Path("results/bench/causal"), help="folder of the JSON")
+    parser.add_argument("--points", nargs="+", metavar="ATTENTION:N", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.part is None and args.table is None and not args.points:
+        parser.error("give --part measure, --part flops or --table DIR")
+    default = ["softmax", "pairs"] if args.part == "flops" else DEFAULT_ATTENTIONS
+    args.attentions = expand_pairs(args.attentions or default)
+    return args
+
+
+def attention_step(
+    name: str, n: int, *, causal: bool = True, device: torch.device | str = "cpu", fake: bool = False
+) -> Callable[[], None]:
+    """One forward+backward of attention ``name`` on fresh ``q, k, v (1, 4, n, 64)`` (``requires_grad``).
+
+    ``softmax``: ``scaled_dot_product_attention`` (``rf_attention.softmax_attention``); a pair:
+    ``rf_attention.rf_attention`` with the pair's feature map (seed 0; running statistics when causal, as
+    the causal modules build it). ``fake``: ``q, k, v`` are fake tensors and the step runs under their
+    ``FakeTensorMode`` (shapes only, nothing computed); the feature map stays real.
+    """
+    device = torch.device(device)
+    attend: Callable[..., torch.Tensor]
+    if name == "softmax":
+        attend = functools.partial(rf_attention.softmax_attention, causal=causal)
+    else:
+        pair = rf_attention.split_pair(name)
+        if pair is None:
+            raise ValueError(f"attention: expected softmax or a '<component>-<matrix>' pair, got {name!r}")
+        fm = rf_features.create(
+            pair[0],
+            weight_matrix=pair[1],
+            num_features=FEATURES,
+            dim=HEAD_DIM,
+            seed=0,
+            statistics_mode="running" if causal else "batch",
+        ).to(device)
+        attend = functools.partial(rf_attention.rf_attention, feature_map=fm, causal=causal)
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with mode:
+        q, k_, v = (torch.randn(BATCH, HEADS, n, HEAD_DIM, device=device, requires_grad=True) for _ in "qkv")
+
+    def step() -> None:
+        with mode:
+            attend(q, k_, v).sum().backward()
+
+    return step
+
+
+def flops_per_token(name: str, n: int, *, causal: bool) -> float:
+    """Matmul FLOPs of one forward+backward of ``name`` at length ``n`` over the ``n`` tokens (B = 1).
+
+    Counted on fake tensors; on real ones where the attention's code needs values (a data-dependent op).
+    """
+    try:
+        return matmul_flops(attention_step(name, n, causal=causal, fake=True)) / (BATCH * n)
+    except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException):
+        return matmul_flops(attention_step(name, n, causal=causal)) / (BATCH * n)
+
+
+def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> None:
+    """In a fresh process: a warm-up forward+backward, then each point's memory and time, printed as JSON."""
+    device = torch.device(args.device)
+    warmed: set[str] = set()
+    repeats = dict(args.repeats_at)
+    for name, n in points:
+        if name not in warmed:
+            warmed.add(name)
+            attention_step(name, WARMUP_LENGTH, device=device)()
+        torch.manual_seed(0)
+        step = attention_step(name, n, device=device)
+        samples = []
+        for run in range(1 + repeats.get(n, args.repeats)):
+            with ac.PeakMemoryMeter(device) as meter, ac.Timer(device) as timer:
+                step()
+            samples.append(timer.elapsed)
+            if run == 0:
+                peak_mib = meter.added / 2**20
+        result = {"attention": name, "n": n, "seconds": statistics.median(samples), "samples": len(samples)}
+        print(json.dumps({**result, "peak_mib": peak_mib}), flush=True)
+
+
+def measure_main(args: argparse.Namespace) -> dict:
+    """Every (attention, N) point in its own process, the lengths in increasing order."""
+    results = []
+    for n in sorted(args.lengths):
+        for name in args.attentions:
+            command = [sys.executable, "-m", __spec__.name, "--points", f"{name}:{n}"]
+            command += [
+                "--threads",
+                str(args.threads),
+                "--device",
+                args.device,
+                "--repeats",
+                str(args.repeats),
+            ]
+            command += [f"--repeats-at={length}={r}" for length, r in args.repeats_at]
+            (result,) = run_json_lines(command, args.timeout, lambda r: (r["attention"], r["n"]), [(name, n)])
+            results.append({"attention": name, "n": n, **result})
+    return {"results": results}
+
+
+def flops_main(args: argparse.Namespace) -> dict:
+    """Matmul FLOPs per token of every attention, causal and not, at every ``--flop-lengths`` N."""
+    rows = []
+    for name in args.attentions:
+        for causal in (True, False):
+            per_token = {n: flops_per_token(name, n, causal=causal) for n in sorted(args.flop_lengths)}
+            rows.append({"attention": name, "causal": causal, "flops_per_token": per_token})
+            cells = ", ".join(f"{k(n)}: {f / 1e6:.3f}" for n, f in per_token.items())
+            print(
+                f"{name}{' causal' if causal else ''}: MFLOP per token {cells}", file=sys.stderr, flush=True
+            )
+    return {"results": rows}
+
+
+def _load(folder: Path, name: str) -> dict | list | None:
+    path = folder / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def table(folder: Path) -> str:
+    """Markdown: the causal table of the Performance page, and the every-pair FLOPs and decode counts.
+
+    Reads ``measure.json``, ``flops.json`` (this module), ``operations.json`` (``operation_counts --causal
+    yes --lengths 1024 65536``) and ``decode.json`` (``operation_counts --decode``) under ``folder``; a
+    missing file leaves its columns as ``-``.
+    """
+    from spectraformer_core import markdown_table
+
+    measure = _load(folder, "measure.json") or {"results": []}
+    flops = _load(folder, "flops.json") or {"results": []}
+    points = {(r["attention"], r["n"]): r for r in measure["results"] if "error" not in r}
+    per_token = {
+        (r["attention"], r["causal"]): {int(n): f for n, f in r["flops_per_token"].items()}
+        for r in flops["results"]
+    }
+    operations = {
+        (r["attention"], n): count
+        for r in _load(folder, "operations.json") or []
+        if r["causal"]
+        for n, count in zip(r["lengths"], r["operations"], strict=True)
+    }
+    decode = {r["attention"]: r["decode_step"] for r in _load(folder, "decode.json") or []}
+
+    def speed(name: str, n: int) -> str:
+        point, sdpa = points.get((name, n)), points.get(("softmax", n))
+        return _ratio(sdpa["seconds"] / point["seconds"] if point and sdpa else None)
+
+    def memory(name: str, n: int) -> str:
+        point, sdpa = points.get((name, n)), points.get(("softmax", n))
+        return _ratio(point["peak_mib"] / max(sdpa["peak_mib"], 0.1) if point and sdpa else None)
+
+    def flop_cells(name: str, causal: bool) -> list[str]:
+        counts = per_token.get((name, causal), {})
+        cells = [f"{counts[n] / 1e6:.2f}" if n in counts else "-" for n in FLOP_COLUMNS]
+        first, last = (counts.get(n) for n in FLOP_COLUMNS)
+        return [*cells, _ratio(last / first if first and last else None)]
+
+    def count(value: int | None) -> str:
+        return "-" if value is None else f"{value:,}"
+
+    names = list(dict.fromkeys(r["attention"] for r in measure["results"])) or DEFAULT_ATTENTIONS
+    header = ["attention"]
+    header += [f"speed {k(n)}" for n in SPEED_LENGTHS] + [f"memory {k(n)}" for n in MEMORY_LENGTHS]
+    header += [f"MFLOP/token {k(n)}" for n in FLOP_COLUMNS] + [f"{k(FLOP_COLUMNS[1])} / {k(FLOP_COLUMNS[0])}"]
+    header += [f"operations {k(n)}" for n in OPERATION_COLUMNS] + ["decode step operations"]
+    rows = []
+    for name in names:
+        row = [
+            f"`{name}`",
+            *(speed(name, n) for n in SPEED_LENGTHS),
+            *(memory(name, n) for n in MEMORY_LENGTHS),
+        ]
+        row += flop_cells(name, True)
+        row += [count(operations.get((name, n))) for n in OPERATION_COLUMNS] + [count(decode.get(name))]
+        rows.append(row)
+    reference = [
+        points[("softmax", n)] for n in sorted({*SPEED_LENGTHS, *MEMORY_LENGTHS}) if ("softmax", n) in points
+    ]
+    sdpa = ", ".join(f"{k(r['n'])}: {r['seconds'] * 1e3:,.0f} ms, {r['peak_mib']:.1f} MiB" for r in reference)
+    lines = [
+        f"Causal, q/k/v (1, 4, N, 64), {FEATURES} features, forward+backward; "
+        f"machine: {measure.get('machine', '-')}",
+        f"Command: `{measure.get('command', '-')}`; SDPA (is_causal=True): {sdpa or '-'}",
+        "",
+        markdown_table(header, rows),
+        "",
+        "Every pair: matmul MFLOP per token of one forward+backward, causal and non-causal, and the "
+        f"operations of a decode step (softmax's KV-cache step: {count(decode.get('softmax'))}). "
+        f"Command: `{flops.get('command', '-')}`",
+        "",
+    ]
+    header = ["attention", *(f"{k(n)}" for n in FLOP_COLUMNS), "ratio"]
+    header += [*(f"{k(n)} non-causal" for n in FLOP_COLUMNS), "ratio non-causal", "decode step operations"]
+    rows = [
+        [f"`{name}`", *flop_cells(name, True), *flop_cells(name, False), count(decode.get(name))]
+        for name in sorted({a for a, _ in per_token} - {"softmax"})
+    ]
+    lines.append(markdown_table(header, rows))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the part (writing ``<part>.json`` under ``--out``) or print the table of a folder."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.points:
+        measure_points([(p.rsplit(":", 1)[0], int(p.rsplit(":", 1)[1])) for p in args.points], args)
+        return
+    if args.part is not None:
+        run = measure_main(args) if args.part == "measure" else flops_main(args)
+        run = {"machine": machine(args.device), "command": command_line(), **run}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.part}.json").write_text(json.dumps(run, indent=1))
+    print(table(args.table or args.out))
+
+
+if __name__ == "__main__":
+    main()
