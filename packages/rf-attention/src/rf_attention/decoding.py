@@ -19,13 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rf_attention._kernels import (
-    causal_block,
-    finite_or_zero,
-    weighted_key_sums,
-    with_ones,
-)
 from rf_attention.functional import _accumulation_dtype, linear_attention
+from rf_attention.ops.causal import causal_block, weighted_key_sums
+from rf_attention.ops.common import finite_or_zero, with_ones
 
 #: New tokens per block when ``recurrent_attention`` is given many at once.
 DEFAULT_BLOCK_SIZE = 128
@@ -122,7 +118,7 @@ def accumulate_keys(
     """The state after keys ``phi_k (..., T, m)`` with log-scales ``(..., T)`` and values ``v (..., T, Dv)``.
 
     Padded keys have zero features and log-scale ``-inf``; they change nothing but ``length``. The sums are
-    those of the causal kernel (`rf_attention._kernels.weighted_key_sums`), relative
+    those of the causal kernel (`rf_attention.ops.causal.weighted_key_sums`), relative
     to ``M = max(M_old, max_j c_j)``, the old ones rescaled by ``exp(M_old - M) <= 1``.
     """
     reference = torch.maximum(state.reference, key_log_scale.amax(dim=-1))
@@ -151,7 +147,7 @@ def recurrent_attention(
 
     Position $i$ of the new tokens attends to every key in ``state`` and to the new keys $j \le i$,
     exactly as in the causal forward pass over the whole sequence: the same chunk-parallel computation
-    (`rf_attention._kernels.causal_block`, all blocks of ``block_size`` tokens at once),
+    (`rf_attention.ops.causal.causal_block`, all blocks of ``block_size`` tokens at once),
     stabilization and normalizer guard. $T = 1$ is one decoding step, $O(m D_v)$ whatever the context.
 
     Args:

@@ -14,6 +14,7 @@ import rf_features
 from rf_attention import varlen
 from rf_attention.decoding import KVCache, RecurrentState, causal_prefill, recurrent_attention
 from rf_attention.functional import _accumulation_dtype, rf_attention, softmax_attention
+from rf_attention.ops.features import qk_scale
 from spectraformer_core import check_int
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
@@ -499,7 +500,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Causal features of ``q, k (B, H, N, Dh)`` as ``rf_attention`` computes them."""
         acc = _accumulation_dtype(q, k)
-        scale = self.head_dim**-0.25
+        scale = qk_scale(self.head_dim)
         return self.feature_map.forward_with_key_scales(
             q.to(acc) * scale,
             k.to(acc) * scale,
