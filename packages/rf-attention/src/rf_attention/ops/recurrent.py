@@ -44,13 +44,13 @@ class StepLayout:
 
     The step's log-features are ``[q, k, k * k, R] @ projection + offset``, ``(B H, width)``, columns:
     the query's ``m`` log-features and one ``-inf`` (no feature), the key's ``m`` log-features and the
-    reference's column, then (trigonometric) the query's and the key's ``m`` phases (the sines as cosines
-    shifted by ``-pi/2``).
+    reference's column; trigonometric features add the same layout of phases (the sines as cosines
+    shifted by ``-pi/2``, a negative query sign as ``+pi``; 0 in the two extra columns).
 
     Attributes:
         projection: ``(3 Dh + 1, width)``.
         offset: ``(width,)``.
-        sign: ``(m, 1)`` signs of the query features, or None.
+        sign: ``(m, 1)`` signs of the query features, or None (none, or folded into the phases).
         trigonometric: the cos/sin form.
         key: the versions of the feature map's tensors (and dtype, input scale) it was built from.
     """
@@ -183,9 +183,7 @@ def decode(
         float16/bfloat16 inputs).
     """
     _check_inputs(q, k, v, feature_map, state, key_padding_mask)
-    acc = _accumulation_dtype(q, k, v)
-    if state is not None and state.sums.dtype != acc:
-        acc = state.sums.dtype
+    acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
     x_scale = _input_scale(q.shape[-1], scale)
     if q.shape[-2] == 1:
         if state is None:
@@ -262,13 +260,14 @@ def _step(
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
     inputs = torch.cat((q, k, k * k, state.log_scale), dim=-1)
     logits = torch.addmm(layout.offset, inputs.view(b * h, -1), layout.projection)
-    magnitudes = logits if not layout.trigonometric else logits[:, : 2 * m + 2]
-    grouped = magnitudes.view(b, h, 2, m + 1, 1)
-    log_scale = grouped.logsumexp(dim=3, keepdim=True)[:, :, 1]
-    phi_q, _, phi_k, decay = grouped.softmax(dim=3).view(b, h, 2 * m + 2, 1).split((m, 1, m, 1), dim=2)
     if layout.trigonometric:
-        wave_q, wave_k = logits[:, 2 * m + 2 :].cos().view(b, h, 2, m, 1).unbind(2)
-        phi_q, phi_k = phi_q * wave_q, phi_k * wave_k
+        logits, phases = logits.split(2 * m + 2, dim=1)
+    grouped = logits.view(b, h, 2, m + 1, 1)
+    log_scale = grouped.logsumexp(dim=3, keepdim=True)[:, :, 1]
+    features = grouped.softmax(dim=3).view(b, h, 2 * m + 2, 1)
+    if layout.trigonometric:  # the waves [cos, sin] (1 where the weights are the dummy and the decay)
+        features = features * phases.cos().view(b, h, 2 * m + 2, 1)
+    phi_q, _, phi_k, decay = features.split((m, 1, m, 1), dim=2)
     if layout.sign is not None:
         phi_q = phi_q * layout.sign
     if mask is not None:
@@ -323,22 +322,25 @@ def _laid_out(
     """The projection and offset of `StepLayout` from the two sides' closed forms."""
     a_q, a_k, g_k = query.matrix, key.matrix, key.square_weight
     d, m = a_q.shape[-1], query.offset.shape[-1]
-    width = 2 * m + 2 + (2 * m if query.trigonometric else 0)
+    width = (2 if query.trigonometric else 1) * (2 * m + 2)
     projection = a_q.new_zeros(3 * d + 1, width)
     offset = a_q.new_zeros(width)
     offset[m] = -math.inf
     projection[-1, 2 * m + 1] = 1.0  # R into the reference's column
     projection[2 * d : 3 * d, m + 1 : 2 * m + 1] = g_k.unsqueeze(-1)  # g . (k * k) into every key column
     offset[:m], offset[m + 1 : 2 * m + 1] = query.offset, key.offset
-    if query.trigonometric:
-        shift = torch.cat((a_q.new_zeros(m // 2), a_q.new_full((m // 2,), -math.pi / 2)))
+    sign = None if query.sign is None else query.sign.unsqueeze(-1)
+    if query.trigonometric:  # phases laid out as the weights; sin = cos(. - pi/2), a negative sign + pi
+        half = torch.cat((a_q.new_zeros(m // 2), a_q.new_full((m // 2,), -math.pi / 2)))
+        flip = 0.0 if sign is None else (sign.squeeze(-1) < 0) * math.pi
         projection[:d, 2 * m + 2 : 3 * m + 2] = torch.cat((a_q, a_q)).mT
-        projection[d : 2 * d, 3 * m + 2 :] = torch.cat((a_k, a_k)).mT
-        offset[2 * m + 2 :] = torch.cat((shift, shift))
+        projection[d : 2 * d, 3 * m + 3 : 4 * m + 3] = torch.cat((a_k, a_k)).mT
+        offset[2 * m + 2 : 3 * m + 2] = half + flip
+        offset[3 * m + 3 : 4 * m + 3] = half
+        sign = None
     else:
         projection[:d, :m] = a_q.mT
         projection[d : 2 * d, m + 1 : 2 * m + 1] = a_k.mT
-    sign = None if query.sign is None else query.sign.unsqueeze(-1)
     return StepLayout(projection, offset, sign, query.trigonometric, version)
 
 
