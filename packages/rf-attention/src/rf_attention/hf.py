@@ -26,7 +26,7 @@ restarting at 0, as ``DataCollatorWithFlattening`` packs them; or its ``cu_seq_l
 
 During ``generate`` a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache] (installed by
 [`attach_feature_maps`][rf_attention.hf.attach_feature_maps]) keeps, per RF layer, the
-[`RecurrentState`][rf_attention.decoding.RecurrentState] instead of the keys: O(1) time and memory per
+[`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] instead of the keys: O(1) time and memory per
 token. Given HF's own ``DynamicCache``, the new queries attend to the cached keys through a state built
 from them (O(N) per token).
 """
@@ -224,7 +224,7 @@ def _attend_after_cached_keys(
 class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One RF attention layer's part of a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache].
 
-    Holds the layer's [`RecurrentState`][rf_attention.decoding.RecurrentState] (``(B, H, m, Dv)`` sums,
+    Holds the layer's [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] (``(B, H, m, Dv)`` sums,
     the same size after any number of tokens) and the number of tokens seen, no keys. ``update`` returns
     the new keys and values unchanged and hands itself to the layer's attention function (through the
     ``kwargs`` HF passes to both), which runs the new tokens against the state and advances it.
