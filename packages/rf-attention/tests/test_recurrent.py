@@ -157,7 +157,7 @@ def test_a_map_without_a_closed_form_decodes_like_the_plain_formula():
     with torch.no_grad():
         head, state = decode(q[..., :7, :], k[..., :7, :], v[..., :7, :], fm, None)
     tail, last = token_by_token(q[..., 7:, :], k[..., 7:, :], v[..., 7:, :], fm, state)
-    assert last.layout is None  # no fused step: each token took the causal block
+    assert last.layout is None  # no fused step: each token took the causal kernel
     torch.testing.assert_close(torch.cat((head, tail), dim=-2), plain(q, k, v, fm), rtol=1e-9, atol=1e-10)
 
 

@@ -8,9 +8,10 @@ features with signs, $\sum_j |\phi_{k_j}|$ for the normalizer's guard: $O(1)$ me
 [`decode`][rf_attention.ops.recurrent.decode] is the one entry point (the modules' ``prefill``/``step``
 and the Hugging Face cache call it):
 
-- $T > 1$ new tokens (a prompt), or a feature map without a closed form: the chunk-parallel causal block
-  of [`rf_attention.ops.causal`][rf_attention.ops.causal] on the stabilized features, which returns the
-  outputs and the state after the block from the same pass;
+- $T > 1$ new tokens (a prompt), or a feature map without a closed form: the causal kernel,
+  [`causal_attention`][rf_attention.ops.causal.causal_attention] (groups of chunks, memory linear in
+  ``T``), with the closed form's hand-written VJPs where there is one; it continues the state and returns
+  the outputs and the state after the tokens from the same pass;
 - $T = 1$ (a decoding step) with a closed form (``rf_features.ExponentialForm``): a fused step. Both
   sides' log-features come from one matmul of $[q, k, k \odot k, R]$ with a projection laid out once per
   state (the query's $g \cdot q \odot q$ is left out: a constant per query row cancels); one softmax over
@@ -33,9 +34,9 @@ import torch
 
 import rf_features
 from rf_attention.functional import _accumulation_dtype
-from rf_attention.ops.causal import causal_block
+from rf_attention.ops.causal import CausalState, causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
-from rf_attention.ops.features import qk_scale, row_stabilized_features
+from rf_attention.ops.features import ClosedForm, Features, qk_scale
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def decode(
         key_padding_mask: bool ``(B, T)``, True at padding (e.g. left padding of prompts): padded keys are
             never attended to, now or later.
         scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``).
-        chunk_size: positions per chunk of the causal block when ``T > 1`` (default 128).
+        chunk_size: positions per chunk of the causal kernel when ``T > 1`` (default 128).
 
     Returns:
         ``(out (B, H, T, Dv) in v's dtype, state)``, the state in the accumulation dtype (float32 for
@@ -193,56 +194,55 @@ def decode(
     if state is not None and kept is not None:
         out, new = _step(q, k, v, key_padding_mask, state, kept, acc)
         return out.to(v.dtype), new
-    qs, ks = q.to(acc) * x_scale, k.to(acc) * x_scale
+    qs, ks = q.to(acc), k.to(acc)
     stats = feature_map.current_statistics(
-        qs, ks, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+        qs * x_scale, ks * x_scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
     )
-    if q.shape[-2] == 1:
-        assert state is not None, "made above"
-        layout = _step_layout(feature_map, stats, state, acc, x_scale)
+    forms = [
+        feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=x_scale) for side in (True, False)
+    ]
+    query_form, key_form = forms
+    if state is not None and query_form is not None and key_form is not None and q.shape[-2] == 1:
+        layout = _step_layout(feature_map, query_form, key_form, state, acc, x_scale)
         if layout is not None:
             out, new = _step(q, k, v, key_padding_mask, state, layout, acc)
             return out.to(v.dtype), new
+    features: Features
+    if query_form is not None and key_form is not None:
+        features = ClosedForm.of(query_form, key_form, q.shape[:-2], acc)
+    else:
 
-    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return feature_map.weighted_log_features(x, stats, is_query=is_query, stabilized=True)
+        def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return feature_map.weighted_log_features(x * x_scale, stats, is_query=is_query, stabilized=True)
 
     mask = None if key_padding_mask is None else key_padding_mask[:, None, :].expand(q.shape[:-1])
-    phi_q, _, _ = row_stabilized_features(features, qs, True, None)
-    phi_k, log_scale, _ = row_stabilized_features(features, ks, False, mask)
     chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    out, new = _block(phi_q, phi_k, log_scale, v.to(acc), state, chunk=chunk, signed=signed)
+    out, new = _prompt(qs, ks, v.to(acc), mask, features, state, feature_map.num_features, chunk)
     return out.to(v.dtype), new
 
 
-def _block(
-    phi_q: torch.Tensor,
-    phi_k: torch.Tensor,
-    log_scale: torch.Tensor,
+def _prompt(
+    q: torch.Tensor,
+    k: torch.Tensor,
     v: torch.Tensor,
+    mask: torch.Tensor | None,
+    features: Features,
     state: RecurrentState | None,
-    *,
+    width: int,
     chunk: int,
-    signed: bool,
 ) -> tuple[torch.Tensor, RecurrentState]:
-    """``T`` tokens' features ``(B, H, T, m)`` by the causal block; outputs and state from the same pass."""
-    lead, (n, m), acc = tuple(phi_q.shape[:2]), phi_q.shape[-2:], v.dtype
-    out, sums, magnitude, reference = causal_block(
-        phi_q,
-        phi_k,
-        log_scale,
-        v,
-        None if state is None else state.sums,
-        None if state is None or state.magnitude is None else state.magnitude.squeeze(-1),
-        None if state is None else state.reference,
-        chunk=chunk,
-        eps=torch.finfo(acc).eps,
-        signed=signed,
-    )
+    """``T`` tokens by the causal kernel continuing ``state``; outputs and state from the same pass."""
+    lead, n, acc = tuple(q.shape[:2]), q.shape[-2], v.dtype
+    carried = None
+    if state is not None:
+        magnitude = None if state.magnitude is None else state.magnitude.squeeze(-1)
+        carried = CausalState(state.sums, magnitude, state.reference)
+    eps = torch.finfo(acc).eps
+    out, final = causal_attention(q, k, v, mask, features, width=width, chunk=chunk, eps=eps, state=carried)
     new = RecurrentState(
-        sums=sums,
-        log_scale=reference.clamp_min(torch.finfo(acc).min).reshape(*lead, 1, 1),
-        magnitude=None if magnitude is None else magnitude.reshape(*lead, m, 1),
+        sums=final.sums,
+        log_scale=final.reference.clamp_min(torch.finfo(acc).min).reshape(*lead, 1, 1),
+        magnitude=None if final.magnitude is None else final.magnitude.unsqueeze(-1),
         length=n if state is None else state.length + n,
         layout=None if state is None else state.layout,
     )
@@ -316,18 +316,17 @@ def _kept_layout(
 
 def _step_layout(
     fm: rf_features.FeatureMap,
-    stats: dict[str, torch.Tensor],
+    query: rf_features.ExponentialForm,
+    key_form: rf_features.ExponentialForm,
     state: RecurrentState,
     acc: torch.dtype,
     x_scale: float,
 ) -> StepLayout | None:
-    """The map's closed form under ``stats`` laid out for the step (kept on ``state`` where it may be).
+    """The closed forms laid out for the step, kept on ``state`` where they may be.
 
-    None for a map without a closed form (or with one per batch or head).
+    None for forms per batch or head (the step's one projection serves every row).
     """
-    forms = [fm.exponential_form(stats, is_query=side, dtype=acc, scale=x_scale) for side in (True, False)]
-    query, key_form = forms
-    if query is None or key_form is None or query.matrix.dim() != 2 or key_form.matrix.dim() != 2:
+    if query.matrix.dim() != 2 or key_form.matrix.dim() != 2:
         return None
     key = _layout_key(fm, acc, x_scale)
     layout = _laid_out(query, key_form, () if key is None else key)
