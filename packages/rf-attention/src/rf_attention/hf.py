@@ -26,7 +26,7 @@ restarting at 0, as ``DataCollatorWithFlattening`` packs them; or its ``cu_seq_l
 
 During ``generate`` a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache] (installed by
 [`attach_feature_maps`][rf_attention.hf.attach_feature_maps]) keeps, per RF layer, the
-[`RecurrentState`][rf_attention.decoding.RecurrentState] instead of the keys: O(1) time and memory per
+[`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] instead of the keys: O(1) time and memory per
 token. Given HF's own ``DynamicCache``, the new queries attend to the cached keys through a state built
 from them (O(N) per token).
 """
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 import rf_features
-from rf_attention.decoding import RecurrentState, accumulate_keys, causal_prefill, recurrent_attention
-from rf_attention.functional import _accumulation_dtype, rf_attention
+from rf_attention.decoding import RecurrentState, decode
+from rf_attention.functional import rf_attention
 from rf_attention.registry import names as attention_names
 from rf_attention.registry import split_pair
 
@@ -205,22 +205,6 @@ class HFRandomFeatureAttention:
         return out.transpose(1, 2).contiguous(), None
 
 
-def _features(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    fm: rf_features.FeatureMap,
-    padding: torch.Tensor | None,
-    prefix: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Causal features of ``q (B, H, N_q, Dh)`` and ``k (B, H, N_k, Dh)`` as ``rf_attention`` forms them."""
-    acc = _accumulation_dtype(q, k)
-    scale = q.shape[-1] ** -0.25
-    query_padding = None if padding is None else padding[:, prefix:]
-    return fm.forward_with_key_scales(
-        q.to(acc) * scale, k.to(acc) * scale, key_padding_mask=padding, query_padding_mask=query_padding
-    )
-
-
 def _attend_after_cached_keys(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -230,22 +214,17 @@ def _attend_after_cached_keys(
 ) -> torch.Tensor:
     """Causal RF attention of the last ``N_q`` positions, the first ``N_k - N_q`` keys coming from a cache."""
     prefix = k.shape[-2] - q.shape[-2]
-    acc = _accumulation_dtype(q, k, v)
-    phi_q, phi_k, log_scale = _features(q, k, fm, padding, prefix)
-    state = RecurrentState.empty(q.shape[:2], phi_k.shape[-1], v.shape[-1], dtype=acc, device=q.device)
-    state = accumulate_keys(
-        state, phi_k[..., :prefix, :], log_scale[..., :prefix], v[..., :prefix, :].to(acc)
-    )
-    out, _ = recurrent_attention(
-        state, phi_q, phi_k[..., prefix:, :], log_scale[..., prefix:], v[..., prefix:, :]
-    )
-    return out.to(v.dtype)
+    head, tail = (None, None) if padding is None else (padding[:, :prefix], padding[:, prefix:])
+    cached = k[..., :prefix, :]  # the cached positions' queries are not needed: their keys stand in
+    _, state = decode(cached, cached, v[..., :prefix, :], fm, None, key_padding_mask=head)
+    out, _ = decode(q, k[..., prefix:, :], v[..., prefix:, :], fm, state, key_padding_mask=tail)
+    return out
 
 
 class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One RF attention layer's part of a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache].
 
-    Holds the layer's [`RecurrentState`][rf_attention.decoding.RecurrentState] (``(B, H, m, Dv)`` sums,
+    Holds the layer's [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] (``(B, H, m, Dv)`` sums,
     the same size after any number of tokens) and the number of tokens seen, no keys. ``update`` returns
     the new keys and values unchanged and hands itself to the layer's attention function (through the
     ``kwargs`` HF passes to both), which runs the new tokens against the state and advances it.
@@ -314,13 +293,7 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
             # a mask sized for a softmax layer's keys (mixed models share one): the new keys are the last n
             attention_mask = attention_mask[..., -n:]
         padding = key_padding_from_mask(attention_mask, n, n, causal=True)
-        phi_q, phi_k, log_scale = _features(q, k, fm, padding)
-        if self.state is None:
-            out, self.state = causal_prefill(phi_q, phi_k, log_scale, v, key_padding_mask=padding)
-        else:
-            lead, width = tuple(q.shape[:2]), phi_k.shape[-1]
-            self.state.check_fits(lead, width, v.shape[-1])
-            out, self.state = recurrent_attention(self.state, phi_q, phi_k, log_scale, v)
+        out, self.state = decode(q, k, v, fm, self.state, key_padding_mask=padding)
         self.seen += n
         return out.to(v.dtype)
 
