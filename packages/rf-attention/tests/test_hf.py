@@ -57,27 +57,32 @@ def left_padded_batch(seed=0):
 
 
 @pytest.fixture
-def recorder(monkeypatch):
+def recorder():
     """Wrap a registered attention so that every call's inputs and output are kept."""
     calls = []
 
+    restore = []
+
     def record(name):
-        original = AttentionInterface._global_mapping[name]
+        original = rf_hf.registered(name)
 
         def recording(module, query, key, value, attention_mask, **kwargs):
             out, weights = original(module, query, key, value, attention_mask, **kwargs)
             calls.append({"module": module, "q": query, "k": key, "v": value, "out": out, **kwargs})
             return out, weights
 
-        monkeypatch.setitem(AttentionInterface._global_mapping, name, recording)
+        AttentionInterface.register(name, recording)
+        restore.append((name, original))
         return calls
 
-    return record
+    yield record
+    for name, original in restore:
+        AttentionInterface.register(name, original)
 
 
 def test_every_random_feature_pair_is_an_attn_implementation():
     assert {"rf-posrf-orf", "rf-oprf-fastfoodl", "rf-trigrf-sgq", "rf-performer"} <= set(rf_hf.REGISTERED)
-    assert all(name in AttentionInterface._global_mapping for name in rf_hf.REGISTERED)
+    assert all(name in AttentionInterface() for name in rf_hf.REGISTERED)
     assert "rf-softmax" not in rf_hf.REGISTERED
 
 
@@ -373,7 +378,7 @@ def test_reloading_restores_the_trained_feature_maps_or_refuses(tmp_path):
 
 def test_refusals_name_the_attention_the_user_typed():
     model = attached("rf-performer")
-    calls = AttentionInterface._global_mapping["rf-performer"]
+    calls = rf_hf.registered("rf-performer")
     q = torch.randn(1, 4, 3, 8)
     with pytest.raises(ValueError, match="sliding_window: not supported by rf-performer"):
         calls(model.model.layers[0].self_attn, q, q, q, None, sliding_window=2)
