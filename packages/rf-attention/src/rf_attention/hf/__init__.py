@@ -35,7 +35,7 @@ The parts: `attention` (the function HF calls, registration), `masks` (HF's mask
 (creating them on a model).
 """
 
-from rf_attention.hf.attach import attach_feature_maps
+from rf_attention.hf.attach import attach_feature_maps, install
 from rf_attention.hf.attention import PREFIX, HFRandomFeatureAttention, register, registered
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RandomFeatureCache, RecurrentCacheLayer
 from rf_attention.hf.masks import key_padding_from_mask
@@ -57,3 +57,4 @@ __all__ = [
 
 #: The ``attn_implementation`` names registered at import.
 REGISTERED = register()
+install()

@@ -23,7 +23,7 @@ from rf_attention.registry import split_pair
 #: Prefix of the names registered with ``transformers.AttentionInterface``.
 PREFIX = "rf-"
 #: Keyword arguments of HF attention calls that ask for something RF attention cannot do.
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "position_bias")
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias")
 
 
 class HFRandomFeatureAttention:
@@ -103,6 +103,16 @@ class HFRandomFeatureAttention:
         setattr(module, "rf_attention_name", self.pair)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
         return module.rf_feature_map
 
+    def _check_window(self, window: int | None, length: int) -> None:
+        """A sliding window is no restriction when it spans all ``length`` positions; refused otherwise."""
+        if window is not None and window < length:
+            raise ValueError(
+                f"sliding_window: {self.name} attends to every earlier position, and this call spans "
+                f"{length} positions, more than the model's window of {window}; set "
+                "config.sliding_window=None (or at least the longest sequence) to run it as full causal "
+                "attention"
+            )
+
     def __call__(
         self,
         module: nn.Module,
@@ -143,6 +153,8 @@ class HFRandomFeatureAttention:
         n_q, n_k = query.shape[-2], key.shape[-2]
         cu_seqlens = packed_cu_seqlens(kwargs, query.shape[0], n_q) if n_q == n_k else None
         packed = cu_seqlens is not None and mask_allows_packing(attention_mask, cu_seqlens, n_q, causal)
+        seen = cache_layer.seen if isinstance(cache_layer, RecurrentCacheLayer) else 0
+        self._check_window(kwargs.get("sliding_window"), seen + n_k)
         if isinstance(cache_layer, RecurrentCacheLayer):
             if packed:
                 raise ValueError(

@@ -1,0 +1,131 @@
+"""RF attention as a drop-in ``attn_implementation``: every way of setting it gives the same model.
+
+Tiny Llama, GPT-2, Qwen2, Qwen3 and Mistral built from configs (no download).
+"""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import rf_attention.hf as rf_hf  # noqa: E402  (registers the names)
+
+VOCAB = 61
+NAME = "rf-oprf-fastfoodl"  # learnable scales and running statistics
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def decoder_config(family):
+    """A two-layer config of ``family`` with grouped-query attention where the family has it."""
+    common = {"vocab_size": VOCAB, "max_position_embeddings": 64}
+    if family == "gpt2":
+        return transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+        )
+    config_class = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "mistral": transformers.MistralConfig,  # sliding_window=4096 by default
+    }[family]
+    return config_class(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        **common,
+    )
+
+
+FAMILIES = ["llama", "gpt2", "qwen2", "qwen3", "mistral"]
+
+
+def built(family, name=NAME):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(decoder_config(family), attn_implementation=name)
+
+
+def feature_map_parameters(model):
+    return [p for n, p in model.named_parameters() if ".rf_feature_map." in n]
+
+
+def has_maps(model):
+    return all(
+        getattr(m, "rf_feature_map", None) is not None
+        for m in model.modules()
+        if isinstance(getattr(m, "layer_idx", None), int) and hasattr(m, "scaling")
+    )
+
+
+def first_cache(model):
+    ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model.eval().generate(
+            input_ids=ids, max_new_tokens=3, do_sample=False, pad_token_id=0, return_dict_in_generate=True
+        )
+    return out.cache
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_built_with_an_rf_name_has_its_maps_before_any_call(family):
+    model = built(family)
+    assert has_maps(model)
+    assert feature_map_parameters(model)  # FastFood_L's scales: an optimizer built now trains them
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_keeps_the_recurrent_state_from_the_first_call(family):
+    assert isinstance(first_cache(built(family)), rf_hf.RandomFeatureCache)
+
+
+def test_set_attn_implementation_attaches_the_maps_and_the_cache():
+    model = built("llama", name="sdpa")
+    model.set_attn_implementation(NAME)
+    assert has_maps(model)
+    assert isinstance(first_cache(model), rf_hf.RandomFeatureCache)
+
+
+def test_switching_back_to_softmax_forgets_the_recorded_name():
+    model = built("llama")
+    model.set_attn_implementation("sdpa")
+    assert getattr(model.config, "attn_implementation", None) is None
+
+
+def test_from_pretrained_with_an_rf_name_attaches_the_maps_and_the_cache(tmp_path):
+    built("qwen2", name="sdpa").save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match=r"seed 0 \+ layer index"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=NAME)
+    assert has_maps(model)
+    assert isinstance(first_cache(model), rf_hf.RandomFeatureCache)
+
+
+def test_a_reloaded_model_draws_no_fresh_maps_and_says_nothing(tmp_path, recwarn):
+    built("mistral").save_pretrained(tmp_path)
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert not [w for w in recwarn if "drew fresh ones" in str(w.message)]
+
+
+def test_a_window_longer_than_the_sequence_is_full_causal_attention():
+    model = built("mistral")
+    assert model.config.sliding_window == 4096
+    ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    model.config.sliding_window = None  # the same model without a window
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, logits)
+
+
+def test_a_window_shorter_than_the_sequence_is_refused():
+    config = decoder_config("mistral")
+    config.sliding_window = 4
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=NAME)
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match="sliding_window: rf-oprf-fastfoodl attends to every"),
+    ):
+        model(input_ids=torch.arange(1, 10)[None])
