@@ -389,8 +389,8 @@ def test_refusals_name_the_attention_the_user_typed():
     model = attached("rf-performer")
     calls = rf_hf.registered("rf-performer")
     q = torch.randn(1, 4, 3, 8)
-    with pytest.raises(ValueError, match="sliding_window: not supported by rf-performer"):
-        calls(model.model.layers[0].self_attn, q, q, q, None, sliding_window=2)
+    with pytest.raises(ValueError, match="softcap: not supported by rf-performer"):
+        calls(model.model.layers[0].self_attn, q, q, q, None, softcap=2.0)
 
 
 def documents(lengths, seed=5):

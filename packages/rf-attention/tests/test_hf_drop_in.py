@@ -129,3 +129,95 @@ def test_a_window_shorter_than_the_sequence_is_refused():
         pytest.raises(ValueError, match="sliding_window: rf-oprf-fastfoodl attends to every"),
     ):
         model(input_ids=torch.arange(1, 10)[None])
+
+
+def test_trainer_checkpoints_reload_as_the_trained_rf_model(tmp_path):
+    model = built("llama").train()
+    g = torch.Generator().manual_seed(3)
+    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(1, VOCAB, (4, 8), generator=g)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        save_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=0.1,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+    before = [p.detach().clone() for p in feature_map_parameters(model)]
+    transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+    assert any(not torch.equal(a, p) for a, p in zip(before, feature_map_parameters(model), strict=True))
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    for key, value in model.state_dict().items():
+        if ".rf_feature_map." in key and torch.is_tensor(value):
+            torch.testing.assert_close(reloaded.state_dict()[key], value)
+
+
+# peft 0.21 calls a transformers 5 alias that warns of its removal
+PEFT_WARNING = "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"
+
+
+@pytest.mark.filterwarnings(PEFT_WARNING)
+def test_a_peft_model_generates_with_the_recurrent_state():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        built("qwen3", name="sdpa"), peft.LoraConfig(target_modules=["q_proj", "v_proj"])
+    )
+    assert rf_hf.attach_feature_maps(model, NAME) == 2
+    assert isinstance(first_cache(model), rf_hf.RandomFeatureCache)
+
+
+def statistics(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if ".running_" in k}
+
+
+def one_training_step(model, **forward):
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    model.train()
+    model(input_ids=ids, labels=ids, **forward).loss.backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ["rf-oprf-orf", "rf-saderf-orf"])
+def test_gradient_checkpointing_gives_the_gradients_of_the_plain_pass(name):
+    plain, checkpointed = built("llama", name), built("llama", name)
+    checkpointed.activation_checkpointing_enable()
+    expected = one_training_step(plain)
+    grads = one_training_step(checkpointed)
+    assert grads.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(grads[key], value, rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_checkpointing_updates_the_statistics_once():
+    plain, checkpointed = built("llama", "rf-oprf-orf"), built("llama", "rf-oprf-orf")
+    checkpointed.activation_checkpointing_enable()
+    start = statistics(plain)
+    one_training_step(plain)
+    one_training_step(checkpointed)
+    expected = statistics(plain)
+    assert any(not torch.equal(start[k], v) for k, v in expected.items())
+    for key, value in statistics(checkpointed).items():
+        torch.testing.assert_close(value, expected[key])
+
+
+def test_statistics_are_fixed_outside_training():
+    model = built("llama", "rf-oprf-orf").eval()
+    start = statistics(model)
+    with torch.no_grad():
+        model(input_ids=torch.arange(1, 9)[None])
+    for key, value in statistics(model).items():
+        assert torch.equal(value, start[key]), key
+
+
+@pytest.mark.filterwarnings(PEFT_WARNING)
+def test_lora_training_leaves_the_statistics_it_does_not_save():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        built("llama", "rf-oprf-orf"), peft.LoraConfig(target_modules=["q_proj", "v_proj"])
+    )
+    start = statistics(model)
+    one_training_step(model)
+    for key, value in statistics(model).items():
+        assert torch.equal(value, start[key]), key

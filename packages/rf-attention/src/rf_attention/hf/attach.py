@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from rf_attention.hf.attention import PREFIX, HFRandomFeatureAttention, registered
 from rf_attention.hf.cache import is_attention_module, use_random_feature_cache_in_generate
 from rf_attention.hf.persistence import leave_out_non_tensor_state, load_feature_maps, saved_feature_map_file
+from rf_attention.hf.statistics import count_forward_passes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,12 +47,20 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
     Args:
         model: a transformers model whose attention dispatches through ``AttentionInterface``, or a module
             holding one (a ``peft.PeftModel``).
-        attn_implementation: the ``"rf-..."`` name; default: the model config's ``_attn_implementation``.
+        attn_implementation: the ``"rf-..."`` name; default: the model config's ``_attn_implementation``
+            (another name switches the model to it, as ``set_attn_implementation``).
 
     Returns:
         The number of attention modules that got a feature map.
     """
-    return _attach(_transformers_model(model), attn_implementation)[0]
+    target = _transformers_model(model)
+    if attn_implementation is not None and attn_implementation != target.config._attn_implementation:
+        if registered(attn_implementation) is None:
+            raise ValueError(
+                f"attn_implementation: expected a registered {PREFIX}* name, got {attn_implementation!r}"
+            )
+        target.set_attn_implementation(attn_implementation)  # which attaches the maps
+    return _attach(target)[0]
 
 
 def _transformers_model(model: nn.Module) -> PreTrainedModel:
@@ -84,6 +93,7 @@ def _attach(model: PreTrainedModel, attn_implementation: str | None = None) -> t
     model.config.attn_implementation = name
     setattr(model.config, CONFIG_OPTIONS, {"num_features": function.num_features, "seed": function.seed})
     use_random_feature_cache_in_generate(model)
+    count_forward_passes(model)
     return count, restored
 
 

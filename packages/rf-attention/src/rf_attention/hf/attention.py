@@ -17,6 +17,7 @@ from rf_attention.hf._decode import decode
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
+from rf_attention.hf.statistics import statistics_of_this_pass
 from rf_attention.registry import names as attention_names
 from rf_attention.registry import split_pair
 
@@ -138,10 +139,8 @@ class HFRandomFeatureAttention:
                 "no attention probabilities); set the model's attention dropout to 0",
                 stacklevel=2,
             )
-        cache_layer = kwargs.get(CACHE_LAYER_KWARG)
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
-        head_dim = query.shape[-1]
         if query.shape[1] % key.shape[1]:
             raise ValueError(
                 f"key: expected a number of heads dividing the query's {query.shape[1]}, got {key.shape[1]}"
@@ -149,7 +148,25 @@ class HFRandomFeatureAttention:
         groups = query.shape[1] // key.shape[1]
         if groups > 1:  # grouped-query attention: as HF's repeat_kv
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        fm = self.feature_map(module, head_dim, causal)
+        fm = self.feature_map(module, query.shape[-1], causal)
+        with statistics_of_this_pass(module, fm):
+            return self._attend(module, fm, query, key, value, attention_mask, scaling, causal, kwargs)
+
+    def _attend(
+        self,
+        module: nn.Module,
+        fm: rf_features.FeatureMap,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None,
+        causal: bool,
+        kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, None]:
+        """``__call__`` after the checks, grouped keys repeated and the feature map found."""
+        cache_layer = kwargs.get(CACHE_LAYER_KWARG)
+        head_dim = query.shape[-1]
         n_q, n_k = query.shape[-2], key.shape[-2]
         cu_seqlens = packed_cu_seqlens(kwargs, query.shape[0], n_q) if n_q == n_k else None
         packed = cu_seqlens is not None and mask_allows_packing(attention_mask, cu_seqlens, n_q, causal)
