@@ -221,3 +221,12 @@ def test_lora_training_leaves_the_statistics_it_does_not_save():
     one_training_step(model)
     for key, value in statistics(model).items():
         assert torch.equal(value, start[key]), key
+
+
+def test_a_compiled_model_traces_whole_at_batch_size_one():
+    model = built("llama", "rf-posrf-orf").eval()
+    ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(input_ids=ids).logits, expected)
