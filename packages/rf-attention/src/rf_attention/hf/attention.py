@@ -13,11 +13,11 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
 from rf_attention.functional import rf_attention
-from rf_attention.hf._decode import decode
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
 from rf_attention.hf.statistics import statistics_of_this_pass
+from rf_attention.ops.recurrent import decode
 from rf_attention.registry import names as attention_names
 from rf_attention.registry import split_pair
 

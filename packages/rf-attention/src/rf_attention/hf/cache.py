@@ -11,9 +11,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, Dynam
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
-from rf_attention.decoding import RecurrentState
-from rf_attention.hf._decode import decode
 from rf_attention.hf.masks import key_padding_from_mask
+from rf_attention.ops.recurrent import RecurrentState, decode
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
