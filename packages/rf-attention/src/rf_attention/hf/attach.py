@@ -20,7 +20,6 @@ from transformers import PreTrainedModel
 from rf_attention.hf.attention import PREFIX, HFRandomFeatureAttention, registered
 from rf_attention.hf.cache import is_attention_module, use_random_feature_cache_in_generate
 from rf_attention.hf.persistence import leave_out_non_tensor_state, load_feature_maps, saved_feature_map_file
-from rf_attention.hf.statistics import count_forward_passes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,7 +92,6 @@ def _attach(model: PreTrainedModel, attn_implementation: str | None = None) -> t
     model.config.attn_implementation = name
     setattr(model.config, CONFIG_OPTIONS, {"num_features": function.num_features, "seed": function.seed})
     use_random_feature_cache_in_generate(model)
-    count_forward_passes(model)
     return count, restored
 
 

@@ -16,7 +16,7 @@ from rf_attention.functional import rf_attention
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
-from rf_attention.hf.statistics import statistics_of_this_pass
+from rf_attention.hf.statistics import statistics_where_saved
 from rf_attention.ops.recurrent import decode
 from rf_attention.registry import names as attention_names
 from rf_attention.registry import split_pair
@@ -149,7 +149,7 @@ class HFRandomFeatureAttention:
         if groups > 1:  # grouped-query attention: as HF's repeat_kv
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         fm = self.feature_map(module, query.shape[-1], causal)
-        with statistics_of_this_pass(module, fm):
+        with statistics_where_saved(module, fm):
             return self._attend(module, fm, query, key, value, attention_mask, scaling, causal, kwargs)
 
     def _attend(
