@@ -22,7 +22,14 @@ def decoder_config(family):
     common = {"vocab_size": VOCAB, "max_position_embeddings": 64}
     if family == "gpt2":
         return transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_pdrop=0.0,  # random-feature attention has no probabilities to drop (it warns)
         )
     config_class = {
         "llama": transformers.LlamaConfig,
@@ -230,3 +237,77 @@ def test_a_compiled_model_traces_whole_at_batch_size_one():
         expected = model(input_ids=ids).logits
         compiled = torch.compile(model, fullgraph=True, backend="eager")
         torch.testing.assert_close(compiled(input_ids=ids).logits, expected)
+
+
+CONVERTED = ["llama", "mistral", "qwen2", "gpt2"]
+
+
+def converted(family, name="posrf-orf", **kw):
+    """A "pretrained" softmax model of ``family``, converted in place."""
+    model = built(family, name="sdpa")
+    assert rf_hf.linearize(model, name, num_features=16, seed=7, **kw) is model
+    return model
+
+
+def attention_modules(model):
+    return [m for m in model.modules() if hasattr(m, "rf_feature_map")]
+
+
+@pytest.mark.parametrize("family", CONVERTED)
+def test_linearize_gives_every_attention_layer_its_own_per_head_learnable_map(family):
+    model = converted(family)
+    modules = attention_modules(model)
+    assert len(modules) == 2
+    assert model.config._attn_implementation == "rf-posrf-orf"
+    for module in modules:
+        matrix = module.rf_feature_map.weight_matrix.matrix()
+        assert matrix.shape == (4, 16, 8)  # (query heads, features, head dim): GQA's 2 KV heads repeated
+        assert all(p.requires_grad for p in module.rf_feature_map.parameters())
+    first, second = (m.rf_feature_map.weight_matrix.matrix() for m in modules)
+    assert not torch.equal(first, second)  # seed + layer index
+
+
+@pytest.mark.parametrize("family", CONVERTED)
+def test_linearized_cached_generate_gives_the_uncached_greedy_tokens(family):
+    model = converted(family).eval()
+    ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(6))
+    kw = {"input_ids": ids, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        cached = model.generate(**kw, return_dict_in_generate=True)
+        uncached = model.generate(**kw, use_cache=False)
+    assert isinstance(cached.cache, rf_hf.RandomFeatureCache)
+    assert torch.equal(cached.sequences, uncached)
+
+
+def test_linearize_with_fixed_maps_shares_one_map_by_the_heads():
+    model = converted("llama", learnable=False)
+    for module in attention_modules(model):
+        assert module.rf_feature_map.weight_matrix.matrix().shape == (16, 8)
+        assert not any(p.requires_grad for p in module.rf_feature_map.parameters())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_a_linearized_model_trains_with_trainer_and_reloads_its_learned_maps(family, tmp_path):
+    model = converted(family, "oprf-orf").train()
+    g = torch.Generator().manual_seed(8)
+    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(1, VOCAB, (4, 8), generator=g)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=0.1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
+    drawn = [p.detach().clone() for p in feature_map_parameters(model)]
+    transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+    assert all(not torch.equal(a, p) for a, p in zip(drawn, feature_map_parameters(model), strict=True))
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    for key, value in tensors(model).items():
+        torch.testing.assert_close(reloaded.state_dict()[key], value)
+
+
+def tensors(model):
+    return {k: v for k, v in model.state_dict().items() if ".rf_feature_map." in k and torch.is_tensor(v)}

@@ -38,6 +38,7 @@ The parts: `attention` (the function HF calls, registration), `masks` (HF's mask
 from rf_attention.hf.attach import attach_feature_maps, install
 from rf_attention.hf.attention import PREFIX, HFRandomFeatureAttention, register, registered
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RandomFeatureCache, RecurrentCacheLayer
+from rf_attention.hf.convert import linearize
 from rf_attention.hf.masks import key_padding_from_mask
 from rf_attention.hf.persistence import load_feature_maps
 
@@ -50,6 +51,7 @@ __all__ = [
     "RecurrentCacheLayer",
     "attach_feature_maps",
     "key_padding_from_mask",
+    "linearize",
     "load_feature_maps",
     "register",
     "registered",

@@ -52,7 +52,7 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
     Returns:
         The number of attention modules that got a feature map.
     """
-    target = _transformers_model(model)
+    target = transformers_model(model)
     if attn_implementation is not None and attn_implementation != target.config._attn_implementation:
         if registered(attn_implementation) is None:
             raise ValueError(
@@ -62,7 +62,7 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
     return _attach(target)[0]
 
 
-def _transformers_model(model: nn.Module) -> PreTrainedModel:
+def transformers_model(model: nn.Module) -> PreTrainedModel:
     """``model`` itself, or the outermost ``PreTrainedModel`` inside it (``peft`` wraps one)."""
     found = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
     if found is None:
@@ -90,7 +90,7 @@ def _attach(model: PreTrainedModel, attn_implementation: str | None = None) -> t
     saved = saved_feature_map_file(getattr(model.config, "_name_or_path", None))
     restored = load_feature_maps(model, saved.parent) if saved is not None else 0
     model.config.attn_implementation = name
-    setattr(model.config, CONFIG_OPTIONS, {"num_features": function.num_features, "seed": function.seed})
+    setattr(model.config, CONFIG_OPTIONS, _options(function))
     use_random_feature_cache_in_generate(model)
     return count, restored
 
@@ -98,22 +98,24 @@ def _attach(model: PreTrainedModel, attn_implementation: str | None = None) -> t
 def _with_recorded_options(
     function: HFRandomFeatureAttention | None, config: Any
 ) -> HFRandomFeatureAttention | None:
-    """``function``, or a copy with the ``num_features`` and ``seed`` the config records (a saved model's)."""
+    """``function``, or a copy with the options the config records (a saved or converted model's)."""
     recorded = getattr(config, CONFIG_OPTIONS, None)
-    if function is None or not isinstance(recorded, dict):
+    if function is None or not isinstance(recorded, dict) or recorded == _options(function):
         return function
-    num_features = recorded.get("num_features", function.num_features)
-    seed = recorded.get("seed", function.seed)
-    if (num_features, seed) == (function.num_features, function.seed):
-        return function
+    options = {**function.feature_options, **recorded}
     return HFRandomFeatureAttention(
         function.component,
         function.weight_matrix,
-        num_features=num_features,
-        seed=seed,
+        num_features=options.pop("num_features", function.num_features),
+        seed=options.pop("seed", function.seed),
         name=function.name,
-        **function.feature_options,
+        **options,
     )
+
+
+def _options(function: HFRandomFeatureAttention) -> dict[str, Any]:
+    """What the config records of ``function``: ``num_features``, ``seed`` and the feature options."""
+    return {"num_features": function.num_features, "seed": function.seed, **function.feature_options}
 
 
 def _runs_random_features(model: PreTrainedModel) -> bool:
