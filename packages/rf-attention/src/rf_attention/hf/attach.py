@@ -34,7 +34,8 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
     ``from_pretrained``, ``set_attn_implementation`` and building a model from its config do it by
     themselves once ``rf_attention.hf`` is imported; call it on a model whose attention was set another way
     (a config edited after construction, a model wrapped by ``peft``). Existing maps of the same pair are
-    kept. It also
+    kept. New maps take the options the config records (a saved or converted model's ``rf_attention``
+    entry), else those the name was registered with. It also
 
     - restores the maps that ``save_pretrained`` wrote, when the model was loaded from a local folder
       whose safetensors hold ``rf_feature_map`` tensors;
@@ -72,9 +73,9 @@ def transformers_model(model: nn.Module) -> PreTrainedModel:
     return found
 
 
-def _attach(model: PreTrainedModel, attn_implementation: str | None = None) -> tuple[int, int]:
+def _attach(model: PreTrainedModel) -> tuple[int, int]:
     """[`attach_feature_maps`][rf_attention.hf.attach_feature_maps]; also the number of tensors restored."""
-    name = attn_implementation or model.config._attn_implementation
+    name = model.config._attn_implementation
     function = _with_recorded_options(registered(name), model.config)
     if function is None:
         raise ValueError(f"attn_implementation: expected a registered {PREFIX}* name, got {name!r}")
