@@ -149,10 +149,11 @@ def _after_from_pretrained(original: Callable[..., Any]) -> Any:
             if not restored:
                 options = getattr(model.config, CONFIG_OPTIONS)
                 warnings.warn(
-                    f"{model.config._attn_implementation}: {model.config._name_or_path!r} holds no saved "
-                    f"feature maps; {count} attention layers drew fresh ones (seed {options['seed']} + "
-                    f"layer index, {options['num_features']} features). Train them, or save the model to "
-                    "keep them",
+                    f"{model.config._attn_implementation}: no saved feature maps for "
+                    f"{model.config._name_or_path!r} (they are read from a local folder's safetensors); "
+                    f"{count} attention layers drew fresh ones (seed {options['seed']} + layer index, "
+                    f"{options['num_features']} features). Train them, or load saved ones with "
+                    "rf_attention.hf.load_feature_maps(model, folder)",
                     stacklevel=2,
                 )
         return result
