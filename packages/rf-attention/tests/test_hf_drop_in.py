@@ -311,3 +311,16 @@ def test_a_linearized_model_trains_with_trainer_and_reloads_its_learned_maps(fam
 
 def tensors(model):
     return {k: v for k, v in model.state_dict().items() if ".rf_feature_map." in k and torch.is_tensor(v)}
+
+
+def test_attaching_again_keeps_maps_trained_since_loading(tmp_path):
+    built("llama").save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        for parameter in feature_map_parameters(model):
+            parameter.add_(0.5)  # trained after loading
+    trained = {k: v.clone() for k, v in tensors(model).items()}
+    rf_hf.attach_feature_maps(model)
+    model.set_attn_implementation(NAME)
+    for key, value in trained.items():
+        assert torch.equal(model.state_dict()[key], value), key

@@ -79,17 +79,23 @@ def _attach(model: PreTrainedModel) -> tuple[int, int]:
     function = _with_recorded_options(registered(name), model.config)
     if function is None:
         raise ValueError(f"attn_implementation: expected a registered {PREFIX}* name, got {name!r}")
-    count = 0
-    for module in model.modules():
+    count, fresh = 0, []
+    for module_name, module in model.named_modules():
         if is_attention_module(module):
             layer = getattr(module, "layer_idx", None)
             causal = bool(getattr(module, "is_causal", True))
             head_dim = cast(int, module.head_dim)
-            function.feature_map(module, head_dim, causal, count if layer is None else layer, attaching=True)
+            before = getattr(module, "rf_feature_map", None)
+            fm = function.feature_map(
+                module, head_dim, causal, count if layer is None else layer, attaching=True
+            )
+            if fm is not before:
+                fresh.append(f"{module_name}.")
             count += 1
     leave_out_non_tensor_state(model)
     saved = saved_feature_map_file(getattr(model.config, "_name_or_path", None))
-    restored = load_feature_maps(model, saved.parent) if saved is not None else 0
+    # only maps drawn now: a map already attached may have trained since loading
+    restored = load_feature_maps(model, saved.parent, modules=fresh) if saved is not None and fresh else 0
     model.config.attn_implementation = name
     setattr(model.config, CONFIG_OPTIONS, _options(function))
     use_random_feature_cache_in_generate(model)

@@ -8,6 +8,7 @@ tensors out: [`load_feature_maps`][rf_attention.hf.load_feature_maps] puts them 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ def saved_feature_map_file(path: str | Path | None) -> Path | None:
     return None
 
 
-def load_feature_maps(model: nn.Module, path: str | Path) -> int:
+def load_feature_maps(model: nn.Module, path: str | Path, *, modules: Sequence[str] | None = None) -> int:
     """Load the feature maps that ``save_pretrained`` wrote into the folder ``path`` (after attaching).
 
     ``from_pretrained`` drops them (the model class has no such modules); attaching the maps
@@ -44,6 +45,8 @@ def load_feature_maps(model: nn.Module, path: str | Path) -> int:
     state = {}
     for file in sorted(Path(path).glob("*.safetensors")):
         state.update({k: v for k, v in load_file(file).items() if FEATURE_MAP_KEY in k})
+    if modules is not None:
+        state = {k: v for k, v in state.items() if k.startswith(tuple(modules))}
     if not state:
         raise FileNotFoundError(f"path: no rf_feature_map tensors in the *.safetensors files of {path}")
     _, unexpected = model.load_state_dict(state, strict=False)
