@@ -144,6 +144,23 @@ def test_bfloat16_steps_stay_close_to_float64(pair):
     torch.testing.assert_close(low.double(), exact, rtol=1.6e-2, atol=1e-2)  # bfloat16 rounding
 
 
+class OpenFormPosRF(rf_features.PosRF):
+    """PosRF without its closed form: decoding takes the generic path through ``weighted_log_features``."""
+
+    def log_form(self, matrix, stats, is_query):
+        return None
+
+
+def test_a_map_without_a_closed_form_decodes_like_the_plain_formula():
+    fm = OpenFormPosRF(DH, weight_matrix="orf", num_features=FEATURES, seed=0).double().eval()
+    q, k, v = qkv(seed=19, n=20)
+    with torch.no_grad():
+        head, state = decode(q[..., :7, :], k[..., :7, :], v[..., :7, :], fm, None)
+    tail, last = token_by_token(q[..., 7:, :], k[..., 7:, :], v[..., 7:, :], fm, state)
+    assert last.layout is None  # no fused step: each token took the causal block
+    torch.testing.assert_close(torch.cat((head, tail), dim=-2), plain(q, k, v, fm), rtol=1e-9, atol=1e-10)
+
+
 def test_large_logits_stay_finite_and_exact():
     fm = feature_map("posrf-orf")
     q, k, v = qkv(seed=15, scale=6.0)  # q . k / sqrt(Dh) up to ~100: exp overflows float32

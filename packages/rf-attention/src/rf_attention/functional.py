@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention import varlen
-from rf_attention.ops.causal import causal_attention, closed_form_causal
-from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, FeatureFn
-from rf_attention.ops.features import qk_scale
-from rf_attention.ops.noncausal import closed_form_noncausal, noncausal_attention
-from rf_features import ExponentialForm, FeatureMap
+from rf_attention.ops.causal import causal_attention
+from rf_attention.ops.common import DEFAULT_CHUNK_SIZE
+from rf_attention.ops.features import ClosedForm, Features, qk_scale
+from rf_attention.ops.noncausal import noncausal_attention
+from rf_features import FeatureMap
 from spectraformer_core import check_int
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -129,34 +129,16 @@ def _run_in_accumulation_dtype(
     return out.to(out_dtype)
 
 
-def _chunk_parallel(
-    key_mask: torch.Tensor | None, features: FeatureFn, *, causal: bool, width: int
-) -> Kernel:
-    """The causal or non-causal chunk-parallel kernel with ``features`` (``width`` wide) as a `Kernel`."""
+def _chunk_parallel(key_mask: torch.Tensor | None, features: Features, *, causal: bool, width: int) -> Kernel:
+    """The causal or non-causal chunked kernel with a feature strategy (``width`` wide) as a `Kernel`."""
 
     def kernel(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
     ) -> torch.Tensor:
         if causal:
             chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-            return causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)
+            return causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)[0]
         return noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
-
-    return kernel
-
-
-def _closed_form(
-    key_mask: torch.Tensor | None, query_form: ExponentialForm, key_form: ExponentialForm, *, causal: bool
-) -> Kernel:
-    """The closed-form causal or non-causal kernel as a `Kernel`."""
-
-    def kernel(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
-    ) -> torch.Tensor:
-        if causal:
-            chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-            return closed_form_causal(q, k, v, key_mask, query_form, key_form, chunk=chunk, eps=eps)
-        return closed_form_noncausal(q, k, v, key_mask, query_form, key_form, rows=chunk_size, eps=eps)
 
     return kernel
 
@@ -291,7 +273,9 @@ def rf_attention(
         for side in (True, False)
     ]
     if forms[0] is not None and forms[1] is not None:
-        kernel = _closed_form(mask, forms[0], forms[1], causal=causal)
+        closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)
+        width = closed.query.offset.shape[-1]
+        kernel = _chunk_parallel(mask, closed, causal=causal, width=width)
         return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
 
     def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

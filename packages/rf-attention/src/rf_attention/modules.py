@@ -235,9 +235,10 @@ class MultiheadSelfAttention(nn.Module):
         In ``eval()``, feeding a sequence token by token (from ``state=None`` or from the state of
         [`prefill`][rf_attention.MultiheadSelfAttention.prefill]) gives the causal
         [`forward`][rf_attention.MultiheadSelfAttention.forward] outputs to rounding. RF attention keeps an
-        O(1) state ([`RecurrentState`][rf_attention.decoding.RecurrentState]), softmax attention a KV cache
-        ([`KVCache`][rf_attention.decoding.KVCache], updated in place). ``x`` may hold $T > 1$ new
-        tokens.
+        O(1) state ([`RecurrentState`][rf_attention.ops.recurrent.RecurrentState], advanced by
+        [`decode`][rf_attention.ops.recurrent.decode]: one token is a fused step of a few dozen
+        operations), softmax attention a KV cache ([`KVCache`][rf_attention.decoding.KVCache], updated in
+        place). ``x`` may hold $T > 1$ new tokens.
 
         Returns:
             ``(y (B, T, dim), state after the new tokens)``.
@@ -421,7 +422,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
     running averages over earlier training batches (``statistics_mode="running"``): nothing computed for a
     position depends on later positions. Decoding ([`step`][rf_attention.MultiheadSelfAttention.step])
-    keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.decoding.RecurrentState]; in ``eval()``
+    keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState]; in ``eval()``
     it gives the causal forward's outputs.
     In training, each call updates the running statistics and may redraw the features, which invalidates
     a state built before.

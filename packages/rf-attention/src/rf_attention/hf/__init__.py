@@ -28,7 +28,7 @@ the only sign read under ``torch.compile``) run through ``cu_seqlens``: each doc
 only.
 
 During ``generate`` a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache] keeps, per RF layer, the
-[`RecurrentState`][rf_attention.decoding.RecurrentState] instead of the keys: O(1) time and memory per
+[`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] instead of the keys: O(1) time and memory per
 token. Given HF's own ``DynamicCache``, the new queries attend to the cached keys through a state built
 from them (O(N) per token).
 

@@ -25,7 +25,7 @@ CACHE_LAYER_KWARG = "rf_cache_layer"
 class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One RF attention layer's part of a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache].
 
-    Holds the layer's [`RecurrentState`][rf_attention.decoding.RecurrentState] (``(B, H, m, Dv)`` sums,
+    Holds the layer's [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] (``(B, H, m, Dv)`` sums,
     the same size after any number of tokens) and the number of tokens seen, no keys. ``update`` returns
     the new keys and values unchanged and hands itself to the layer's attention function (through the
     ``kwargs`` HF passes to both), which runs the new tokens against the state and advances it.

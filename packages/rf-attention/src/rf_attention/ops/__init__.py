@@ -4,5 +4,6 @@
 - [`features`][rf_attention.ops.features]: stabilized features, the closed forms and their VJPs;
 - [`noncausal`][rf_attention.ops.noncausal]: the chunked non-causal kernel;
 - [`causal`][rf_attention.ops.causal]: the chunked causal kernel;
+- [`recurrent`][rf_attention.ops.recurrent]: the recurrent (decoding) form, prefill state and step;
 - [`common`][rf_attention.ops.common]: the normalizer's guard, the group rule and the helpers they share.
 """

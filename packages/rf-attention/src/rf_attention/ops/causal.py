@@ -1,8 +1,19 @@
-"""The chunked causal kernel: chunks of positions processed at once, a state carried between groups.
+r"""The chunked causal kernel: chunks of positions at once, a log-depth scan for the state entering each.
 
-A group is cut into chunks of ``chunk`` positions, all processed at once: per-chunk key sums by one
-batched matmul, the state entering every chunk by a prefix over the chunks, the intra-chunk masked products
-by batched ``chunk x chunk`` matmuls. The state leaving a group enters the next.
+A group of positions is cut into chunks of ``chunk`` positions, all processed at once: per-chunk key sums
+by one batched matmul, the intra-chunk masked products by batched ``chunk x chunk`` matmuls, and the state
+entering every chunk by [`chunk_prefix`][rf_attention.ops.causal.chunk_prefix], an inclusive scan over the
+chunks' ``(state, stabilizer)`` pairs in ``ceil(log2(T + 1))`` steps (Hillis-Steele): no matmul and
+``O(m Dv log T)`` elementwise work per chunk, where a ``(T + 1) x T`` decay-weighted prefix matmul costs
+``O(T m Dv)`` matmul FLOPs per chunk (quadratic in N). Every factor of the scan is
+$e^{E_u - E_r} \le 1$ with $E$ the running maximum of the keys' log-scales, which sees past keys only.
+
+The state leaving a group enters the next; groups hold a bounded share of the sequence
+([`group_rows`][rf_attention.ops.common.group_rows]), so memory stays linear in N with a small constant.
+One loop, [`causal_attention`][rf_attention.ops.causal.causal_attention], takes the feature strategy: a
+closed form runs each group as a ``torch.autograd.Function`` (hand-written VJPs, features recomputed in
+the backward pass); any other ``FeatureFn`` runs each group under ``torch.utils.checkpoint``. It takes an
+initial state and returns the final one (prefill continues from it).
 """
 
 from __future__ import annotations
@@ -16,25 +27,71 @@ import torch.nn.functional as F
 from rf_attention.ops.common import (
     CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT,
     FeatureFn,
-    Gradients,
     finite_or_zero,
     group_rows,
     guard_gradient,
     guarded_denominator,
-    mask_part,
     recomputed,
     row_groups,
-    row_slices,
     with_ones,
 )
 from rf_attention.ops.features import (
+    ClosedForm,
+    Features,
     FeatureSide,
     closed_form_features,
     closed_form_vjp,
-    flat_sides,
+    flattened,
     row_stabilized_features,
 )
-from rf_features import ExponentialForm
+
+
+class CausalState(NamedTuple):
+    """What later positions need of the keys so far, relative to the running stabilizer ``R``.
+
+    Attributes:
+        sums: ``(..., m, Dv + 1)``: ``sum_j exp(c_j - R) phi_k_j^T [v_j, 1]`` (numerator, normalizer).
+        magnitude: ``(..., m)``: ``sum_j exp(c_j - R) |phi_k_j|`` (signed features' guard), or None.
+        reference: ``(...)``: ``R = max_j c_j``, ``-inf`` while no (non-padding) key has been seen.
+    """
+
+    sums: torch.Tensor
+    magnitude: torch.Tensor | None
+    reference: torch.Tensor
+
+
+def chunk_prefix(x: torch.Tensor, log_ref: torch.Tensor, *, reverse: bool = False) -> torch.Tensor:
+    r"""$y_r = \sum_{u \le r} e^{e_u - e_r} x_u$; ``reverse``: $y_u = \sum_{r \ge u} e^{e_u - e_r} x_r$.
+
+    ``x (g, T, F)`` are terms relative to the references ``log_ref`` ``e (g, T, 1)``, non-decreasing along
+    ``T`` (a running maximum; no ``inf``), so every factor is at most 1; $y_r$ is their prefix sum relative
+    to $e_r$, and ``reverse`` is the transpose (the backward pass). ``ceil(log2 T)`` steps of one
+    multiply-add each (Hillis-Steele): step ``s`` adds $e^{e_{r-s} - e_r} y_{r-s}$ to $y_r$.
+    """
+    y = x.clone()
+    steps, t = 1, x.shape[1]
+    while steps < t:
+        weight = (log_ref[:, :-steps] - log_ref[:, steps:]).exp_()
+        if reverse:
+            y[:, :-steps].add_(weight * y[:, steps:])
+        else:
+            y[:, steps:].add_(weight * y[:, :-steps])
+        steps *= 2
+    return y
+
+
+class _ChunkPrefix(torch.autograd.Function):
+    """[`chunk_prefix`][rf_attention.ops.causal.chunk_prefix] with its transpose as the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, log_ref: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(log_ref)
+        return chunk_prefix(x, log_ref)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (log_ref,) = ctx.saved_tensors
+        return chunk_prefix(grad, log_ref, reverse=True), None
 
 
 def weighted_key_sums(
@@ -47,6 +104,101 @@ def weighted_key_sums(
     """
     weighted = phi_k * torch.exp(key_log_scale - reference.unsqueeze(-1)).unsqueeze(-1)
     return weighted.mT @ v_ones, weighted.abs().sum(dim=-2)
+
+
+class Chunked(NamedTuple):
+    """The chunk-parallel intermediates of a causal block: ``g`` sequences of ``t`` chunks of ``c`` positions.
+
+    ``w = Dv + 1``; per-chunk tensors are laid out ``(g t, c, .)`` for batched matmuls.
+    """
+
+    pq: torch.Tensor  # (g t, c, m)
+    pk: torch.Tensor  # (g t, c, m)
+    pv: torch.Tensor  # (g t, c, w): [v, 1]
+    weighted_keys: torch.Tensor  # (g t, c, m): pk * exp(c_j - E_t)
+    key_weights: torch.Tensor  # (g t, c, 1): exp(c_j - E_t)
+    weights: torch.Tensor  # (g t, c, c): exp(c_j - R_i) for j <= i, else 0
+    carry: torch.Tensor  # (g t, c, 1): exp(E_{t-1} - R_i)
+    log_ref: torch.Tensor  # (g, t + 1, 1): the scan's references (entering each chunk, then the final one)
+    states: torch.Tensor  # (g, t + 1, m w): state entering each chunk, then the one after the block
+    entering_states: torch.Tensor  # (g t, m, w): the state entering each chunk
+    magnitudes: torch.Tensor | None  # (g, t + 1, m)
+    entering: torch.Tensor  # (g, t + 1): reference entering each chunk, then the final one
+    scores: torch.Tensor  # (g t, c, c): weighted intra-chunk products
+    y: torch.Tensor | None  # (g t, c, w): numerators and normalizers (None: not asked for)
+    bound: torch.Tensor | None  # (g t, c, 1): |phi_q| . sum |phi_k| (signed features)
+
+
+def chunked_products(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    key_log_scale: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor | None,
+    magnitude: torch.Tensor | None,
+    reference: torch.Tensor | None,
+    chunk: int,
+    signed: bool,
+    outputs: bool = True,
+) -> Chunked:
+    r"""All [`causal_block`][rf_attention.ops.causal.causal_block] computes before the normalizer's guard.
+
+    Inputs with one leading dimension: ``phi_q, phi_k (g, n, m)``, ``key_log_scale (g, n)``, ``v (g, n, Dv)``,
+    ``state (g, m, w)``, ``magnitude (g, m)``, ``reference (g,)``. ``outputs=False`` leaves out ``y`` and
+    the bound (a backward pass needs only the intermediates). The scan runs over
+    $[P_0, S_0, \dots, S_{t-1}]$ (the entering state, then the chunks' key sums).
+    """
+    g, n, m = phi_q.shape
+    c = min(chunk, n)
+    t = -(-n // c)
+    pad = t * c - n
+    v_ones = with_ones(v)
+    if pad:
+        phi_q, phi_k, v_ones = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, phi_k, v_ones))
+        key_log_scale = F.pad(key_log_scale, (0, pad), value=-math.inf)
+    w = v_ones.shape[-1]
+    if reference is None:
+        reference = phi_q.new_full((g,), -math.inf)
+    # references: R_i per position, E_t per chunk end, and the one entering each chunk (and the final one)
+    refs = torch.maximum(torch.cummax(key_log_scale, dim=-1).values, reference.unsqueeze(-1))
+    safe_refs = finite_or_zero(refs).view(g * t, c)
+    ends = refs.view(g, t, c)[..., -1]
+    entering = torch.cat((reference.unsqueeze(-1), ends), dim=-1)  # (g, t + 1)
+    # the scan's references: -inf (no key yet, a zero state) as the lowest finite value keeps them ordered
+    log_ref = torch.nan_to_num(entering, neginf=torch.finfo(entering.dtype).min).unsqueeze(-1)
+    pq, pk, pv = phi_q.view(g * t, c, m), phi_k.view(g * t, c, m), v_ones.view(g * t, c, w)
+    scales = key_log_scale.view(g * t, c)
+    # per-chunk key sums relative to the chunk's end reference
+    key_weights = torch.exp(scales - finite_or_zero(ends).view(g * t, 1)).unsqueeze(-1)
+    weighted = pk * key_weights
+    terms = [torch.bmm(weighted.mT, pv).view(g, t, m * w)]
+    first = [pq.new_zeros(g, 1, m * w) if state is None else state.reshape(g, 1, m * w)]
+    tracked = signed or magnitude is not None
+    if tracked:
+        terms.append(weighted.abs().sum(dim=-2).view(g, t, m))
+        first.append(pq.new_zeros(g, 1, m) if magnitude is None else magnitude.view(g, 1, m))
+    pairs = [torch.cat(pair, dim=1) for pair in zip(first, terms, strict=True)]
+    scanned = _ChunkPrefix.apply(pairs[0] if len(pairs) == 1 else torch.cat(pairs, dim=-1), log_ref)
+    states = scanned[..., : m * w] if tracked else scanned
+    magnitudes = scanned[..., m * w :] if tracked else None
+    # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
+    carry = torch.exp(entering[:, :-1].reshape(g * t, 1) - safe_refs).unsqueeze(-1)  # (g t, c, 1)
+    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
+    scores = torch.bmm(pq, pk.mT).mul_(weights)
+    entering_states = states[:, :-1].reshape(g * t, m, w)
+    y = bound = None
+    if outputs:
+        y = torch.bmm(pq, entering_states).mul_(carry).baddbmm_(scores, pv)
+    if outputs and signed:
+        assert magnitudes is not None, "tracked with the states"
+        abs_q = pq.detach().abs()
+        inside = (torch.bmm(abs_q, pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
+        entering_magnitudes = magnitudes[:, :-1].detach().reshape(g * t, m, 1)
+        bound = torch.addcmul(inside, carry, torch.bmm(abs_q, entering_magnitudes))
+    return Chunked(
+        pq, pk, pv, weighted, key_weights, weights, carry, log_ref, states, entering_states, magnitudes,
+        entering, scores, y, bound,
+    )  # fmt: skip
 
 
 def causal_block(
@@ -68,9 +220,9 @@ def causal_block(
     $R_i = \max(R_0, \max_{j \le i} c_j)$ (past keys only). With $E_t$ the reference at the end of chunk $t$
     ($E_{-1} = R_0$): chunk $t$'s key sums $S_t = \sum_{j \in t} e^{c_j - E_t} \phi_{k_j}^\top [v_j, 1]$
     (one batched matmul), the state entering chunk $t$,
-    $P_t = e^{R_0 - E_{t-1}} S_0 + \sum_{u < t} e^{E_u - E_{t-1}} S_u$ (one ``(T + 1) x T`` decay matrix
-    times the stacked $S_u$: a prefix sum whose weights are at most 1), and query $i$ of chunk $t$ gets
-    $e^{E_{t-1} - R_i} \phi_{q_i} P_t
+    $P_t = e^{R_0 - E_{t-1}} P_0 + \sum_{u < t} e^{E_u - E_{t-1}} S_u$ (the scan
+    [`chunk_prefix`][rf_attention.ops.causal.chunk_prefix], every factor at most 1), and query $i$ of chunk
+    $t$ gets $e^{E_{t-1} - R_i} \phi_{q_i} P_t
     + \sum_{j \in t, j \le i} e^{c_j - R_i} \phi_{q_i} \phi_{k_j}^\top [v_j, 1]$.
 
     Args:
@@ -111,105 +263,7 @@ def causal_block(
     return out, final_state, final_magnitude, ch.entering[:, -1].reshape(lead)
 
 
-class Chunked(NamedTuple):
-    """The chunk-parallel intermediates of a causal block: ``g`` sequences of ``t`` chunks of ``c`` positions.
-
-    ``w = Dv + 1``; per-chunk tensors are laid out ``(g t, c, .)`` for batched matmuls.
-    """
-
-    pq: torch.Tensor  # (g t, c, m)
-    pk: torch.Tensor  # (g t, c, m)
-    pv: torch.Tensor  # (g t, c, w): [v, 1]
-    weighted_keys: torch.Tensor  # (g t, c, m): pk * exp(c_j - E_t)
-    key_weights: torch.Tensor  # (g t, c, 1): exp(c_j - E_t)
-    weights: torch.Tensor  # (g t, c, c): exp(c_j - R_i) for j <= i, else 0
-    carry: torch.Tensor  # (g t, c, 1): exp(E_{t-1} - R_i)
-    decay: torch.Tensor  # (g, t + 1, t): prefix weights over chunks
-    carried: torch.Tensor  # (g, t + 1): weight of the entering state
-    states: torch.Tensor  # (g, t + 1, m w): state entering each chunk, then the one after the block
-    entering_states: torch.Tensor  # (g t, m, w): the state entering each chunk
-    magnitudes: torch.Tensor | None  # (g, t + 1, m)
-    entering: torch.Tensor  # (g, t + 1): reference entering each chunk, then the final one
-    scores: torch.Tensor  # (g t, c, c): weighted intra-chunk products
-    y: torch.Tensor | None  # (g t, c, w): numerators and normalizers (None: not asked for)
-    bound: torch.Tensor | None  # (g t, c, 1): |phi_q| . sum |phi_k| (signed features)
-
-
-def chunked_products(
-    phi_q: torch.Tensor,
-    phi_k: torch.Tensor,
-    key_log_scale: torch.Tensor,
-    v: torch.Tensor,
-    state: torch.Tensor | None,
-    magnitude: torch.Tensor | None,
-    reference: torch.Tensor | None,
-    chunk: int,
-    signed: bool,
-    outputs: bool = True,
-) -> Chunked:
-    """All [`causal_block`][rf_attention.ops.causal.causal_block] computes before the normalizer's guard.
-
-    Inputs with one leading dimension: ``phi_q, phi_k (g, n, m)``, ``key_log_scale (g, n)``, ``v (g, n, Dv)``,
-    ``state (g, m, w)``, ``magnitude (g, m)``, ``reference (g,)``. ``outputs=False`` leaves out ``y`` and
-    the bound (a backward pass needs only the intermediates).
-    """
-    g, n, m = phi_q.shape
-    c = min(chunk, n)
-    t = -(-n // c)
-    pad = t * c - n
-    v_ones = with_ones(v)
-    if pad:
-        phi_q, phi_k, v_ones = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, phi_k, v_ones))
-        key_log_scale = F.pad(key_log_scale, (0, pad), value=-math.inf)
-    w = v_ones.shape[-1]
-    if reference is None:
-        reference = phi_q.new_full((g,), -math.inf)
-    # references: R_i per position, E_t per chunk end, and the one entering each chunk (and the final one)
-    refs = torch.maximum(torch.cummax(key_log_scale, dim=-1).values, reference.unsqueeze(-1))
-    safe_refs = finite_or_zero(refs).view(g * t, c)
-    ends = refs.view(g, t, c)[..., -1]
-    entering = torch.cat((reference.unsqueeze(-1), ends), dim=-1)  # (g, t + 1)
-    safe_entering = finite_or_zero(entering)
-    pq, pk, pv = phi_q.view(g * t, c, m), phi_k.view(g * t, c, m), v_ones.view(g * t, c, w)
-    scales = key_log_scale.view(g * t, c)
-    # per-chunk key sums relative to the chunk's end reference
-    key_weights = torch.exp(scales - finite_or_zero(ends).view(g * t, 1)).unsqueeze(-1)
-    weighted = pk * key_weights
-    chunk_sums = torch.bmm(weighted.mT, pv).view(g, t, m * w)
-    # prefix over chunks: row r (0..t) is the state entering chunk r (r = t: after the block)
-    # only u < r counts (tril); there E_u <= E_{r-1}, elsewhere the exponent is clamped (then zeroed)
-    decay = (ends.unsqueeze(-2) - safe_entering.unsqueeze(-1)).clamp_max(0).exp().tril(-1)
-    carried = torch.exp(reference.unsqueeze(-1) - safe_entering)  # (g, t + 1), 0 for an empty state
-    if state is None:
-        states = torch.bmm(decay, chunk_sums)
-    else:
-        states = torch.baddbmm(carried.unsqueeze(-1) * state.reshape(g, 1, m * w), decay, chunk_sums)
-    magnitudes = None
-    if signed or magnitude is not None:
-        magnitudes = torch.bmm(decay, weighted.abs().sum(dim=-2).view(g, t, m))
-        if magnitude is not None:
-            magnitudes = magnitudes + carried.unsqueeze(-1) * magnitude.unsqueeze(-2)
-    # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
-    carry = torch.exp(entering[:, :-1].reshape(g * t, 1) - safe_refs).unsqueeze(-1)  # (g t, c, 1)
-    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
-    scores = torch.bmm(pq, pk.mT).mul_(weights)
-    entering_states = states[:, :-1].reshape(g * t, m, w)
-    y = bound = None
-    if outputs:
-        y = torch.bmm(pq, entering_states).mul_(carry).baddbmm_(scores, pv)
-    if outputs and signed:
-        assert magnitudes is not None, "tracked with the states"
-        abs_q = pq.detach().abs()
-        inside = (torch.bmm(abs_q, pk.detach().abs().mT) * weights).sum(dim=-1, keepdim=True)
-        entering_magnitudes = magnitudes[:, :-1].detach().reshape(g * t, m, 1)
-        bound = torch.addcmul(inside, carry, torch.bmm(abs_q, entering_magnitudes))
-    return Chunked(
-        pq, pk, pv, weighted, key_weights, weights, carry, decay, carried, states, entering_states,
-        magnitudes, entering, scores, y, bound,
-    )  # fmt: skip
-
-
-def _causal_group(
+def causal_group(
     features: FeatureFn,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -221,7 +275,7 @@ def _causal_group(
     chunk: int,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Features of one group of positions and its ``causal_block``."""
+    """Features of one group of positions and its [`causal_block`][rf_attention.ops.causal.causal_block]."""
     phi_q, _, query_signed = row_stabilized_features(features, q, True, None)
     phi_k, scale, key_signed = row_stabilized_features(features, k, False, mask)
     signed = query_signed or key_signed
@@ -230,89 +284,35 @@ def _causal_group(
     )
 
 
-def causal_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    features: FeatureFn,
-    *,
-    width: int,
-    chunk: int,
-    eps: float,
-) -> torch.Tensor:
-    """Causal ``sum_{j<=i} phi_q_i . phi_k_j v_j / sum_{j<=i} phi_q_i . phi_k_j`` by groups of chunks.
-
-    Each group is one [`causal_block`][rf_attention.ops.causal.causal_block] (all its chunks at once); the
-    state leaving a group enters the next.
-
-    Args:
-        q: ``(..., N, d)``.
-        k: ``(..., N, d)``.
-        v: ``(..., N, Dv)``.
-        key_mask: bool ``(..., N)``, True at padding, or None.
-        features: the feature map of queries and keys.
-        width: ``m``, the feature width (for the group rule).
-        chunk: positions per chunk.
-        eps: relative guard of the normalizer.
-    """
-    n = q.shape[-2]
-    rows = group_rows(n, q.shape[-1], width, multiple=min(chunk, n))
-    state: torch.Tensor | None = None
-    magnitude: torch.Tensor | None = None
-    reference: torch.Tensor | None = None
-    outs = []
-    for part in row_slices(n, rows):
-        out, state, magnitude, reference = recomputed(
-            _causal_group,
-            features,
-            q[..., part, :],
-            k[..., part, :],
-            v[..., part, :],
-            mask_part(key_mask, part),
-            state,
-            magnitude,
-            reference,
-            chunk,
-            eps,
-        )
-        outs.append(out)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
-
-
 def _chunked_vjp(
     ch: Chunked, grad_y: torch.Tensor, grad_state_out: torch.Tensor | None, need_state: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of ``phi_q``, ``phi_k``, ``[v, 1]`` ``(g t, c, .)`` and of the entering state.
 
     From those of ``y`` ``(g t, c, w)`` and of the state leaving the block (None: nothing used it).
-    ``y = carry * (pq @ P_t) + scores @ pv``, ``scores = (pq @ pk^T) * weights``, ``P = decay @ S +
-    carried * P_0``, ``S_t = (pk * e^{c - E_t})^T @ pv``: the reference weights are constants.
+    ``y = carry * (pq @ P_t) + scores @ pv``, ``scores = (pq @ pk^T) * weights``, ``P = scan([P_0, S])``,
+    ``S_t = (pk * e^{c - E_t})^T @ pv``: the reference weights are constants, and the scan's transpose is
+    the reverse scan.
     """
-    g, m, w = ch.decay.shape[0], ch.pq.shape[-1], ch.pv.shape[-1]
+    g, m, w = ch.log_ref.shape[0], ch.pq.shape[-1], ch.pv.shape[-1]
     carried_grad = ch.carry * grad_y
     grad_scores = torch.bmm(grad_y, ch.pv.mT).mul_(ch.weights)
     grad_pq = torch.bmm(grad_scores, ch.pk).baddbmm_(carried_grad, ch.entering_states.mT)
     grad_states = torch.bmm(ch.pq.mT, carried_grad).view(g, -1, m * w)  # (g, t, m w)
-    decay, carried = ch.decay[:, :-1], ch.carried[:, :-1]
-    if grad_state_out is not None:
-        grad_states = torch.cat((grad_states, grad_state_out.view(g, 1, m * w)), dim=-2)
-        decay, carried = ch.decay, ch.carried
-    grad_sums = torch.bmm(decay.mT, grad_states).view(-1, m, w)  # (g t, m, w)
-    grad_state_in = None
-    if need_state:
-        grad_state_in = torch.bmm(carried.unsqueeze(-2), grad_states).view(g, m, w)
+    last = grad_states.new_zeros(g, 1, m * w) if grad_state_out is None else grad_state_out.view(g, 1, m * w)
+    grad_terms = chunk_prefix(torch.cat((grad_states, last), dim=1), ch.log_ref, reverse=True)
+    grad_sums = grad_terms[:, 1:].reshape(-1, m, w)  # (g t, m, w)
+    grad_state_in = grad_terms[:, 0].view(g, m, w) if need_state else None
     grad_pk = torch.bmm(ch.pv, grad_sums.mT).mul_(ch.key_weights).baddbmm_(grad_scores.mT, ch.pq)
     grad_pv = torch.bmm(ch.scores.mT, grad_y).baddbmm_(ch.weighted_keys, grad_sums)
     return grad_pq, grad_pk, grad_pv, grad_state_in
 
 
-class _Causal(torch.autograd.Function):
-    """Causal attention with closed-form features, by groups of chunks.
+class _ClosedCausal(torch.autograd.Function):
+    """[`causal_group`][rf_attention.ops.causal.causal_group] of closed-form features, hand-written VJPs.
 
-    The backward pass recomputes each group's features and chunk products, last group first, and applies
-    their hand-written VJPs. Saved: the inputs, the state and reference entering each group, the outputs
-    and normalizers.
+    Saved: the group's inputs, the state and reference entering it, its outputs and normalizers; the
+    backward pass recomputes the features and chunk products.
     """
 
     @staticmethod
@@ -321,131 +321,156 @@ class _Causal(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        key_mask: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        state: torch.Tensor | None,
+        magnitude: torch.Tensor | None,
+        reference: torch.Tensor | None,
         query_projection: torch.Tensor,
         query_offset: torch.Tensor,
         key_projection: torch.Tensor,
         key_offset: torch.Tensor,
         query_sign: torch.Tensor | None,
         trigonometric: bool,
-        rows: int,
         chunk: int,
         eps: float,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        ctx.set_materialize_grads(False)
         qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
         ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        fq, _ = closed_form_features(q, qs, None, "row")
+        fk, scale = closed_form_features(k, ks, mask, "row")
         signed = trigonometric or query_sign is not None
-        state: torch.Tensor | None = None
-        magnitude: torch.Tensor | None = None
-        reference: torch.Tensor | None = None
-        states, references = [], []
-        out = v.new_empty(v.shape)
-        den = v.new_empty(*v.shape[:-1], 1)
-        free = torch.empty(den.shape, dtype=torch.bool, device=den.device)
-        parts = [x.split(rows, dim=1) for x in (q, k, v, out, den, free)]
-        masks = row_groups(key_mask, rows, len(parts[0]))
-        for q_part, k_part, v_part, out_part, den_part, free_part, mask in zip(*parts, masks, strict=True):
-            if state is not None and reference is not None:
-                states.append(state)
-                references.append(reference)
-            fq, _ = closed_form_features(q_part, qs, None, "row")
-            fk, scale = closed_form_features(k_part, ks, mask, "row")
-            ch = chunked_products(
-                fq.phi, fk.phi, scale.squeeze(-1), v_part, state, magnitude, reference, chunk, signed
-            )
-            assert ch.y is not None, "asked for"
-            den_y, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
-            size, n = fq.phi.shape[:2]
-            out_part.copy_((ch.y[..., :-1] / den_y).view(size, -1, v.shape[-1])[:, :n])
-            den_part.copy_(den_y.view(size, -1, 1)[:, :n])
-            free_part.copy_(~guarded.view(size, -1, 1)[:, :n])
-            state, reference = ch.states[:, -1], ch.entering[:, -1]
-            magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1]
-            del fq, fk, ch, den_y, guarded
-        entering_states = torch.stack(states) if states else None
-        entering_references = torch.stack(references) if references else None
+        ch = chunked_products(
+            fq.phi, fk.phi, scale.squeeze(-1), v, state, magnitude, reference, chunk, signed
+        )
+        assert ch.y is not None, "asked for"
+        den, guarded = guarded_denominator(ch.y[..., -1:], ch.bound, eps)
+        size, n = q.shape[:2]
+        out = (ch.y[..., :-1] / den).view(size, -1, v.shape[-1])[:, :n]
+        den, free = den.view(size, -1, 1)[:, :n], ~guarded.view(size, -1, 1)[:, :n]
         ctx.save_for_backward(
-            q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
-            entering_states, entering_references, out, den, free,
+            q, k, v, mask, state, reference, query_projection, query_offset, key_projection, key_offset,
+            query_sign, out, den, free,
         )  # fmt: skip
-        ctx.config = (trigonometric, rows, chunk)
-        return out
+        ctx.config = (trigonometric, chunk)
+        # copies: a view would keep the group's scan alive as long as the state
+        final_state = ch.states[:, -1].reshape(size, *ch.entering_states.shape[-2:]).clone()
+        final_magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1].clone()
+        final_reference = ch.entering[:, -1].clone()
+        ctx.mark_non_differentiable(final_reference, *([] if final_magnitude is None else [final_magnitude]))
+        return out, final_state, final_magnitude, final_reference
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(
+        ctx: Any, grad_out: torch.Tensor | None, grad_state: torch.Tensor | None, *_unused: Any
+    ) -> tuple[torch.Tensor | None, ...]:
         (
-            q, k, v, key_mask, query_projection, query_offset, key_projection, key_offset, query_sign,
-            entering_states, entering_references, out, den, free,
+            q, k, v, mask, state, reference, query_projection, query_offset, key_projection, key_offset,
+            query_sign, out, den, free,
         ) = ctx.saved_tensors  # fmt: skip
-        trigonometric, rows, chunk = ctx.config
+        trigonometric, chunk = ctx.config
         qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
         ks = FeatureSide(key_projection, key_offset, None, trigonometric)
-        grads = Gradients(q, k, v, (rows, rows))
-        grad_state: torch.Tensor | None = None
-        parts = [x.split(rows, dim=1) for x in (q, k, v, out, den, free, grad_out)]
-        masks = row_groups(key_mask, rows, len(parts[0]))
-        for index in reversed(range(len(masks))):
-            q_part, k_part, v_part, out_part, den_part, free_part, grad_part = (p[index] for p in parts)
-            state = None if index == 0 else entering_states[index - 1]
-            reference = None if index == 0 else entering_references[index - 1]
-            fq, _ = closed_form_features(q_part, qs, None, "row")
-            fk, scale = closed_form_features(k_part, ks, masks[index], "row")
-            ch = chunked_products(
-                fq.phi, fk.phi, scale.squeeze(-1), v_part, state, None, reference, chunk, False, outputs=False
-            )
-            size, n, m = fq.phi.shape
-            c = ch.pq.shape[-2]
-            gy = guard_gradient(out_part, den_part, free_part.to(den.dtype), grad_part)
-            if n % c:
-                gy = F.pad(gy, (0, 0, 0, c - n % c))
-            grad_pq, grad_pk, grad_pv, grad_state = _chunked_vjp(
-                ch, gy.view(-1, c, gy.shape[-1]), grad_state, index > 0
-            )
-            grads.v_parts[index].copy_(grad_pv.view(size, -1, grad_pv.shape[-1])[:, :n, :-1])
-            gx, gp, gb = closed_form_vjp(grad_pq.view(size, -1, m)[:, :n], q_part, fq, qs)
-            grads.q_parts[index].copy_(gx)
-            grads.side(0, gp, gb)
-            gx, gp, gb = closed_form_vjp(grad_pk.view(size, -1, m)[:, :n], k_part, fk, ks)
-            grads.k_parts[index].copy_(gx)
-            grads.side(1, gp, gb)
-            del fq, fk, ch, gy, grad_pq, grad_pk, grad_pv, gx
-        return grads.result()
+        fq, _ = closed_form_features(q, qs, None, "row")
+        fk, key_scale = closed_form_features(k, ks, mask, "row")
+        ch = chunked_products(
+            fq.phi, fk.phi, key_scale.squeeze(-1), v, state, None, reference, chunk, False, outputs=False
+        )
+        size, n, m = fq.phi.shape
+        c = ch.pq.shape[-2]
+        grad = torch.zeros_like(out) if grad_out is None else grad_out
+        gy = guard_gradient(out, den, free.to(den.dtype), grad)
+        if n % c:
+            gy = F.pad(gy, (0, 0, 0, c - n % c))
+        grad_pq, grad_pk, grad_pv, grad_state_in = _chunked_vjp(
+            ch, gy.view(-1, c, gy.shape[-1]), grad_state, state is not None
+        )
+        del ch, gy  # the chunk products are freed before the features' VJPs allocate
+        grad_v = grad_pv.view(size, -1, grad_pv.shape[-1])[:, :n, :-1]
+        grad_q, grad_qp, grad_qo = closed_form_vjp(grad_pq.view(size, -1, m)[:, :n], q, fq, qs)
+        grad_k, grad_kp, grad_ko = closed_form_vjp(grad_pk.view(size, -1, m)[:, :n], k, fk, ks)
+        return (
+            grad_q, grad_k, grad_v, None, grad_state_in, None, None, grad_qp, grad_qo, grad_kp, grad_ko,
+            None, None, None, None,
+        )  # fmt: skip
 
 
-def closed_form_causal(
+def _group(
+    features: Features,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    state: CausalState | None,
+    chunk: int,
+    eps: float,
+) -> tuple[torch.Tensor, CausalState]:
+    carried = (None, None, None) if state is None else state
+    if isinstance(features, ClosedForm):
+        qs, ks = features.query, features.key
+        out, *rest = _ClosedCausal.apply(
+            q, k, v, mask, *carried, qs.projection, qs.offset, ks.projection, ks.offset, qs.sign,
+            qs.trigonometric, chunk, eps,
+        )  # fmt: skip
+    else:
+        out, *rest = recomputed(causal_group, features, q, k, v, mask, *carried, chunk, eps)
+    return out, CausalState(*rest)
+
+
+def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     key_mask: torch.Tensor | None,
-    query_form: ExponentialForm,
-    key_form: ExponentialForm,
+    features: Features,
     *,
+    width: int,
     chunk: int,
     eps: float,
-) -> torch.Tensor:
-    """Causal attention with closed-form features and hand-written backward passes.
+    state: CausalState | None = None,
+) -> tuple[torch.Tensor, CausalState]:
+    """Causal ``sum_{j<=i} phi_q_i . phi_k_j v_j / sum_{j<=i} phi_q_i . phi_k_j`` by groups of chunks.
+
+    Each group is one [`causal_block`][rf_attention.ops.causal.causal_block] (all its chunks at once); the
+    state leaving a group enters the next.
 
     Args:
         q: ``(..., N, d)``, in the accumulation dtype.
         k: ``(..., N, d)``.
         v: ``(..., N, Dv)``.
         key_mask: bool ``(..., N)``, True at padding, or None.
-        query_form: the queries' features (``rf_features.ExponentialForm``).
-        key_form: the keys' features.
-        chunk: positions per chunk.
+        features: the feature strategy: a ``ClosedForm`` of inputs flattened to ``(G, n, d)``, or a
+            ``FeatureFn`` of inputs ``(..., n, d)``.
+        width: ``m``, the feature width (for the group rule).
+        chunk: positions per chunk (the intra-chunk products are ``chunk x chunk``).
         eps: relative guard of the normalizer.
+        state: the keys before these ``N`` positions (leading shape ``...``), or None (none).
 
     Returns:
-        ``(..., N, Dv)``.
+        ``(..., N, Dv)`` and the state after the ``N`` positions (the same pass; gradients flow through it).
     """
-    lead = q.shape[:-2]
+    lead, (n, d) = q.shape[:-2], q.shape[-2:]
     size = math.prod(lead)
-    sides = flat_sides(query_form, key_form, lead, q.dtype)
-    width = sides[1].shape[-1]
-    flat = [x.reshape(size, *x.shape[-2:]) for x in (q, k, v)]
-    mask = None if key_mask is None else key_mask.reshape(size, key_mask.shape[-1])
-    n = q.shape[-2]
-    per_element = CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT
-    group = group_rows(n, q.shape[-1], width, min(chunk, n), per_element, batch=size)
-    out = _Causal.apply(*flat, mask, *sides, query_form.trigonometric, group, chunk, eps)
-    return out.reshape(*lead, *out.shape[-2:])
+    if not isinstance(features, ClosedForm):
+        features = flattened(features, lead)
+    q, k, v = (x.reshape(size, *x.shape[-2:]) for x in (q, k, v))
+    mask = None if key_mask is None else key_mask.reshape(size, n)
+    carried = None
+    if state is not None:
+        magnitude = None if state.magnitude is None else state.magnitude.reshape(size, -1)
+        carried = CausalState(
+            state.sums.reshape(size, *state.sums.shape[-2:]), magnitude, state.reference.reshape(size)
+        )
+    rows = group_rows(n, d, width, min(chunk, n), CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT, batch=size)
+    parts = [x.split(rows, dim=1) for x in (q, k, v)]
+    outs = []
+    for q_part, k_part, v_part, mask_part in zip(*parts, row_groups(mask, rows, len(parts[0])), strict=True):
+        out, carried = _group(features, q_part, k_part, v_part, mask_part, carried, chunk, eps)
+        outs.append(out)
+    assert carried is not None, "q has at least one row"
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    magnitude = None if carried.magnitude is None else carried.magnitude.reshape(*lead, -1)
+    final = CausalState(
+        carried.sums.reshape(*lead, *carried.sums.shape[-2:]), magnitude, carried.reference.reshape(lead)
+    )
+    return out.reshape(*lead, *out.shape[-2:]), final

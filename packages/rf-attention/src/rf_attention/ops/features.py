@@ -26,27 +26,55 @@ def qk_scale(head_dim: int) -> float:
     return float(head_dim) ** -0.25
 
 
-def exp_features(log_x: torch.Tensor, mult: torch.Tensor | None) -> torch.Tensor:
-    """``exp(log_x) [* mult]``: features from ``FeatureFn``'s pair."""
-    features = torch.exp(log_x)
-    return features if mult is None else features * mult
+#: How a group's log-features are stabilized: by each row's maximum, each column's, or a given tensor.
+Stabilizer = Literal["row", "column"] | torch.Tensor
+
+
+def stabilized(
+    log_x: torch.Tensor,
+    mult: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    stabilizer: Stabilizer,
+    *,
+    in_place: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features ``exp(log_x - M) [* mult]`` ``(..., n, m)`` and the maximum ``M`` subtracted (detached).
+
+    ``M`` is the rows' maxima ``(..., n, 1)``, the columns' ``(..., 1, m)`` or the given tensor; ``-inf``
+    where every entry is padding, and 0 is subtracted there. Padded rows (``mask (..., n)``) are 0.
+    ``in_place``: overwrite ``log_x`` (a fresh tensor that autograd does not record).
+
+    Args:
+        log_x: ``(..., n, r)`` log-features, ``r`` = ``m`` or 1 (one log-scale per row).
+        mult: ``(..., n, m)`` multiplier (signs, waves, given features) or None.
+        mask: bool ``(..., n)``, True at padding, or None.
+        stabilizer: ``"row"``, ``"column"`` or the ``M`` to subtract.
+        in_place: see above.
+    """
+    if mask is not None:
+        fill = log_x.masked_fill_ if in_place else log_x.masked_fill
+        log_x = fill(mask.unsqueeze(-1), -math.inf)
+    if isinstance(stabilizer, torch.Tensor):
+        top = stabilizer
+    else:
+        top = log_x.detach().amax(dim=-1 if stabilizer == "row" else -2, keepdim=True)
+    if in_place:
+        phi = log_x.sub_(finite_or_zero(top)).exp_()
+        return (phi if mult is None else phi.mul_(mult)), top
+    phi = torch.exp(log_x - finite_or_zero(top))
+    return (phi if mult is None else phi * mult), top
 
 
 def row_stabilized_features(
     features: FeatureFn, x: torch.Tensor, is_query: bool, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Features ``(..., n, m)``, each row divided by ``exp`` of its largest log-feature.
+    """The features of ``x`` ``(..., n, m)``, each row divided by ``exp`` of its largest log-feature.
 
     Also returns that log-scale ``(..., n)`` (detached; ``-inf`` at padding, whose features are 0) and
     whether the features have signs.
     """
     log_x, mult_x = features(x, is_query)
-    top = log_x.detach().amax(dim=-1, keepdim=True)
-    if mask is not None:
-        top = top.masked_fill(mask[..., None], -math.inf)
-    phi = exp_features(log_x - finite_or_zero(top), mult_x)
-    if mask is not None:
-        phi = phi.masked_fill(mask[..., None], 0.0)
+    phi, top = stabilized(log_x, mult_x, mask, "row")
     return phi, top.squeeze(-1), mult_x is not None
 
 
@@ -89,8 +117,22 @@ class ClosedFeatures(NamedTuple):
     squares: torch.Tensor  # (G, n, 2d): [x, x * x]
 
 
-#: How a group's log-features are stabilized: by each row's maximum, each column's, or a given tensor.
-Stabilizer = Literal["row", "column"] | torch.Tensor
+def closed_form_log_features(
+    x: torch.Tensor, side: FeatureSide
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Log-features, multiplier (as a ``FeatureFn``'s) and ``[x, x * x]`` of ``x (G, n, d)``.
+
+    Positive: ``[x, x * x] @ projection + offset`` and the sign. Trigonometric: the phases' waves
+    ``[cos, sin]`` as the multiplier and one log-magnitude per row plus the offset.
+    """
+    squares = torch.cat((x, x * x), dim=-1)
+    if not side.trigonometric:
+        return torch.baddbmm(side.offset, squares, side.projection), side.sign, squares
+    u = torch.bmm(squares, side.projection)
+    phases = u[..., :-1]
+    waves = torch.cat((phases.cos(), phases.sin()), dim=-1)
+    mult = waves if side.sign is None else waves.mul_(side.sign)
+    return u[..., -1:] + side.offset, mult, squares
 
 
 def closed_form_features(
@@ -98,29 +140,11 @@ def closed_form_features(
 ) -> tuple[ClosedFeatures, torch.Tensor]:
     """Features of ``x (G, n, d)``, ``exp(log - M) * sign [* waves]``, and the maximum ``M`` subtracted.
 
-    ``M`` is the rows' maxima ``(G, n, 1)``, the columns' ``(G, 1, m)`` (``-inf`` where every key is
-    padding; 0 is subtracted there) or the given tensor. Padded rows (``mask (G, n)``) are 0. The
-    log-features are computed in place: one ``n x m`` tensor for positive features.
+    [`closed_form_log_features`][rf_attention.ops.features.closed_form_log_features] through
+    [`stabilized`][rf_attention.ops.features.stabilized], in place.
     """
-    squares = torch.cat((x, x * x), dim=-1)
-    waves = None
-    if side.trigonometric:
-        u = torch.bmm(squares, side.projection)
-        phases = u[..., :-1]
-        waves = torch.cat((phases.cos(), phases.sin()), dim=-1)
-        log_x = u[..., -1:] + side.offset
-    else:
-        log_x = torch.baddbmm(side.offset, squares, side.projection)
-    if mask is not None:
-        log_x = log_x.masked_fill_(mask.unsqueeze(-1), -math.inf)
-    if isinstance(stabilizer, torch.Tensor):
-        top = stabilizer
-    else:
-        top = log_x.amax(dim=-1 if stabilizer == "row" else -2, keepdim=True)
-    magnitude = log_x.sub_(finite_or_zero(top)).exp_()
-    if side.sign is not None:
-        magnitude = magnitude.mul_(side.sign)
-    phi = magnitude if waves is None else waves.mul_(magnitude)
+    log_x, mult, squares = closed_form_log_features(x, side)
+    phi, top = stabilized(log_x, mult, mask, stabilizer, in_place=True)
     return ClosedFeatures(phi, squares), top
 
 
@@ -147,10 +171,50 @@ def closed_form_vjp(
     return grad_x, torch.bmm(f.squares.mT, grad_u), grad_log.sum(dim=-2, keepdim=True)
 
 
-def flat_sides(
-    query_form: ExponentialForm, key_form: ExponentialForm, lead: torch.Size, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The kernel Functions' feature inputs: projections and offsets of both sides, query sign."""
-    qs = feature_side(query_form, lead, dtype)
-    ks = feature_side(key_form, lead, dtype)
-    return qs.projection, qs.offset, ks.projection, ks.offset, qs.sign
+class ClosedForm(NamedTuple):
+    """The feature strategy of maps with a closed form: both sides' ``FeatureSide`` s, hand-written VJPs."""
+
+    query: FeatureSide
+    key: FeatureSide
+
+    @classmethod
+    def of(
+        cls, query_form: ExponentialForm, key_form: ExponentialForm, lead: torch.Size, dtype: torch.dtype
+    ) -> ClosedForm:
+        """Both sides of inputs with leading shape ``lead`` (flattened), in ``dtype``."""
+        return cls(feature_side(query_form, lead, dtype), feature_side(key_form, lead, dtype))
+
+    @property
+    def signed(self) -> bool:
+        """Whether the features have signs (waves or negative weights)."""
+        return self.query.trigonometric or self.query.sign is not None
+
+    def log_features(self, x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The closed form as a ``FeatureFn``."""
+        log_x, mult, _ = closed_form_log_features(x, self.query if is_query else self.key)
+        return log_x, mult
+
+
+#: A feature strategy: a closed form (hand-written VJPs) or any ``FeatureFn`` (autograd, recomputed groups).
+Features = ClosedForm | FeatureFn
+
+
+def flattened(features: FeatureFn, lead: torch.Size) -> FeatureFn:
+    """``features`` of inputs ``(G, n, d)`` flattened from leading shape ``lead`` (``G = prod(lead)``).
+
+    ``features`` sees ``(*lead, n, d)`` (its statistics broadcast over ``lead``); its outputs come back
+    ``(G, n, .)`` (a multiplier without leading dimensions, such as a sign vector, as it is).
+    """
+
+    def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or t.dim() <= 2:
+            return t
+        return t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
+
+    def fn(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        log_x, mult = features(x.view(*lead, *x.shape[-2:]), is_query)
+        flat_log = flat(log_x)
+        assert flat_log is not None, "a tensor"
+        return flat_log, flat(mult)
+
+    return fn

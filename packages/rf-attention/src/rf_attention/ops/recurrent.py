@@ -35,7 +35,7 @@ import rf_features
 from rf_attention.functional import _accumulation_dtype
 from rf_attention.ops.causal import causal_block
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
-from rf_attention.ops.features import qk_scale
+from rf_attention.ops.features import qk_scale, row_stabilized_features
 
 
 @dataclass(frozen=True)
@@ -185,58 +185,68 @@ def decode(
     _check_inputs(q, k, v, feature_map, state, key_padding_mask)
     acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
     x_scale = _input_scale(q.shape[-1], scale)
+    signed = _signed(feature_map)
+    if q.shape[-2] == 1 and state is None:
+        lead, m = tuple(q.shape[:2]), feature_map.num_features
+        state = RecurrentState.empty(lead, m, v.shape[-1], signed=signed, dtype=acc, device=q.device)
+    kept = _kept_layout(feature_map, state, acc, x_scale) if q.shape[-2] == 1 else None
+    if state is not None and kept is not None:
+        out, new = _step(q, k, v, key_padding_mask, state, kept, acc)
+        return out.to(v.dtype), new
+    qs, ks = q.to(acc) * x_scale, k.to(acc) * x_scale
+    stats = feature_map.current_statistics(
+        qs, ks, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+    )
     if q.shape[-2] == 1:
-        if state is None:
-            lead, m = tuple(q.shape[:2]), feature_map.num_features
-            state = RecurrentState.empty(
-                lead, m, v.shape[-1], signed=_signed(feature_map), dtype=acc, device=q.device
-            )
-        layout = _step_layout(feature_map, q, k, key_padding_mask, state, acc, x_scale)
+        assert state is not None, "made above"
+        layout = _step_layout(feature_map, stats, state, acc, x_scale)
         if layout is not None:
             out, new = _step(q, k, v, key_padding_mask, state, layout, acc)
             return out.to(v.dtype), new
-    return _block(q, k, v, feature_map, state, key_padding_mask, acc, x_scale, chunk_size)
+
+    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return feature_map.weighted_log_features(x, stats, is_query=is_query, stabilized=True)
+
+    mask = None if key_padding_mask is None else key_padding_mask[:, None, :].expand(q.shape[:-1])
+    phi_q, _, _ = row_stabilized_features(features, qs, True, None)
+    phi_k, log_scale, _ = row_stabilized_features(features, ks, False, mask)
+    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+    out, new = _block(phi_q, phi_k, log_scale, v.to(acc), state, chunk=chunk, signed=signed)
+    return out.to(v.dtype), new
 
 
 def _block(
-    q: torch.Tensor,
-    k: torch.Tensor,
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    log_scale: torch.Tensor,
     v: torch.Tensor,
-    fm: rf_features.FeatureMap,
     state: RecurrentState | None,
-    mask: torch.Tensor | None,
-    acc: torch.dtype,
-    x_scale: float,
-    chunk_size: int | None,
+    *,
+    chunk: int,
+    signed: bool,
 ) -> tuple[torch.Tensor, RecurrentState]:
-    """The ``T`` tokens by the chunk-parallel causal block; outputs and state from the same pass."""
-    phi_q, phi_k, log_scale = fm.forward_with_key_scales(
-        q.to(acc) * x_scale, k.to(acc) * x_scale, key_padding_mask=mask, query_padding_mask=mask
-    )
-    signed = _signed(fm)
-    lead, m, n = tuple(q.shape[:2]), phi_k.shape[-1], q.shape[-2]
-    magnitude = None if state is None or state.magnitude is None else state.magnitude.squeeze(-1)
+    """``T`` tokens' features ``(B, H, T, m)`` by the causal block; outputs and state from the same pass."""
+    lead, (n, m), acc = tuple(phi_q.shape[:2]), phi_q.shape[-2:], v.dtype
     out, sums, magnitude, reference = causal_block(
-        phi_q.to(acc),
-        phi_k.to(acc),
-        log_scale.to(acc),
-        v.to(acc),
+        phi_q,
+        phi_k,
+        log_scale,
+        v,
         None if state is None else state.sums,
-        magnitude,
+        None if state is None or state.magnitude is None else state.magnitude.squeeze(-1),
         None if state is None else state.reference,
-        chunk=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
+        chunk=chunk,
         eps=torch.finfo(acc).eps,
         signed=signed,
     )
-    length = n if state is None else state.length + n
     new = RecurrentState(
         sums=sums,
         log_scale=reference.clamp_min(torch.finfo(acc).min).reshape(*lead, 1, 1),
         magnitude=None if magnitude is None else magnitude.reshape(*lead, m, 1),
-        length=length,
+        length=n if state is None else state.length + n,
         layout=None if state is None else state.layout,
     )
-    return out.to(v.dtype), new
+    return out, new
 
 
 def _step(
@@ -284,34 +294,44 @@ def _step(
     return num / den, new
 
 
+def _layout_key(fm: rf_features.FeatureMap, acc: torch.dtype, x_scale: float) -> tuple[object, ...] | None:
+    """What a kept layout depends on (the map's tensors' versions), or None where none may be kept.
+
+    Nothing is kept in training (the running statistics change with every call) or where autograd records
+    through a learned matrix (the layout carries its gradient).
+    """
+    if fm.training or (torch.is_grad_enabled() and any(p.requires_grad for p in fm.parameters())):
+        return None
+    return (*((t.data_ptr(), t._version) for t in (*fm.parameters(), *fm.buffers())), acc, x_scale)
+
+
+def _kept_layout(
+    fm: rf_features.FeatureMap, state: RecurrentState | None, acc: torch.dtype, x_scale: float
+) -> StepLayout | None:
+    """The state's layout if it was built from the map as it is now, else None."""
+    key = _layout_key(fm, acc, x_scale)
+    layout = None if state is None else state.layout
+    return layout if key is not None and layout is not None and layout.key == key else None
+
+
 def _step_layout(
     fm: rf_features.FeatureMap,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    mask: torch.Tensor | None,
+    stats: dict[str, torch.Tensor],
     state: RecurrentState,
     acc: torch.dtype,
     x_scale: float,
 ) -> StepLayout | None:
-    """The state's layout if still valid, else a new one (kept in eval); None without a closed form.
+    """The map's closed form under ``stats`` laid out for the step (kept on ``state`` where it may be).
 
-    In training the statistics are those ``forward`` would use (running averages, updated as it does),
-    and the layout is rebuilt every call (it carries the gradient of a learned matrix).
+    None for a map without a closed form (or with one per batch or head).
     """
-    recorded = torch.is_grad_enabled() and any(p.requires_grad for p in fm.parameters())
-    keep = not fm.training and not recorded
-    key = (*((t.data_ptr(), t._version) for t in (*fm.parameters(), *fm.buffers())), acc, x_scale)
-    if keep and state.layout is not None and state.layout.key == key:
-        return state.layout
-    stats = fm.current_statistics(
-        q.to(acc) * x_scale, k.to(acc) * x_scale, key_padding_mask=mask, query_padding_mask=mask
-    )
     forms = [fm.exponential_form(stats, is_query=side, dtype=acc, scale=x_scale) for side in (True, False)]
     query, key_form = forms
     if query is None or key_form is None or query.matrix.dim() != 2 or key_form.matrix.dim() != 2:
         return None
-    layout = _laid_out(query, key_form, key)
-    if keep:
+    key = _layout_key(fm, acc, x_scale)
+    layout = _laid_out(query, key_form, () if key is None else key)
+    if key is not None:
         state.layout = layout
     return layout
 
@@ -345,8 +365,8 @@ def _laid_out(
 
 
 def _signed(fm: rf_features.FeatureMap) -> bool:
-    """Whether the features can be negative (then the guard needs ``sum_j |phi_k_j|``)."""
-    return not fm.positive or fm.weight_matrix.signed_weights
+    """Whether the features carry signs, as the kernels decide (the guard then needs ``sum_j |phi_k_j|``)."""
+    return not fm.positive or fm.weight_matrix.component_weights is not None
 
 
 def _input_scale(head_dim: int, scale: float | None) -> float:
