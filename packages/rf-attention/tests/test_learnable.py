@@ -101,3 +101,17 @@ def test_learnable_module_parameters_and_gradients_stay_float32_under_bfloat16_a
         assert p.dtype == torch.float32
         assert p.grad is not None
         assert p.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpointed_causal_oprf_module_updates_statistics_once_with_the_plain_gradients(use_reentrant):
+    plain = module("oprf-orf").double().train()
+    checkpointed = module("oprf-orf").double().train()
+    x = torch.randn(2, 9, 12, dtype=torch.float64)
+    plain(x), checkpointed(x)  # the statistics off their defaults
+    x = (x * 1.5).requires_grad_()
+    plain(x).pow(2).sum().backward()
+    torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=use_reentrant).pow(2).sum().backward()
+    assert torch.equal(checkpointed.feature_map.running_a, plain.feature_map.running_a)
+    for a, b in zip(checkpointed.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rf_attention.transfer import attention_transfer, freeze_statistics
+from rf_attention.transfer import attention_transfer, freeze_statistics, teacher_forced
 
 transformers = pytest.importorskip("transformers")
 rf_hf = pytest.importorskip("rf_attention.hf")
@@ -79,3 +79,16 @@ def test_lora_stage_trains_adapters_on_the_attention_projections_with_trainer(tm
     assert torch.isfinite(torch.tensor(result.training_loss))
     after = {n.removeprefix("base_model.model."): p for n, p in peft_model.named_parameters()}
     assert all(torch.equal(after[n], p) for n, p in maps.items())
+
+
+def test_teacher_forcing_after_transfer_keeps_the_trained_maps_of_a_reloaded_model(tmp_path):
+    saved = tiny_llama()
+    rf_hf.attach_feature_maps(saved)  # the folder holds feature maps
+    saved.save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="rf-saderf-orf")
+    attention_transfer(model, llama_batches(), steps=2, lr=3e-2)
+    trained = {n: p.detach().clone() for n, p in model.named_parameters() if "rf_feature_map" in n}
+    with torch.no_grad(), teacher_forced(model):
+        model(**llama_batches()[0], use_cache=False)
+    assert trained
+    assert all(torch.equal(p, trained[n]) for n, p in model.named_parameters() if n in trained)

@@ -165,9 +165,11 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
     """The random-feature attention layers of ``model``, in module order.
 
     ``RandomFeatureAttention`` modules, and for an HF model with an ``"rf-*"`` implementation its attention
-    modules (their feature maps attached by ``rf_attention.hf.attach_feature_maps``).
+    modules (their feature maps attached by ``rf_attention.hf.attach_feature_maps`` if none has one yet:
+    attaching again would restore maps saved in the model's folder over the ones trained since).
     """
-    if _hf_attention_name(model) is not None:
+    attached = any(hasattr(m, "rf_feature_map") for m in model.modules())
+    if _hf_attention_name(model) is not None and not attached:
         import rf_attention.hf as rf_hf  # the optional extra
 
         rf_hf.attach_feature_maps(model)
