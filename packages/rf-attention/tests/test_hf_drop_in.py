@@ -324,3 +324,21 @@ def test_attaching_again_keeps_maps_trained_since_loading(tmp_path):
     model.set_attn_implementation(NAME)
     for key, value in trained.items():
         assert torch.equal(model.state_dict()[key], value), key
+
+
+@pytest.mark.filterwarnings(PEFT_WARNING)
+def test_base_plus_reloaded_lora_adapter_gives_the_trained_models_logits(tmp_path):
+    peft = pytest.importorskip("peft")
+    built("llama", "rf-oprf-orf").save_pretrained(tmp_path / "base")
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    one_training_step(model)
+    model.save_pretrained(tmp_path / "adapter")
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        expected = model.eval()(input_ids=ids).logits
+        fresh = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+        reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter").eval()
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected)
