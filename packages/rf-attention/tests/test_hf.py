@@ -306,6 +306,15 @@ def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens
     assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
 
 
+def test_generate_with_hf_key_cache_gives_the_uncached_greedy_tokens():
+    model = attached("rf-oprf-orf")
+    ids, mask = left_padded_batch(seed=5)
+    cache = transformers.DynamicCache(config=model.config)
+    out = greedy(model, ids, mask, cache=cache, return_dict_in_generate=True)
+    assert type(out.cache) is transformers.DynamicCache  # the keys kept: a state rebuilt at every step
+    assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
+
+
 def test_gpt2_generate_keeps_the_recurrent_state_too():
     model = gpt2("rf-oprf-fastfoodl")
     rf_hf.attach_feature_maps(model)
