@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-import rf_attention._kernels as kernels
+import rf_attention.ops.common as kernels
 import rf_features
 from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend

@@ -14,12 +14,7 @@ AttentionInterface = transformers.AttentionInterface
 VOCAB = 61
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def llama(name, **overrides):
@@ -57,27 +52,32 @@ def left_padded_batch(seed=0):
 
 
 @pytest.fixture
-def recorder(monkeypatch):
+def recorder():
     """Wrap a registered attention so that every call's inputs and output are kept."""
     calls = []
 
+    restore = []
+
     def record(name):
-        original = AttentionInterface._global_mapping[name]
+        original = rf_hf.registered(name)
 
         def recording(module, query, key, value, attention_mask, **kwargs):
             out, weights = original(module, query, key, value, attention_mask, **kwargs)
             calls.append({"module": module, "q": query, "k": key, "v": value, "out": out, **kwargs})
             return out, weights
 
-        monkeypatch.setitem(AttentionInterface._global_mapping, name, recording)
+        AttentionInterface.register(name, recording)
+        restore.append((name, original))
         return calls
 
-    return record
+    yield record
+    for name, original in restore:
+        AttentionInterface.register(name, original)
 
 
 def test_every_random_feature_pair_is_an_attn_implementation():
     assert {"rf-posrf-orf", "rf-oprf-fastfoodl", "rf-trigrf-sgq", "rf-performer"} <= set(rf_hf.REGISTERED)
-    assert all(name in AttentionInterface._global_mapping for name in rf_hf.REGISTERED)
+    assert all(name in AttentionInterface() for name in rf_hf.REGISTERED)
     assert "rf-softmax" not in rf_hf.REGISTERED
 
 
@@ -195,8 +195,10 @@ def test_many_features_approach_the_models_softmax_attention(recorder):
 def test_uptraining_recipe_keeps_the_pretrained_weights_and_adds_feature_maps(tmp_path):
     pretrained = llama("sdpa")
     pretrained.save_pretrained(tmp_path)
-    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="rf-oprf-fastfoodl")
-    assert rf_hf.attach_feature_maps(model) == 2
+    with pytest.warns(UserWarning, match=r"drew fresh ones \(seed 0 \+ layer index, 128 features\)"):
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            tmp_path, attn_implementation="rf-oprf-fastfoodl"
+        )
     kept = pretrained.state_dict()
     new = {k for k in model.state_dict() if k not in kept}
     assert new
@@ -211,19 +213,51 @@ def test_uptraining_recipe_keeps_the_pretrained_weights_and_adds_feature_maps(tm
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None for n, p in model.named_parameters() if n in learnable)
-    with torch.no_grad():  # an uptraining step changed the learnable maps; save and reload them
-        for n, p in model.named_parameters():
-            if n in learnable:
-                p.add_(0.1)
-    model.eval().save_pretrained(tmp_path / "uptrained")
-    reloaded = transformers.LlamaForCausalLM.from_pretrained(
-        tmp_path / "uptrained", attn_implementation="rf-oprf-fastfoodl"
-    )
-    rf_hf.attach_feature_maps(reloaded)
-    assert rf_hf.load_feature_maps(reloaded, tmp_path / "uptrained") > 0
-    for key, value in model.state_dict().items():
-        if torch.is_tensor(value):  # not the generators' states (redraws), which are not saved
-            assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+def trained_maps(model):
+    """Shift every learnable feature-map tensor, as uptraining would."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".rf_feature_map." in name:
+                parameter.add_(0.3)
+    return model
+
+
+def tensors(model):
+    return {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
+
+
+def test_from_pretrained_without_a_name_gives_the_saved_rf_model(tmp_path):
+    rf_hf.register(["oprf-fastfoodl"], num_features=16, seed=5)
+    try:
+        model = trained_maps(llama("rf-oprf-fastfoodl"))
+    finally:
+        rf_hf.register(["oprf-fastfoodl"])
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)  # no attn_implementation
+    assert reloaded.config._attn_implementation == "rf-oprf-fastfoodl"
+    expected = tensors(model)
+    assert tensors(reloaded).keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+def test_maps_saved_elsewhere_load_with_one_call(tmp_path):
+    model = trained_maps(llama("rf-oprf-fastfoodl"))
+    model.save_pretrained(tmp_path)
+    twin = llama("rf-oprf-fastfoodl")
+    assert rf_hf.load_feature_maps(twin, tmp_path) > 0
+    for key, value in tensors(model).items():
+        assert torch.equal(twin.state_dict()[key], value), key
+
+
+def test_a_lazily_switched_model_refuses_to_draw_over_saved_maps(tmp_path):
+    trained_maps(llama("rf-oprf-fastfoodl")).save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+    model.config._attn_implementation = "rf-oprf-fastfoodl"  # no hook sees this: the first call would draw
+    with torch.no_grad(), pytest.raises(ValueError, match="rf-oprf-fastfoodl: this model was loaded from"):
+        model(input_ids=torch.tensor([[1, 2, 3]]))
 
 
 def test_masks_of_other_patterns_are_refused():
@@ -269,6 +303,15 @@ def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens
     state = cache.layers[0].state
     assert state.numerator.shape[:2] == (3, 4)  # (B, H, m, Dh): a state per query head, no keys
     assert state.numerator.shape[-1] == 8
+    assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
+
+
+def test_generate_with_hf_key_cache_gives_the_uncached_greedy_tokens():
+    model = attached("rf-oprf-orf")
+    ids, mask = left_padded_batch(seed=5)
+    cache = transformers.DynamicCache(config=model.config)
+    out = greedy(model, ids, mask, cache=cache, return_dict_in_generate=True)
+    assert type(out.cache) is transformers.DynamicCache  # the keys kept: a state rebuilt at every step
     assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
 
 
@@ -351,32 +394,12 @@ def test_a_cache_layer_given_to_a_softmax_attention_is_refused():
         model.config._attn_implementation = "rf-performer"
 
 
-def test_reloading_restores_the_trained_feature_maps_or_refuses(tmp_path):
-    model = attached("rf-oprf-fastfoodl")
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".rf_feature_map." in name:
-                parameter.add_(0.3)  # as after uptraining
-    ids, _ = left_padded_batch()
-    with torch.no_grad():
-        expected = model(input_ids=ids).logits
-    model.save_pretrained(tmp_path)
-    reloaded = transformers.LlamaForCausalLM.from_pretrained(
-        tmp_path, attn_implementation="rf-oprf-fastfoodl"
-    )
-    with torch.no_grad(), pytest.raises(ValueError, match="rf-oprf-fastfoodl: this model was loaded from"):
-        reloaded(input_ids=ids)
-    rf_hf.attach_feature_maps(reloaded)
-    with torch.no_grad():
-        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected)
-
-
 def test_refusals_name_the_attention_the_user_typed():
     model = attached("rf-performer")
-    calls = AttentionInterface._global_mapping["rf-performer"]
+    calls = rf_hf.registered("rf-performer")
     q = torch.randn(1, 4, 3, 8)
-    with pytest.raises(ValueError, match="sliding_window: not supported by rf-performer"):
-        calls(model.model.layers[0].self_attn, q, q, q, None, sliding_window=2)
+    with pytest.raises(ValueError, match="softcap: not supported by rf-performer"):
+        calls(model.model.layers[0].self_attn, q, q, q, None, softcap=2.0)
 
 
 def documents(lengths, seed=5):

@@ -9,14 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention import varlen
-from rf_attention._kernels import (
-    DEFAULT_CHUNK_SIZE,
-    FeatureFn,
-    causal_attention,
-    closed_form_attention,
-    noncausal_attention,
-)
-from rf_features import ExponentialForm, FeatureMap
+from rf_attention.ops.causal import causal_attention
+from rf_attention.ops.common import DEFAULT_CHUNK_SIZE
+from rf_attention.ops.features import ClosedForm, Features, qk_scale
+from rf_attention.ops.noncausal import noncausal_attention
+from rf_features import FeatureMap
 from spectraformer_core import check_int
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -132,35 +129,16 @@ def _run_in_accumulation_dtype(
     return out.to(out_dtype)
 
 
-def _chunk_parallel(
-    key_mask: torch.Tensor | None, features: FeatureFn, *, causal: bool, width: int
-) -> Kernel:
-    """The causal or non-causal chunk-parallel kernel with ``features`` (``width`` wide) as a `Kernel`."""
+def _chunk_parallel(key_mask: torch.Tensor | None, features: Features, *, causal: bool, width: int) -> Kernel:
+    """The causal or non-causal chunked kernel with a feature strategy (``width`` wide) as a `Kernel`."""
 
     def kernel(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
     ) -> torch.Tensor:
         if causal:
             chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-            return causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)
+            return causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)[0]
         return noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
-
-    return kernel
-
-
-def _closed_form(
-    key_mask: torch.Tensor | None, query_form: ExponentialForm, key_form: ExponentialForm, *, causal: bool
-) -> Kernel:
-    """[`closed_form_attention`][rf_attention._kernels.closed_form_attention] as a `Kernel`."""
-
-    def kernel(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
-    ) -> torch.Tensor:
-        chunk = DEFAULT_CHUNK_SIZE if chunk_size is None or not causal else chunk_size
-        rows = None if causal else chunk_size
-        return closed_form_attention(
-            q, k, v, key_mask, query_form, key_form, causal=causal, rows=rows, chunk=chunk, eps=eps
-        )
 
     return kernel
 
@@ -234,11 +212,11 @@ def rf_attention(
     $\phi(q) \cdot \phi(k) \approx \exp(q \cdot k / \sqrt{D_h})$) and mapped by ``feature_map`` (its
     statistics computed once, from the whole sequence or the running averages) chunk by chunk inside a
     memory-lean autograd function: features are never kept for the backward pass, which recomputes them
-    (``rf_attention._kernels``). Stabilization (constants that cancel exactly, detached): non-causal,
+    (``rf_attention.ops``). Stabilization (constants that cancel exactly, detached): non-causal,
     per-feature key maxima moved to the query side and each query row divided by its largest entry, so
     positive features never lose the normalizer's scale; causal, per-key scales combined over past keys only.
     The result is the plain formula's $\phi_q (\phi_k^\top v) / (\phi_q \phi_k^\top \mathbf 1)$
-    ([`naive_rf_attention`][rf_attention.naive.naive_rf_attention]).
+    ([`naive_rf_attention`][rf_attention.ops.naive.naive_rf_attention]).
 
     Args:
         q: ``(B, H, N_q, Dh)``, floating point (integer input is refused, not cast).
@@ -281,7 +259,7 @@ def rf_attention(
             "would let a position see later ones; create it with statistics_mode='running' for causal "
             "attention"
         )
-    scale = q.shape[-1] ** -0.25
+    scale = qk_scale(q.shape[-1])
     acc = _accumulation_dtype(q, k, v)
     q, k = q.to(acc), k.to(acc)
     stats = feature_map.current_statistics(
@@ -295,7 +273,9 @@ def rf_attention(
         for side in (True, False)
     ]
     if forms[0] is not None and forms[1] is not None:
-        kernel = _closed_form(mask, forms[0], forms[1], causal=causal)
+        closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)
+        width = closed.query.offset.shape[-1]
+        kernel = _chunk_parallel(mask, closed, causal=causal, width=width)
         return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
 
     def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

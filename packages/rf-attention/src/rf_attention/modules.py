@@ -12,8 +12,8 @@ from torch import nn
 
 import rf_features
 from rf_attention import varlen
-from rf_attention.decoding import KVCache, RecurrentState, causal_prefill, recurrent_attention
-from rf_attention.functional import _accumulation_dtype, rf_attention, softmax_attention
+from rf_attention.decoding import KVCache, RecurrentState, decode
+from rf_attention.functional import rf_attention, softmax_attention
 from spectraformer_core import check_int
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
@@ -235,17 +235,34 @@ class MultiheadSelfAttention(nn.Module):
         In ``eval()``, feeding a sequence token by token (from ``state=None`` or from the state of
         [`prefill`][rf_attention.MultiheadSelfAttention.prefill]) gives the causal
         [`forward`][rf_attention.MultiheadSelfAttention.forward] outputs to rounding. RF attention keeps an
-        O(1) state ([`RecurrentState`][rf_attention.decoding.RecurrentState]), softmax attention a KV cache
-        ([`KVCache`][rf_attention.decoding.KVCache], updated in place). ``x`` may hold $T > 1$ new
-        tokens.
+        O(1) state ([`RecurrentState`][rf_attention.ops.recurrent.RecurrentState], advanced by
+        [`decode`][rf_attention.ops.recurrent.decode]: one token is a fused step of a few dozen
+        operations), softmax attention a KV cache ([`KVCache`][rf_attention.decoding.KVCache], updated in
+        place). ``x`` may hold $T > 1$ new tokens.
 
         Returns:
             ``(y (B, T, dim), state after the new tokens)``.
         """
         self._check_decodes("step")
-        q, k, v = self._heads(x, None)
+        q, k, v = self._step_heads(x)
         out, state = self.step_heads(q, k, v, state)
-        return self._merge(out), state
+        return self._step_merge(out), state
+
+    def _step_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v (B, H, T, Dh)`` of the new tokens ``x (B, T, dim)``; one token in a few views."""
+        if x.dim() != 3 or x.shape[1] != 1:
+            return self._heads(x, None)
+        self._check_input("x", x, None, "key_padding_mask")
+        b = x.shape[0]
+        q, k, v = self.qkv(x.view(b, self.dim)).view(b, 3, self.num_heads, 1, self.head_dim).unbind(1)
+        return q, k, v
+
+    def _step_merge(self, out: torch.Tensor) -> torch.Tensor:
+        """`_merge` of ``out (B, H, T, Dh)``; one token's heads are already in ``(B, dim)`` order."""
+        b, _, n, _ = out.shape
+        if n != 1:
+            return self._merge(out)
+        return self.dropout(self.proj(out.reshape(b, self.dim)).view(b, 1, self.dim))
 
     def _check_decodes(self, name: str) -> None:
         if not self.causal:
@@ -405,7 +422,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
     running averages over earlier training batches (``statistics_mode="running"``): nothing computed for a
     position depends on later positions. Decoding ([`step`][rf_attention.MultiheadSelfAttention.step])
-    keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.decoding.RecurrentState]; in ``eval()``
+    keeps the ``m x Dv`` state of [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState]; in ``eval()``
     it gives the causal forward's outputs.
     In training, each call updates the running statistics and may redraw the features, which invalidates
     a state built before.
@@ -509,41 +526,18 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             redraw_features_if_due(id(self), self.training_calls, list(matrix.buffers()))
         self.training_calls += 1
 
-    def _features(
-        self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Causal features of ``q, k (B, H, N, Dh)`` as ``rf_attention`` computes them."""
-        acc = _accumulation_dtype(q, k)
-        scale = self.head_dim**-0.25
-        return self.feature_map.forward_with_key_scales(
-            q.to(acc) * scale,
-            k.to(acc) * scale,
-            key_padding_mask=key_padding_mask,
-            query_padding_mask=key_padding_mask,
-        )
-
-    def _empty_state(self, q: torch.Tensor, v: torch.Tensor, phi_k: torch.Tensor) -> RecurrentState:
-        acc = _accumulation_dtype(q, v)
-        return RecurrentState.empty(q.shape[:2], phi_k.shape[-1], v.shape[-1], dtype=acc, device=q.device)
-
     def prefill_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, Any]:
-        """Causal RF attention of the prefix and the recurrent state it leaves."""
-        phi_q, phi_k, log_scale = self._features(q, k, key_padding_mask)
-        return causal_prefill(phi_q, phi_k, log_scale, v, key_padding_mask=key_padding_mask)
+        """[`decode`][rf_attention.ops.recurrent.decode] of the prefix from no state."""
+        return decode(q, k, v, self.feature_map, None, key_padding_mask=key_padding_mask)
 
     def step_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, Any]:
-        """``recurrent_attention`` of the new positions from ``state``."""
-        phi_q, phi_k, log_scale = self._features(q, k, None)
-        if state is None:
-            state = self._empty_state(q, v, phi_k)
-        if not isinstance(state, RecurrentState):
+        """[`decode`][rf_attention.ops.recurrent.decode] of the new positions from ``state``."""
+        if state is not None and not isinstance(state, RecurrentState):
             raise ValueError(
                 f"state: expected a RecurrentState (from prefill or step) or None, got {type(state).__name__}"
             )
-        state.check_fits(tuple(q.shape[:2]), phi_k.shape[-1], v.shape[-1])
-        out, state = recurrent_attention(state, phi_q, phi_k, log_scale, v)
-        return out.to(v.dtype), state
+        return decode(q, k, v, self.feature_map, state)

@@ -172,7 +172,7 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
     if _hf_attention_name(model) is not None and not attached:
         import rf_attention.hf as rf_hf  # the optional extra
 
-        rf_hf.attach_feature_maps(model)  # type: ignore[arg-type]  # an HF model, by its config
+        rf_hf.attach_feature_maps(model)
     return [
         m for m in model.modules() if isinstance(m, RandomFeatureAttention) or hasattr(m, "rf_feature_map")
     ]

@@ -1,0 +1,267 @@
+"""The function HF calls for an ``rf-*`` attention, and its registration with ``AttentionInterface``."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+import rf_features
+from rf_attention.functional import rf_attention
+from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer
+from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
+from rf_attention.hf.persistence import saved_feature_map_file
+from rf_attention.hf.statistics import statistics_where_saved
+from rf_attention.ops.recurrent import decode
+from rf_attention.registry import names as attention_names
+from rf_attention.registry import split_pair
+
+#: Prefix of the names registered with ``transformers.AttentionInterface``.
+PREFIX = "rf-"
+#: Keyword arguments of HF attention calls that ask for something RF attention cannot do.
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias")
+
+
+class HFRandomFeatureAttention:
+    """The function HF calls as ``attention_interface(module, query, key, value, attention_mask, ...)``.
+
+    Args:
+        component: an ``rf_features`` component name.
+        weight_matrix: an ``rf_matrices`` name.
+        num_features: rows ``s`` of the weight matrix.
+        seed: layer ``i`` draws its weight matrix from ``seed + i``.
+        name: the registered name, used in messages (default ``"rf-<component>-<matrix>"``;
+            ``"rf-performer"`` for the alias).
+        **feature_options: more ``rf_features.create`` arguments (``kernel``, ``matrix_options``).
+    """
+
+    #: A [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache] keeps this attention's recurrent state.
+    keeps_recurrent_state = True
+
+    def __init__(
+        self,
+        component: str,
+        weight_matrix: str,
+        *,
+        num_features: int = 128,
+        seed: int = 0,
+        name: str | None = None,
+        **feature_options: Any,
+    ) -> None:
+        self.component, self.weight_matrix = component, weight_matrix
+        self.num_features, self.seed, self.feature_options = num_features, seed, feature_options
+        self.name = name or f"{PREFIX}{component}-{weight_matrix}"
+
+    @property
+    def pair(self) -> str:
+        """``"rf-<component>-<matrix>"`` (``"rf-performer"`` and ``"rf-posrf-orf"`` share maps)."""
+        return f"{PREFIX}{self.component}-{self.weight_matrix}"
+
+    def feature_map(
+        self,
+        module: nn.Module,
+        head_dim: int,
+        causal: bool,
+        layer: int | None = None,
+        *,
+        attaching: bool = False,
+    ) -> rf_features.FeatureMap:
+        """``module.rf_feature_map``, created (seeded, on the module's device) if missing or not this one.
+
+        Raises:
+            ValueError: the map is missing, the model was loaded from a folder whose safetensors hold
+                trained maps, and this is not [`attach_feature_maps`][rf_attention.hf.attach_feature_maps]
+                (a fresh map would silently replace the trained one).
+        """
+        current = getattr(module, "rf_feature_map", None)
+        if current is not None and getattr(module, "rf_attention_name", None) == self.pair:
+            return current
+        saved = saved_feature_map_file(getattr(getattr(module, "config", None), "_name_or_path", None))
+        if current is None and saved is not None and not attaching:
+            raise ValueError(
+                f"{self.name}: this model was loaded from {saved.parent}, whose {saved.name} holds trained "
+                "rf_feature_map tensors that from_pretrained left out; call "
+                "rf_attention.hf.attach_feature_maps(model) after loading (it restores them)"
+            )
+        layer = getattr(module, "layer_idx", None) if layer is None else layer
+        fm = rf_features.create(
+            self.component,
+            weight_matrix=self.weight_matrix,
+            num_features=self.num_features,
+            dim=head_dim,
+            seed=self.seed + (layer or 0),
+            statistics_mode="running" if causal else "batch",
+            **self.feature_options,
+        )
+        parameter = next(module.parameters(), None)
+        fm.train(module.training)  # a map created during an eval() forward pass must not update statistics
+        module.rf_feature_map = fm.to(device=None if parameter is None else parameter.device)
+        setattr(module, "rf_attention_name", self.pair)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
+        return module.rf_feature_map
+
+    def _check_window(self, window: int | None, length: int) -> None:
+        """A sliding window is no restriction when it spans all ``length`` positions; refused otherwise."""
+        if window is not None and window < length:
+            raise ValueError(
+                f"sliding_window: {self.name} attends to every earlier position, and this call spans "
+                f"{length} positions, more than the model's window of {window}; set "
+                "config.sliding_window=None (or at least the longest sequence) to run it as full causal "
+                "attention"
+            )
+
+    def __call__(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """RF attention of ``query (B, H, N_q, Dh)`` over ``key, value (B, H_kv, N_k, Dh)``.
+
+        Returns:
+            ``(attn_output (B, N_q, H, Dh), None)``: there are no attention weights to return.
+        """
+        for option in _UNSUPPORTED:
+            if kwargs.get(option) is not None:
+                raise ValueError(f"{option}: not supported by {self.name} (got {kwargs[option]!r})")
+        if dropout and module.training:
+            warnings.warn(
+                f"{self.name}: attention dropout ({dropout}) is not applied (random-feature attention forms "
+                "no attention probabilities); set the model's attention dropout to 0",
+                stacklevel=2,
+            )
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+        if query.shape[1] % key.shape[1]:
+            raise ValueError(
+                f"key: expected a number of heads dividing the query's {query.shape[1]}, got {key.shape[1]}"
+            )
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:  # grouped-query attention: as HF's repeat_kv
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        fm = self.feature_map(module, query.shape[-1], causal)
+        with statistics_where_saved(module, fm):
+            return self._attend(module, fm, query, key, value, attention_mask, scaling, causal, kwargs)
+
+    def _attend(
+        self,
+        module: nn.Module,
+        fm: rf_features.FeatureMap,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None,
+        causal: bool,
+        kwargs: dict[str, Any],
+    ) -> tuple[torch.Tensor, None]:
+        """``__call__`` after the checks, grouped keys repeated and the feature map found."""
+        cache_layer = kwargs.get(CACHE_LAYER_KWARG)
+        head_dim = query.shape[-1]
+        n_q, n_k = query.shape[-2], key.shape[-2]
+        cu_seqlens = packed_cu_seqlens(kwargs, query.shape[0], n_q) if n_q == n_k else None
+        packed = cu_seqlens is not None and mask_allows_packing(attention_mask, cu_seqlens, n_q, causal)
+        seen = cache_layer.seen if isinstance(cache_layer, RecurrentCacheLayer) else 0
+        self._check_window(kwargs.get("sliding_window"), seen + n_k)
+        if isinstance(cache_layer, RecurrentCacheLayer):
+            if packed:
+                raise ValueError(
+                    f"position_ids: packed sequences (restarting positions) cannot be decoded by "
+                    f"{self.name}'s RandomFeatureCache (one state per row); run them with use_cache=False"
+                )
+            out = cache_layer.attend(self.name, query, key, value, fm, attention_mask, causal, scaling)
+            return out.transpose(1, 2).contiguous(), None
+        if attention_mask is None and causal and 1 < n_q < n_k:
+            key, value, n_k = key[..., :n_q, :], value[..., :n_q, :], n_q  # empty static-cache slots
+        padding = key_padding_from_mask(attention_mask, n_q, n_k, causal)
+        if causal and n_q < n_k:  # HF's DynamicCache: the first N_k - N_q keys come from the cache
+            return _attend_after_cached_keys(query, key, value, fm, padding, scaling).transpose(1, 2), None
+        if scaling is not None:  # rf_attention scales q . k by Dh^-1/2 itself
+            query = query * (scaling * head_dim**0.5)
+        if cu_seqlens is not None and packed:
+            out = rf_attention(query, key, value, fm, causal=causal, cu_seqlens=cu_seqlens)
+        else:
+            query_padding = padding if n_q == n_k else None
+            out = rf_attention(
+                query,
+                key,
+                value,
+                fm,
+                causal=causal,
+                key_padding_mask=padding,
+                query_padding_mask=query_padding,
+            )
+        return out.transpose(1, 2).contiguous(), None
+
+
+def _attend_after_cached_keys(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fm: rf_features.FeatureMap,
+    padding: torch.Tensor | None,
+    scale: float | None,
+) -> torch.Tensor:
+    """Causal RF attention of the last ``N_q`` positions, the first ``N_k - N_q`` keys coming from a cache.
+
+    The cached keys build a recurrent state (their own queries are not needed: the keys stand in for
+    them), which the new tokens continue: O(N_k) per call.
+    """
+    prefix = k.shape[-2] - q.shape[-2]
+    before = None if padding is None else padding[:, :prefix]
+    after = None if padding is None else padding[:, prefix:]
+    cached = k[..., :prefix, :]
+    _, state = decode(cached, cached, v[..., :prefix, :], fm, None, key_padding_mask=before, scale=scale)
+    out, _ = decode(q, k[..., prefix:, :], v[..., prefix:, :], fm, state, key_padding_mask=after, scale=scale)
+    return out
+
+
+def register(
+    names: list[str] | None = None, *, num_features: int = 128, seed: int = 0, **feature_options: Any
+) -> list[str]:
+    """Register (or re-register with new options) ``"rf-<pair>"`` attentions with transformers.
+
+    Args:
+        names: attention names such as ``"posrf-orf"`` or ``"rf-posrf-orf"``; default: every pair and
+            ``performer``.
+        num_features: rows ``s`` of each layer's weight matrix.
+        seed: layer ``i`` draws from ``seed + i``.
+        **feature_options: more ``rf_features.create`` arguments.
+
+    Returns:
+        The registered ``attn_implementation`` names.
+    """
+    pairs = {}
+    for name in names if names is not None else [*attention_names(), "performer"]:
+        bare = name.removeprefix(PREFIX)
+        pair = ("posrf", "orf") if bare == "performer" else split_pair(bare)
+        if pair is not None:
+            pairs[f"{PREFIX}{bare}"] = pair
+        elif names is not None:
+            raise ValueError(
+                f"names: expected random-feature attention names such as 'posrf-orf', got {name!r}"
+            )
+    for key, pair in pairs.items():
+        AttentionInterface.register(
+            key,
+            HFRandomFeatureAttention(
+                *pair, num_features=num_features, seed=seed, name=key, **feature_options
+            ),
+        )
+        AttentionMaskInterface.register(key, sdpa_mask)
+    return list(pairs)
+
+
+def registered(name: str | None) -> HFRandomFeatureAttention | None:
+    """The ``rf-*`` attention registered under ``name``, or None for any other ``attn_implementation``."""
+    function = ALL_ATTENTION_FUNCTIONS.get(name) if name else None
+    return function if isinstance(function, HFRandomFeatureAttention) else None

@@ -1,0 +1,414 @@
+r"""The recurrent form of causal RF attention: the state a prefix leaves, and decoding steps from it.
+
+Causal kernelized attention (Eq. 7 with the sums over $j \le i$) is a recurrence: after $t$ tokens, all
+that later queries need is the ``m x (Dv + 1)`` sums $\sum_j \phi_{k_j}^\top [v_j, 1]$ (numerator and
+normalizer), kept relative to a log-scale $R$ (the true sums are $e^R$ times the stored ones), and, for
+features with signs, $\sum_j |\phi_{k_j}|$ for the normalizer's guard: $O(1)$ memory and time per token.
+
+[`decode`][rf_attention.ops.recurrent.decode] is the one entry point (the modules' ``prefill``/``step``
+and the Hugging Face cache call it):
+
+- $T > 1$ new tokens (a prompt), or a feature map without a closed form: the causal kernel,
+  [`causal_attention`][rf_attention.ops.causal.causal_attention] (groups of chunks, memory linear in
+  ``T``), with the closed form's hand-written VJPs where there is one; it continues the state and returns
+  the outputs and the state after the tokens from the same pass;
+- $T = 1$ (a decoding step) with a closed form (``rf_features.ExponentialForm``): a fused step. Both
+  sides' log-features come from one matmul of $[q, k, k \odot k, R]$ with a projection laid out once per
+  state (the query's $g \cdot q \odot q$ is left out: a constant per query row cancels); one softmax over
+  the query's log-features and over the key's log-features joined by $R$ gives the query features, the
+  new key's weights $e^{\log \phi_k - R'}$ and the old sums' decay $e^{R - R'}$ together, with
+  $R' = \operatorname{logsumexp}(\log \phi_k, R) \ge \max(R, \max \log \phi_k)$ (so no weight exceeds 1
+  and the normalizer's entries sum to about 1); then the state update, the readout and the guard of
+  [`guarded_denominator`][rf_attention.ops.common.guarded_denominator], the kernels' rule.
+
+Both are the plain formula $\phi_q \sum_j \phi_{k_j}^\top v_j / \phi_q \sum_j \phi_{k_j}^\top$ with
+stabilizers that cancel exactly; in ``eval()`` a step equals the causal forward pass to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+import rf_features
+from rf_attention.functional import _accumulation_dtype
+from rf_attention.ops.causal import CausalState, causal_attention
+from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
+from rf_attention.ops.features import ClosedForm, Features, qk_scale
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """A feature map's closed form laid out for the fused step, built once per state (and map version).
+
+    The step's log-features are ``[q, k, k * k, R] @ projection + offset``, ``(B H, width)``, columns:
+    the query's ``m`` log-features and one ``-inf`` (no feature), the key's ``m`` log-features and the
+    reference's column; trigonometric features add the same layout of phases (the sines as cosines
+    shifted by ``-pi/2``, a negative query sign as ``+pi``; 0 in the two extra columns).
+
+    Attributes:
+        projection: ``(3 Dh + 1, width)``.
+        offset: ``(width,)``.
+        sign: ``(m, 1)`` signs of the query features, or None (none, or folded into the phases).
+        trigonometric: the cos/sin form.
+        key: the versions of the feature map's tensors (and dtype, input scale) it was built from.
+    """
+
+    projection: torch.Tensor
+    offset: torch.Tensor
+    sign: torch.Tensor | None
+    trigonometric: bool
+    key: tuple[object, ...]
+
+
+@dataclass
+class RecurrentState:
+    r"""Sums over the keys seen so far, relative to the log-scale $R$ (recurrent Eq. 7).
+
+    Attributes:
+        sums: ``(..., m, Dv + 1)``: ``[numerator, normalizer]``, ``e^{-R} sum_j phi_k_j^T [v_j, 1]``.
+        log_scale: ``(..., 1, 1)``: $R$, at least the largest log-feature of every key seen; the dtype's
+            lowest finite value while no (non-padding) key has been seen (finite, so that the fused step's
+            matmul never meets ``-inf * 0``).
+        magnitude: ``(..., m, 1)``: ``e^{-R} sum_j |phi_k_j|``, the scale of the normalizer's guard, for
+            features with signs; None for positive features.
+        length: tokens seen, padding included (the position of the next token): an ``int``, or a
+            ``(B,)`` integer tensor when the ``B`` sequences have different lengths (a packed prefill,
+            ``prefill(..., cu_seqlens=...)``); each new token adds 1 to every entry.
+        layout: the feature map laid out for the fused step (built by the first step; not part of
+            ``nbytes``: it does not depend on the batch or the number of tokens).
+    """
+
+    sums: torch.Tensor
+    log_scale: torch.Tensor
+    magnitude: torch.Tensor | None = None
+    length: int | torch.Tensor = 0
+    layout: StepLayout | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def empty(
+        cls,
+        lead: tuple[int, ...],
+        num_features: int,
+        value_dim: int,
+        *,
+        signed: bool,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> RecurrentState:
+        """The state before any token, for leading shape ``lead`` (``(B, H)``)."""
+        return cls(
+            sums=torch.zeros(*lead, num_features, value_dim + 1, dtype=dtype, device=device),
+            log_scale=torch.full((*lead, 1, 1), torch.finfo(dtype).min, dtype=dtype, device=device),
+            magnitude=torch.zeros(*lead, num_features, 1, dtype=dtype, device=device) if signed else None,
+        )
+
+    @property
+    def numerator(self) -> torch.Tensor:
+        """``(..., m, Dv)``: ``e^{-R} sum_j phi_k_j^T v_j``."""
+        return self.sums[..., :-1]
+
+    @property
+    def normalizer(self) -> torch.Tensor:
+        """``(..., m)``: ``e^{-R} sum_j phi_k_j``."""
+        return self.sums[..., -1]
+
+    @property
+    def reference(self) -> torch.Tensor:
+        """``(...)``: the log-scale $R$."""
+        return self.log_scale[..., 0, 0]
+
+    def nbytes(self) -> int:
+        """Bytes held by the sums (independent of ``length``)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def check_fits(self, lead: tuple[int, ...], num_features: int, value_dim: int) -> None:
+        """A ``ValueError`` unless the state belongs to inputs of leading shape ``lead`` and these widths."""
+        expected = (*lead, num_features, value_dim + 1)
+        if tuple(self.sums.shape) != expected:
+            raise ValueError(
+                f"state: expected a RecurrentState of sums shape {expected} (batch, heads, features, "
+                f"value dim + 1), got {tuple(self.sums.shape)}"
+            )
+
+    def select(self, index: torch.Tensor) -> RecurrentState:
+        """The state of batch rows ``index`` (``(B',)`` integers; beam search reorders with it)."""
+        index = index.to(self.sums.device)
+        length = self.length[index] if isinstance(self.length, torch.Tensor) else self.length
+        return RecurrentState(
+            sums=self.sums.index_select(0, index),
+            log_scale=self.log_scale.index_select(0, index),
+            magnitude=None if self.magnitude is None else self.magnitude.index_select(0, index),
+            length=length,
+            layout=self.layout,
+        )
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        rest = () if self.magnitude is None else (self.magnitude,)
+        return self.sums, self.log_scale, *rest
+
+
+def decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: rf_features.FeatureMap,
+    state: RecurrentState | None,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, RecurrentState]:
+    r"""Causal RF attention of ``T`` new tokens continuing ``state``, and the state after them (Eq. 7).
+
+    Position $i$ of the new tokens attends to every key of ``state`` and to the new keys $j \le i$,
+    exactly as in the causal forward pass over the whole sequence. $T = 1$ is one fused decoding step,
+    $O(m D_v)$ whatever the context.
+
+    Args:
+        q: ``(B, H, T, Dh)`` queries, unscaled (as ``scaled_dot_product_attention`` takes them).
+        k: ``(B, H, T, Dh)`` keys.
+        v: ``(B, H, T, Dv)`` values.
+        feature_map: an ``rf_features.FeatureMap`` of dimension ``Dh``; with data-dependent statistics
+            (OPRF, SADERF) it must use ``statistics_mode="running"`` (nothing may depend on later tokens).
+        state: the keys so far, or None (nothing seen: the ``T`` tokens run causally from the start).
+        key_padding_mask: bool ``(B, T)``, True at padding (e.g. left padding of prompts): padded keys are
+            never attended to, now or later.
+        scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``).
+        chunk_size: positions per chunk of the causal kernel when ``T > 1`` (default 128).
+
+    Returns:
+        ``(out (B, H, T, Dv) in v's dtype, state)``, the state in the accumulation dtype (float32 for
+        float16/bfloat16 inputs).
+    """
+    _check_inputs(q, k, v, feature_map, state, key_padding_mask)
+    acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
+    x_scale = _input_scale(q.shape[-1], scale)
+    signed = _signed(feature_map)
+    if q.shape[-2] == 1 and state is None:
+        lead, m = tuple(q.shape[:2]), feature_map.num_features
+        state = RecurrentState.empty(lead, m, v.shape[-1], signed=signed, dtype=acc, device=q.device)
+    kept = _kept_layout(feature_map, state, acc, x_scale) if q.shape[-2] == 1 else None
+    if state is not None and kept is not None:
+        out, new = _step(q, k, v, key_padding_mask, state, kept, acc)
+        return out.to(v.dtype), new
+    qs, ks = q.to(acc), k.to(acc)
+    stats = feature_map.current_statistics(
+        qs * x_scale, ks * x_scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+    )
+    forms = [
+        feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=x_scale) for side in (True, False)
+    ]
+    query_form, key_form = forms
+    if state is not None and query_form is not None and key_form is not None and q.shape[-2] == 1:
+        layout = _step_layout(feature_map, query_form, key_form, state, acc, x_scale)
+        if layout is not None:
+            out, new = _step(q, k, v, key_padding_mask, state, layout, acc)
+            return out.to(v.dtype), new
+    features: Features
+    if query_form is not None and key_form is not None:
+        features = ClosedForm.of(query_form, key_form, q.shape[:-2], acc)
+    else:
+
+        def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return feature_map.weighted_log_features(x * x_scale, stats, is_query=is_query, stabilized=True)
+
+    mask = None if key_padding_mask is None else key_padding_mask[:, None, :].expand(q.shape[:-1])
+    chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+    out, new = _prompt(qs, ks, v.to(acc), mask, features, state, feature_map.num_features, chunk)
+    return out.to(v.dtype), new
+
+
+def _prompt(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    features: Features,
+    state: RecurrentState | None,
+    width: int,
+    chunk: int,
+) -> tuple[torch.Tensor, RecurrentState]:
+    """``T`` tokens by the causal kernel continuing ``state``; outputs and state from the same pass."""
+    lead, n, acc = tuple(q.shape[:2]), q.shape[-2], v.dtype
+    carried = None
+    if state is not None:
+        magnitude = None if state.magnitude is None else state.magnitude.squeeze(-1)
+        carried = CausalState(state.sums, magnitude, state.reference)
+    eps = torch.finfo(acc).eps
+    out, final = causal_attention(q, k, v, mask, features, width=width, chunk=chunk, eps=eps, state=carried)
+    new = RecurrentState(
+        sums=final.sums,
+        log_scale=final.reference.clamp_min(torch.finfo(acc).min).reshape(*lead, 1, 1),
+        magnitude=None if final.magnitude is None else final.magnitude.unsqueeze(-1),
+        length=n if state is None else state.length + n,
+        layout=None if state is None else state.layout,
+    )
+    return out, new
+
+
+def _step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    state: RecurrentState,
+    layout: StepLayout,
+    acc: torch.dtype,
+) -> tuple[torch.Tensor, RecurrentState]:
+    r"""One new token ``q, k, v (B, H, 1, .)`` against ``state``: the fused step of the module docstring.
+
+    ``log phi = [q, k, k*k, R] P + b``; one softmax over ``[log phi_q, -inf]`` and ``[log phi_k, R]`` gives
+    ``phi_q`` (times a constant), ``w = e^{log phi_k - R'}`` and ``d = e^{R - R'}``;
+    ``S' = d S + w^T [v, 1]`` and ``out = phi_q S'_v / guard(phi_q S'_1)`` (Eq. 7).
+    """
+    b, h, _, dv = v.shape
+    m = state.sums.shape[-2]
+    if q.dtype != acc:
+        q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    inputs = torch.cat((q, k, k * k, state.log_scale), dim=-1)
+    logits = torch.addmm(layout.offset, inputs.view(b * h, -1), layout.projection)
+    if layout.trigonometric:
+        logits, phases = logits.split(2 * m + 2, dim=1)
+    grouped = logits.view(b, h, 2, m + 1, 1)
+    log_scale = grouped.logsumexp(dim=3, keepdim=True)[:, :, 1]
+    features = grouped.softmax(dim=3).view(b, h, 2 * m + 2, 1)
+    if layout.trigonometric:  # the waves [cos, sin] (1 where the weights are the dummy and the decay)
+        features = features * phases.cos().view(b, h, 2 * m + 2, 1)
+    phi_q, _, phi_k, decay = features.split((m, 1, m, 1), dim=2)
+    if layout.sign is not None:
+        phi_q = phi_q * layout.sign
+    if mask is not None:
+        phi_k = phi_k * (~mask).to(acc).view(b, 1, 1, 1)
+    sums = torch.addcmul(state.sums * decay, phi_k, with_ones(v))
+    y = (phi_q * sums).sum(dim=2, keepdim=True)
+    num, den = y.split((dv, 1), dim=-1)
+    magnitude = bound = None
+    if state.magnitude is not None:
+        magnitude = torch.addcmul(phi_k.abs(), state.magnitude, decay)
+        bound = (phi_q.abs() * magnitude).sum(dim=2, keepdim=True)
+    den, _ = guarded_denominator(den, bound, torch.finfo(acc).eps)
+    new = RecurrentState(sums, log_scale, magnitude, state.length + 1, layout)
+    return num / den, new
+
+
+def _layout_key(fm: rf_features.FeatureMap, acc: torch.dtype, x_scale: float) -> tuple[object, ...] | None:
+    """What a kept layout depends on (the map's tensors' versions), or None where none may be kept.
+
+    Nothing is kept in training (the running statistics change with every call) or where autograd records
+    through a learned matrix (the layout carries its gradient).
+    """
+    if fm.training or (torch.is_grad_enabled() and any(p.requires_grad for p in fm.parameters())):
+        return None
+    return (*((t.data_ptr(), t._version) for t in (*fm.parameters(), *fm.buffers())), acc, x_scale)
+
+
+def _kept_layout(
+    fm: rf_features.FeatureMap, state: RecurrentState | None, acc: torch.dtype, x_scale: float
+) -> StepLayout | None:
+    """The state's layout if it was built from the map as it is now, else None."""
+    key = _layout_key(fm, acc, x_scale)
+    layout = None if state is None else state.layout
+    return layout if key is not None and layout is not None and layout.key == key else None
+
+
+def _step_layout(
+    fm: rf_features.FeatureMap,
+    query: rf_features.ExponentialForm,
+    key_form: rf_features.ExponentialForm,
+    state: RecurrentState,
+    acc: torch.dtype,
+    x_scale: float,
+) -> StepLayout | None:
+    """The closed forms laid out for the step, kept on ``state`` where they may be.
+
+    None for forms per batch or head (the step's one projection serves every row).
+    """
+    if query.matrix.dim() != 2 or key_form.matrix.dim() != 2:
+        return None
+    key = _layout_key(fm, acc, x_scale)
+    layout = _laid_out(query, key_form, () if key is None else key)
+    if key is not None:
+        state.layout = layout
+    return layout
+
+
+def _laid_out(
+    query: rf_features.ExponentialForm, key: rf_features.ExponentialForm, version: tuple[object, ...]
+) -> StepLayout:
+    """The projection and offset of `StepLayout` from the two sides' closed forms."""
+    a_q, a_k, g_k = query.matrix, key.matrix, key.square_weight
+    d, m = a_q.shape[-1], query.offset.shape[-1]
+    width = (2 if query.trigonometric else 1) * (2 * m + 2)
+    projection = a_q.new_zeros(3 * d + 1, width)
+    offset = a_q.new_zeros(width)
+    offset[m] = -math.inf
+    projection[-1, 2 * m + 1] = 1.0  # R into the reference's column
+    projection[2 * d : 3 * d, m + 1 : 2 * m + 1] = g_k.unsqueeze(-1)  # g . (k * k) into every key column
+    offset[:m], offset[m + 1 : 2 * m + 1] = query.offset, key.offset
+    sign = None if query.sign is None else query.sign.unsqueeze(-1)
+    if query.trigonometric:  # phases laid out as the weights; sin = cos(. - pi/2), a negative sign + pi
+        half = torch.cat((a_q.new_zeros(m // 2), a_q.new_full((m // 2,), -math.pi / 2)))
+        flip = 0.0 if sign is None else (sign.squeeze(-1) < 0) * math.pi
+        projection[:d, 2 * m + 2 : 3 * m + 2] = torch.cat((a_q, a_q)).mT
+        projection[d : 2 * d, 3 * m + 3 : 4 * m + 3] = torch.cat((a_k, a_k)).mT
+        offset[2 * m + 2 : 3 * m + 2] = half + flip
+        offset[3 * m + 3 : 4 * m + 3] = half
+        sign = None
+    else:
+        projection[:d, :m] = a_q.mT
+        projection[d : 2 * d, m + 1 : 2 * m + 1] = a_k.mT
+    return StepLayout(projection, offset, sign, query.trigonometric, version)
+
+
+def _signed(fm: rf_features.FeatureMap) -> bool:
+    """Whether the features carry signs, as the kernels decide (the guard then needs ``sum_j |phi_k_j|``)."""
+    return not fm.positive or fm.weight_matrix.component_weights is not None
+
+
+def _input_scale(head_dim: int, scale: float | None) -> float:
+    """The factor of ``q`` and ``k`` before the features: ``sqrt(scale)``, by default ``Dh ** -1/4``."""
+    if scale is None:
+        return qk_scale(head_dim)
+    if not scale > 0:
+        raise ValueError(f"scale: expected a positive logit scale, got {scale!r}")
+    return math.sqrt(scale)
+
+
+def _check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fm: rf_features.FeatureMap,
+    state: RecurrentState | None,
+    mask: torch.Tensor | None,
+) -> None:
+    """``ValueError`` s naming the argument for shapes, masks, states and maps that cannot decode."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+            raise ValueError(
+                f"{name}: expected a floating-point tensor (B, H, T, D), got {getattr(x, 'dtype', type(x))} "
+                f"of shape {tuple(getattr(x, 'shape', ()))}"
+            )
+    if q.shape != k.shape or k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            "q, k, v: expected shapes (B, H, T, Dh), (B, H, T, Dh), (B, H, T, Dv), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (q.shape[0], q.shape[2])):
+        raise ValueError(
+            f"key_padding_mask: expected a bool tensor of shape (B, T) = {(q.shape[0], q.shape[2])}, got "
+            f"{mask.dtype} {tuple(mask.shape)}"
+        )
+    if fm.statistics_mode == "batch" and fm.running_statistics_defaults():
+        raise ValueError(
+            f"feature_map: {type(fm).__name__} computes statistics over the whole sequence, which would let "
+            "a position see later ones; create it with statistics_mode='running' for decoding"
+        )
+    if state is None:
+        return
+    if not isinstance(state, RecurrentState):
+        raise ValueError(f"state: expected a RecurrentState or None, got {type(state).__name__}")
+    state.check_fits(tuple(q.shape[:2]), fm.num_features, v.shape[-1])
