@@ -70,9 +70,9 @@ class LinearizeConfig(ac.RuntimeFields, ac.OutputFields):
     teacher_steps: int = field(
         default=QUICK_RUN.steps, metadata={"help": "training steps of the quick teacher (scratch only)"}
     )
-    steps: int = ac.option("steps", 60, help="each variant's budget, transfer steps included")
-    transfer_steps: int = field(default=20, metadata={"help": "attention transfer steps (of --steps)"})
-    transfer_lr: float = field(default=1e-2, metadata={"help": "AdamW learning rate of attention transfer"})
+    steps: int = ac.option("steps", 30, help="each variant's budget, transfer steps included")
+    transfer_steps: int = field(default=15, metadata={"help": "attention transfer steps (of --steps)"})
+    transfer_lr: float = field(default=3e-2, metadata={"help": "AdamW learning rate of attention transfer"})
     lr: float = ac.option("lr", 3e-4, help="peak fine-tuning learning rate (the teacher's is quick's)")
     eval_batches: int = ac.option("eval_batches", QUICK_RUN.eval_batches)
     corpus_chars: int = field(default=1_000_000, metadata={"help": "characters of stdlib source"})
