@@ -4,7 +4,8 @@ The teacher is the softmax model of ``quick`` (trained here on the offline stdli
 ``--out``), or a local HF GPT-2 folder (``--weights``). For each random-feature pair (``--attention``):
 
 - **swap**: the teacher with its attention swapped for the pair, no training;
-- **swap + fine-tune**: ``--steps`` steps of next-token training of the whole model;
+- **swap + fine-tune**: ``--steps`` steps of next-token training of the whole model (the feature maps,
+  learnable in every variant, included);
 - **transfer + fine-tune**: ``--transfer-steps`` of attention transfer (only the feature maps train, each
   layer matching softmax on its own ``q, k, v``), then ``steps - transfer_steps`` of fine-tuning: the same
   total number of steps.
@@ -108,7 +109,8 @@ class LinearizeConfig(ac.RuntimeFields, ac.OutputFields):
     def variant(self, pair: str, variant: str, data: Path, teacher: Path) -> TrainConfig:
         """The `TrainConfig` of a fine-tuning variant of ``pair``, starting from the ``teacher`` folder.
 
-        The context is quick's, or the teacher's when shorter.
+        Every variant has the same learnable per-head feature maps (initialized by the same draws), so the
+        variants differ only in the transfer stage. The context is quick's, or the teacher's when shorter.
         """
         transfer = self.transfer_steps if variant == "transfer_finetune" else 0
         steps = self.steps - transfer
@@ -125,6 +127,7 @@ class LinearizeConfig(ac.RuntimeFields, ac.OutputFields):
                 block_size=min(context, QUICK_RUN.model.block_size),
                 attention=pair,
                 attention_features=self.attention_features,
+                learnable_attention=True,
                 seed=self.seed,
             ),
             steps=steps,
