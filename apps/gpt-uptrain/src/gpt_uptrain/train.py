@@ -18,8 +18,6 @@ random state, so ``--resume`` continues a killed run exactly.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import platform
@@ -57,7 +55,7 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 def run_name(config: TrainConfig) -> str:
     """``ralimp-k1-softmax-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
-    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    digest = ac.identity_digest(config)
     m = config.model
     return f"{m.layer}-k{m.last_k or 'half'}-{m.attention}-s{config.seed}-{digest}"
 

@@ -100,7 +100,7 @@ def is_head_key(name: str) -> bool:
 def read_checkpoint(path: str | Path, *, head: bool = True) -> dict[str, torch.Tensor]:
     """The state dict in a checkpoint file or folder (``.safetensors``, or ``torch.load``-able files).
 
-    ``head=False`` leaves out the head's tensors ([`is_head_key`][vit_finetune.weights.is_head_key]); a
+    ``head=False`` leaves out the head's tensors (``is_head_key``); a
     safetensors file then never reads them.
 
     A folder is searched for ``model.safetensors``, ``pytorch_model.bin``, then any ``*.safetensors``,

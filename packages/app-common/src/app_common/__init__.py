@@ -73,6 +73,7 @@ from app_common.fields import (
     OutputFields,
     RuntimeFields,
     check_int_fields,
+    identity_digest,
     may_change_on_resume,
     option,
     run_identity,
@@ -99,7 +100,7 @@ from app_common.records import (
     run_dir,
     write_record,
 )
-from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_table
+from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_csv, write_table
 from app_common.safetensors import read_safetensors, write_safetensors
 from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
 from app_common.seeding import CALIBRATION_SEED, rng_state, seed_everything, set_rng_state
@@ -158,6 +159,7 @@ __all__ = [
     "flag",
     "flat_record",
     "flat_settings",
+    "identity_digest",
     "interleaved_medians",
     "iter_jsonl",
     "launched_by_torchrun",
@@ -197,6 +199,7 @@ __all__ = [
     "stream_seed",
     "teardown_distributed",
     "training_stream_seed",
+    "write_csv",
     "write_record",
     "write_safetensors",
     "write_table",

@@ -19,6 +19,8 @@ classes and of its nested groups); resuming under a different identity is refuse
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -194,3 +196,12 @@ def run_identity(config: Any) -> dict[str, Any]:
     """A run's identity: every leaf setting of ``config`` except those that may change on resume."""
     mutable = may_change_on_resume(config)
     return {k: v for k, v in flat_settings(config).items() if k not in mutable}
+
+
+def identity_digest(config: Any) -> str:
+    """Eight hex digits of the SHA-256 of [`run_identity`][app_common.run_identity] ``(config)``, as JSON.
+
+    The tail of a run's name (``listops-softmax-f64-s0-937732f7``): two configurations with one identity
+    share a run folder, any other setting gives another.
+    """
+    return hashlib.sha256(json.dumps(run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
