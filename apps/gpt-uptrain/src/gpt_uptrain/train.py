@@ -207,14 +207,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
     trainer = ac.Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
-    try:
-        if trainer.finished() is not None:
-            if trainer.is_main:
-                print(f"{trainer.dir}: already finished; nothing to do")
-            return None
-        return _train(config, trainer)
-    finally:
-        trainer.close()
+    return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
 
 
 def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
