@@ -7,13 +7,12 @@ tensors is the reference the mapped model is checked against.
 
 import json
 import math
-import struct
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt_uptrain import GPT, read_safetensors, read_state_dict, save_pretrained, write_safetensors
+from gpt_uptrain import GPT, read_state_dict, save_pretrained, write_safetensors
 
 HF_CONFIG = {
     "model_type": "gpt2",
@@ -114,23 +113,6 @@ def test_hf_weight_mapping_round_trips(tmp_path):
     again = GPT.from_pretrained(save_pretrained(model, tmp_path / "saved"))
     for name, value in model.state_dict().items():
         assert torch.equal(again.state_dict()[name], value), name
-
-
-def test_safetensors_files_follow_the_format(tmp_path):
-    tensors = {
-        "a": torch.arange(6, dtype=torch.float32).view(2, 3),
-        "b": torch.tensor([1, 2], dtype=torch.int64),
-    }
-    path = write_safetensors(tmp_path / "x.safetensors", tensors)
-    raw = path.read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + length])
-    assert header["a"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
-    assert header["b"] == {"dtype": "I64", "shape": [2], "data_offsets": [24, 40]}
-    assert (8 + length) % 8 == 0
-    assert raw[8 + length + 24 :] == struct.pack("<2q", 1, 2)
-    loaded = read_safetensors(path)
-    assert all(torch.equal(loaded[k], tensors[k]) for k in tensors)
 
 
 def test_uptraining_replaces_mlps_after_the_pretrained_weights_are_in(tmp_path):

@@ -336,6 +336,12 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     assert_vocabulary(build_parser())
 
 
+def test_the_app_has_no_import_cycle():
+    from app_common.testing import assert_no_import_cycle
+
+    assert_no_import_cycle("gpt_uptrain")
+
+
 def test_the_calibration_batch_is_ralimps_4096_rows_and_last_k_is_checked_against_the_depth():
     import importlib
 

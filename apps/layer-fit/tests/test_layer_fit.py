@@ -340,3 +340,9 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from layer_fit.cli import build_parser
 
     assert_vocabulary(build_parser())
+
+
+def test_the_app_has_no_import_cycle():
+    from app_common.testing import assert_no_import_cycle
+
+    assert_no_import_cycle("layer_fit")

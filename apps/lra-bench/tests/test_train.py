@@ -271,3 +271,9 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from lra_bench.cli import build_parser
 
     assert_vocabulary(build_parser())
+
+
+def test_the_app_has_no_import_cycle():
+    from app_common.testing import assert_no_import_cycle
+
+    assert_no_import_cycle("lra_bench")

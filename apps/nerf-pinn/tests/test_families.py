@@ -80,17 +80,18 @@ def test_tiny_siren_run_lowers_its_loss(tmp_path):
     assert losses[-1] < 0.5 * losses[0]
 
 
+def loss_on_all_training_rays(family, model):
+    """Mean squared colour error of ``model`` over every training ray, rendered without jitter."""
+    with torch.no_grad():
+        colour = family.render(model, family.origins, family.directions, jitter=False)
+    return float((colour - family.colours).pow(2).mean())
+
+
 def test_tiny_nerf_run_lowers_its_loss(tmp_path):
     family = NerfFamily(tiny_nerf(tmp_path, steps=60, batch_rays=320))
-
-    def loss_on_all_training_rays(model):
-        with torch.no_grad():
-            colour = family.render(model, family.origins, family.directions, jitter=False)
-        return float((colour - family.colours).pow(2).mean())
-
-    before = loss_on_all_training_rays(family.build("dense"))
+    before = loss_on_all_training_rays(family, family.build("dense"))
     _, model, _ = train_variant(family, "dense")
-    assert loss_on_all_training_rays(model) < 0.5 * before
+    assert loss_on_all_training_rays(family, model) < 0.5 * before
 
 
 @pytest.mark.parametrize("kind", ["ralimp", "snnk", "eugen"])
@@ -135,11 +136,17 @@ def test_ralimp_fits_sin_on_the_layers_preactivation_range():
 
 
 @pytest.mark.parametrize("kind", ["ralimp", "eugen"])
-def test_the_replacements_plug_into_nerf_and_train(kind, tmp_path):
-    family = NerfFamily(tiny_nerf(tmp_path))
-    model, losses = train(family, kind, tmp_path)
+def test_the_replacements_take_the_place_of_the_nerf_trunk_layer(kind, tmp_path):
+    model = NerfFamily(tiny_nerf(tmp_path)).build(kind)
     assert isinstance(model.layers[1], LAYER_CLASSES[kind])
-    assert all(np.isfinite(losses))
+
+
+@pytest.mark.parametrize("kind", ["ralimp", "eugen"])
+def test_a_nerf_with_replacements_lowers_its_loss_on_the_training_rays(kind, tmp_path):
+    family = NerfFamily(tiny_nerf(tmp_path, steps=60, batch_rays=320))
+    before = loss_on_all_training_rays(family, family.build(kind))
+    _, model, _ = train_variant(family, kind)
+    assert loss_on_all_training_rays(family, model) < 0.5 * before  # measured: 0.18 (ralimp), 0.17 (eugen)
 
 
 @pytest.mark.parametrize("budget", [16, 32, 40])
@@ -298,6 +305,12 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from nerf_pinn.cli import build_parser
 
     assert_vocabulary(build_parser())
+
+
+def test_the_app_has_no_import_cycle():
+    from app_common.testing import assert_no_import_cycle
+
+    assert_no_import_cycle("nerf_pinn")
 
 
 def test_report_rewrites_the_table_of_a_results_file(tmp_path, capsys):

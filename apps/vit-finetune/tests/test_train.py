@@ -177,6 +177,12 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     assert_vocabulary(build_parser())
 
 
+def test_the_app_has_no_import_cycle():
+    from app_common.testing import assert_no_import_cycle
+
+    assert_no_import_cycle("vit_finetune")
+
+
 def test_the_calibration_batch_is_ralimps_4096_rows_drawn_with_the_apps_seed():
     import importlib
 

@@ -199,7 +199,7 @@ def test_torch_checkpoints_are_unwrapped_and_bad_files_named(tmp_path):
     torch.save({"model": {"w": torch.ones(2)}}, tmp_path / "x.pth")
     assert torch.equal(read_checkpoint(tmp_path / "x.pth")["w"], torch.ones(2))
     (tmp_path / "bad.safetensors").write_bytes(b"\x05")
-    with pytest.raises(ValueError, match=r"bad\.safetensors: not a safetensors file"):
+    with pytest.raises(ValueError, match=r"bad\.safetensors: not a readable safetensors file"):
         read_checkpoint(tmp_path / "bad.safetensors")
     with pytest.raises(FileNotFoundError, match="no checkpoint file"):
         read_checkpoint(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else None)

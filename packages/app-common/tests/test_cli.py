@@ -67,3 +67,70 @@ def test_list_prints_one_kind_or_every_kind_under_its_heading(capsys):
     assert capsys.readouterr().out == "dense\nralimp\n"
     assert run_cli(parser, ["list"]) == 0
     assert capsys.readouterr().out == "layers:\n  dense\n  ralimp\nattentions:\n  softmax\n"
+
+
+def test_list_of_one_kind_filters_by_a_shell_pattern(capsys):
+    import app_common as ac
+
+    parser, commands = ac.app_parser("tool", "A tool.")
+    ac.add_list_command(commands, {"attentions": lambda: ["oprf-orf", "oprf-qmc", "softmax"]}, help="x")
+    assert run_cli(parser, ["list", "OPRF-*"]) == 0
+    assert capsys.readouterr().out == "oprf-orf\noprf-qmc\n"
+
+
+def _toy_command(**kw):
+    from dataclasses import dataclass, field
+
+    import app_common as ac
+
+    @dataclass(frozen=True)
+    class GoConfig:
+        """``tool go``: goes ``far``."""
+
+        steps: int = field(default=3, metadata={"help": "steps"})
+        lr: float = field(default=0.1, metadata={"help": "rate"})
+
+    seen = []
+    parser, commands = ac.app_parser("tool", "A tool.")
+    sub = ac.add_command(
+        commands, "go", GoConfig, lambda args: seen.append(ac.command_config(args)), help="x", **kw
+    )
+    return parser, sub, seen
+
+
+def test_a_command_builds_its_config_from_the_flags_over_the_toml_file(tmp_path):
+    parser, _, seen = _toy_command()
+    (tmp_path / "go.toml").write_text("steps = 5\nlr = 0.5\n")
+    assert run_cli(parser, ["go", "--config", str(tmp_path / "go.toml"), "--lr", "0.25"]) == 0
+    assert (seen[0].steps, seen[0].lr) == (5, 0.25)
+
+
+def test_a_command_is_described_by_its_config_docstring_as_plain_text():
+    _, sub, _ = _toy_command()
+    assert sub.description == "tool go: goes far."
+
+
+def test_a_command_without_a_config_file_has_no_config_flag():
+    parser, _, _ = _toy_command(config_file=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["go", "--config", "x.toml"])
+
+
+def test_a_sweep_command_leaves_its_grid_fields_to_the_grid():
+    from dataclasses import dataclass
+
+    import app_common as ac
+
+    @dataclass(frozen=True)
+    class Grid:
+        seed: tuple[int, ...] = (0,)
+
+    @dataclass(frozen=True)
+    class Run:
+        seed: int = 0
+        steps: int = 1
+
+    _, commands = ac.app_parser("tool", "A tool.")
+    sub = ac.add_command(commands, "sweep", Grid, print, help="x", each_run=Run, grid=("seed",))
+    args = sub.parse_args(["--seed", "1", "2", "--steps", "4"])
+    assert (args.seed, args.steps) == ([1, 2], 4)

@@ -241,3 +241,16 @@ def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_
     assert ac.Trainer.from_config(NoSeed(), name="no-seed", seed=1, show_progress=False).seed == 1
     with pytest.raises(ValueError, match=r"seed: expected an integer >= 0, got \(0, 1\)"):
         ac.Trainer.from_config(Bare(), name="grid", seed=(0, 1))
+
+
+def _toy_trainer(out):
+    return ac.Trainer(name="toy", out=out, identity={"steps": 12}, seed=3, steps=12, device="cpu")
+
+
+def test_run_unless_finished_runs_the_body_of_a_new_run(tmp_path):
+    assert _toy_trainer(tmp_path).run_unless_finished(lambda trainer: trainer.name) == "toy"
+
+
+def test_run_unless_finished_skips_a_finished_run(tmp_path):
+    _toy_run(tmp_path, None)
+    assert _toy_trainer(tmp_path).run_unless_finished(lambda trainer: "ran") is None

@@ -57,6 +57,22 @@ def test_a_run_identity_is_its_settings_minus_those_that_may_change_on_resume():
     assert ac.may_change_on_resume(Run) >= {"device", "threads", "out", "resume", "log_every", "workers"}
 
 
+def test_the_identity_digest_ignores_settings_that_may_change_on_resume():
+    assert ac.identity_digest(Run(device="cpu", workers=3, out=Path("x"))) == ac.identity_digest(Run())
+
+
+def test_the_identity_digest_changes_with_an_identity_setting():
+    assert ac.identity_digest(Run(model=Model(dim=4))) != ac.identity_digest(Run())
+
+
+def test_write_csv_writes_the_header_then_the_cells(tmp_path):
+    import csv
+
+    path = ac.write_csv(tmp_path / "t.csv", ["a", "b"], [(1, 0.125), ("x,y", None)])
+    with path.open(newline="", encoding="utf-8") as f:
+        assert list(csv.reader(f)) == [["a", "b"], ["1", "0.125"], ["x,y", ""]]
+
+
 def test_checkpointer_resumes_the_same_identity_and_refuses_another_listing_the_changed_keys(tmp_path):
     path = tmp_path / "checkpoint.pt"
     identity = ac.run_identity(Run())

@@ -1,5 +1,8 @@
 """The chunked, recomputing attention kernels against ``rf_attention.naive``: outputs and gradients.
 
+Also the causal scan against its dense form, many chunks and groups, state continuation, large logits and
+bfloat16.
+
 Grid: (B, H, N, Dh, m), dtype, causal, key padding, chunk size (N never a multiple of it), and the
 components with their matrices, including the learnable FastFood_L whose parameters must receive the
 reference's gradients. The reference runs in float64 on the same feature map (same draws, same
@@ -16,6 +19,7 @@ import rf_features
 from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend
 from rf_attention.naive import naive_linear_attention, naive_rf_attention, naive_softmax_attention
+from rf_attention.ops.causal import CausalState, causal_attention, chunk_prefix
 
 SHAPES = [(1, 1, 9, 4, 3), (2, 3, 13, 8, 6)]  # (B, H, N, Dh, s)
 NAMES = ["posrf-orf", "trigrf-sorf", "oprf-fastfoodl", "saderf-qmc", "posrf-hyp-base", "gerf-orf"]
@@ -68,16 +72,27 @@ def grads(out, weights, tensors):
     return torch.autograd.grad((out * weights).sum(), tensors, allow_unused=True)
 
 
+def without_closed_form(fm):
+    """``fm`` as a feature map with no closed form: the kernels run their generic (autograd) path."""
+    fm.exponential_form = lambda *args, **kwargs: None
+    return fm
+
+
+@pytest.mark.parametrize("strategy", ["closed", "generic"])
 @pytest.mark.parametrize("chunk_size", [4, None], ids=["chunk4", "chunkdefault"])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "padded"])
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}N{}D{}s{}".format(*s))
 @pytest.mark.parametrize("name", NAMES)
-def test_outputs_and_gradients_equal_the_naive_reference(name, shape, dtype, causal, masked, chunk_size):
+def test_outputs_and_gradients_equal_the_naive_reference(
+    name, shape, dtype, causal, masked, chunk_size, strategy
+):
     b, h, n, d, s = shape
     fm = make_feature_map(name, d, s, causal, dtype)
     reference_map = copy.deepcopy(fm).double()
+    if strategy == "generic":
+        fm = without_closed_form(fm)
     (q, k, v), mask, weights = inputs(b, h, n, d, dtype, masked, causal)
     out = rf_attend(
         q, k, v, fm, causal=causal, key_padding_mask=mask, query_padding_mask=mask, chunk_size=chunk_size
@@ -192,8 +207,10 @@ def test_many_groups_equal_the_naive_reference(small_groups, name, causal, maske
     b, h, n, d, s = 2, 2, 37, 8, 6
     fm = make_feature_map(name, d, s, causal, torch.float64)
     width = fm.num_features
-    per_element = kernels.CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT if causal else None
-    rows = kernels.group_rows(n, d, width, 4 if causal else 1, per_element, batch=b * h)
+    if causal:
+        rows = kernels.causal_group_rows(n, d, width, 4, b * h)
+    else:
+        rows = kernels.group_rows(n, d, width, batch=b * h)
     assert -(-n // rows) >= 3, "several groups"
     reference_map = copy.deepcopy(fm)
     (q, k, v), mask, weights = inputs(b, h, n, d, torch.float64, masked, causal)
@@ -207,3 +224,132 @@ def test_many_groups_equal_the_naive_reference(small_groups, name, causal, maske
     assert relative_error(out, expected_out) < 1e-10
     for g, e in zip(got, expected, strict=True):
         assert relative_error(g, e) < 1e-10
+
+
+def dense_prefix(x, log_ref):
+    """``y_r = sum_{u <= r} exp(e_u - e_r) x_u`` by an explicit lower-triangular matrix."""
+    e = log_ref.squeeze(-1)
+    factors = torch.exp(e.unsqueeze(-2) - e.unsqueeze(-1)).tril()  # (g, r, u)
+    return factors @ x
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 8, 33])
+def test_chunk_prefix_equals_the_dense_decayed_prefix_sum(length):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, length, 5, generator=g, dtype=torch.float64)
+    log_ref = torch.cummax(torch.randn(3, length, generator=g, dtype=torch.float64) * 20, dim=-1).values
+    log_ref = log_ref.unsqueeze(-1)
+    torch.testing.assert_close(chunk_prefix(x, log_ref), dense_prefix(x, log_ref), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("length", [1, 6, 17])
+def test_reverse_chunk_prefix_is_the_transpose(length):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, length, 4, generator=g, dtype=torch.float64)
+    log_ref = torch.cummax(torch.randn(2, length, generator=g, dtype=torch.float64) * 5, dim=-1).values
+    log_ref = log_ref.unsqueeze(-1)
+    e = log_ref.squeeze(-1)
+    transpose = torch.exp(e.unsqueeze(-2) - e.unsqueeze(-1)).tril().mT
+    expected = transpose @ x
+    torch.testing.assert_close(chunk_prefix(x, log_ref, reverse=True), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def small_causal_groups(monkeypatch):
+    monkeypatch.setattr(kernels, "CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT", 0.05)
+    monkeypatch.setattr(kernels, "MIN_GROUP_FEATURE_ELEMENTS", 1)
+
+
+@pytest.mark.parametrize(
+    "name", ["posrf-orf", "trigrf-sorf", "oprf-fastfoodl", "saderf-qmc", "posrf-hyp-base"]
+)
+def test_causal_many_chunks_and_groups_equal_the_naive_quadratic_form(small_causal_groups, name):
+    b, h, n, d, s, chunk = 2, 2, 301, 8, 6, 8
+    rows = kernels.causal_group_rows(
+        n, d, make_feature_map(name, d, s, True, torch.float64).num_features, chunk, 4
+    )
+    assert n // chunk >= 30, "many chunks"
+    assert -(-n // rows) >= 4, "several groups"
+    fm = make_feature_map(name, d, s, True, torch.float64)
+    reference_map = copy.deepcopy(fm)
+    (q, k, v), mask, weights = inputs(b, h, n, d, torch.float64, True, True)
+    out = rf_attend(
+        q, k, v, fm, causal=True, key_padding_mask=mask, query_padding_mask=mask, chunk_size=chunk
+    )
+    got = grads(out, weights, [q, k, v, *fm.parameters()])
+    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    expected_out = naive_rf_attention(
+        q64, k64, v64, reference_map, causal=True, key_padding_mask=mask, query_padding_mask=mask
+    )
+    expected = grads(expected_out, weights, [q64, k64, v64, *reference_map.parameters()])
+    assert relative_error(out, expected_out) < 1e-10
+    for g, e in zip(got, expected, strict=True):
+        assert relative_error(g, e) < 1e-10
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", ["posrf-orf", "trigrf-sorf", "posrf-hyp-base", "gerf-orf"])
+def test_large_logits_equal_the_naive_reference_in_float64(name, causal):
+    b, h, n, d, s = 1, 2, 70, 8, 6
+    fm = make_feature_map(name, d, s, causal, torch.float64)
+    g = torch.Generator().manual_seed(3)
+    direction = torch.randn(d, generator=g, dtype=torch.float64)
+    direction = direction / direction.norm()
+    # q . k / sqrt(d) between about 30 and 60: exp overflows float32, not float64
+    base = direction * (30 * d**0.5) ** 0.5
+    q, k = (base * (1 + torch.rand(b, h, n, 1, generator=g, dtype=torch.float64)) ** 0.5 for _ in range(2))
+    v = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    logits = (q @ k.mT) / d**0.5
+    assert float(logits.min()) >= 30
+    assert float(logits.max()) <= 60
+    out = rf_attend(q, k, v, fm, causal=causal, chunk_size=16)
+    expected = naive_rf_attention(q, k, v, copy.deepcopy(fm), causal=causal)
+    assert torch.isfinite(out).all()
+    assert relative_error(out, expected) < 1e-8
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("name", ["posrf-orf", "trigrf-sorf", "oprf-fastfoodl"])
+def test_bfloat16_inputs_are_accumulated_close_to_the_float64_reference(name, causal):
+    b, h, n, d, s = 2, 2, 150, 8, 16
+    fm = make_feature_map(name, d, s, causal, torch.float32)
+    (q, k, v), mask, weights = inputs(b, h, n, d, torch.float64, True, causal)
+    low = [t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
+    out = rf_attend(*low, fm, causal=causal, key_padding_mask=mask, query_padding_mask=mask, chunk_size=16)
+    exact = [t.detach().to(torch.bfloat16).double().requires_grad_() for t in (q, k, v)]
+    expected = naive_rf_attention(*exact, copy.deepcopy(fm).double(), causal=causal, key_padding_mask=mask)
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out, expected) < 2e-2
+    got = grads(out.float(), weights.float(), low)
+    wanted = grads(expected, weights, exact)
+    for g, e in zip(got, wanted, strict=True):
+        assert relative_error(g, e) < 5e-2
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["positive", "signed"])
+def test_causal_attention_continued_from_a_state_equals_one_pass(signed):
+    g = torch.Generator().manual_seed(4)
+    n, m, split = 40, 6, 23
+    phi_q, phi_k = (torch.rand(2, 3, n, m, generator=g, dtype=torch.float64) + 0.1 for _ in range(2))
+    if signed:
+        phi_q = phi_q - 0.3
+    v = torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64)
+    log_scale = torch.randn(2, 3, n, generator=g, dtype=torch.float64) * 10
+
+    def features(x, is_query):
+        return (x.new_zeros(*x.shape[:-1], 1), x) if is_query else (x[..., -1:], x[..., :-1])
+
+    keys = torch.cat((phi_k, log_scale.unsqueeze(-1)), dim=-1)
+    run = {"width": m, "chunk": 4, "eps": 1e-12}
+    whole, final = causal_attention(phi_q, keys, v, None, features, **run)
+    first, state = causal_attention(
+        phi_q[..., :split, :], keys[..., :split, :], v[..., :split, :], None, features, **run
+    )
+    second, after = causal_attention(
+        phi_q[..., split:, :], keys[..., split:, :], v[..., split:, :], None, features, state=state, **run
+    )
+    torch.testing.assert_close(torch.cat((first, second), dim=-2), whole, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(after.sums, final.sums, rtol=1e-10, atol=1e-12)
+    assert isinstance(after, CausalState)
+    expected = naive_linear_attention(phi_q, phi_k * log_scale.exp().unsqueeze(-1), v, causal=True)
+    torch.testing.assert_close(whole, expected, rtol=1e-10, atol=1e-12)

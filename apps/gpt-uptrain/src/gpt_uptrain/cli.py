@@ -26,11 +26,6 @@ import rf_attention
 from gpt_uptrain.config import PrepareConfig, QuickConfig, ReportConfig, SampleConfig, TrainConfig
 from gpt_uptrain.linearize import LinearizeConfig
 
-
-def _config(cls: type, args: argparse.Namespace):
-    return ac.config_from(cls, args, toml=ac.read_config(args))
-
-
 #: ``gpt-uptrain list WHAT``: the names it prints.
 LISTS = {
     "layers": ralimp.names,
@@ -41,21 +36,30 @@ LISTS = {
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``gpt-uptrain`` and its subcommands (``--help`` on each)."""
     parser, commands = ac.app_parser("gpt-uptrain", __doc__)
-    for name, cls, run, help_, kw in (
-        ("prepare", PrepareConfig, _prepare, "tokenize text files into train.bin/val.bin", {}),
-        ("train", TrainConfig, _train, "one training run", {"exclude": ("vocab_size",)}),
-        ("quick", QuickConfig, _quick, "small offline comparison on CPU", {}),
-        ("linearize", LinearizeConfig, _linearize, "convert a softmax teacher to RF attention pairs", {}),
-        ("sample", SampleConfig, _sample, "generate text", {"positional": ("checkpoint",)}),
-        ("report", ReportConfig, _report, "table and loss curves", {"positional": ("results",)}),
-    ):
-        sub = commands.add_parser(name, help=help_, description=ac.plain_text(cls.__doc__))
-        if name == "prepare":
-            sub.add_argument("files", nargs="*", type=Path, help="UTF-8 text files (none: the stdlib corpus)")
-            kw = {"exclude": ("files",)}
-        ac.add_config_argument(sub)
-        ac.add_dataclass_arguments(sub, cls, **kw)
-        sub.set_defaults(run=run)
+    prepare = ac.add_command(
+        commands,
+        "prepare",
+        PrepareConfig,
+        _prepare,
+        help="tokenize text files into train.bin/val.bin",
+        exclude=("files",),
+    )
+    prepare.add_argument("files", nargs="*", type=Path, help="UTF-8 text files (none: the stdlib corpus)")
+    ac.add_command(commands, "train", TrainConfig, _train, help="one training run", exclude=("vocab_size",))
+    ac.add_command(commands, "quick", QuickConfig, _quick, help="small offline comparison on CPU")
+    ac.add_command(
+        commands,
+        "linearize",
+        LinearizeConfig,
+        _linearize,
+        help="convert a softmax teacher to RF attention pairs",
+    )
+    ac.add_command(
+        commands, "sample", SampleConfig, _sample, help="generate text", positional=("checkpoint",)
+    )
+    ac.add_command(
+        commands, "report", ReportConfig, _report, help="table and loss curves", positional=("results",)
+    )
     ac.add_list_command(commands, LISTS, help="list the MLP replacement kinds or the attention names")
     return parser
 
@@ -63,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _prepare(args: argparse.Namespace) -> None:
     from gpt_uptrain.data import prepare, stdlib_files
 
-    config = _config(PrepareConfig, args)
+    config = ac.command_config(args)
     files = list(args.files) or list(config.files)
     extra = {}
     if not files:
@@ -80,13 +84,13 @@ def _prepare(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from gpt_uptrain.train import train
 
-    train(_config(TrainConfig, args))
+    train(ac.command_config(args))
 
 
 def _quick(args: argparse.Namespace) -> None:
     from gpt_uptrain.quick import quick
 
-    config = _config(QuickConfig, args)
+    config = ac.command_config(args)
     print(quick(config))
     print(f"\nreport (table.md, table.csv, loss_curves.png): {Path(config.out) / 'report'}")
 
@@ -94,20 +98,20 @@ def _quick(args: argparse.Namespace) -> None:
 def _linearize(args: argparse.Namespace) -> None:
     from gpt_uptrain.linearize import linearize
 
-    print(linearize(_config(LinearizeConfig, args)))
+    print(linearize(ac.command_config(args)))
 
 
 def _sample(args: argparse.Namespace) -> None:
     from gpt_uptrain.sample import sample
 
-    for index, text in enumerate(sample(_config(SampleConfig, args))):
+    for index, text in enumerate(sample(ac.command_config(args))):
         print(f"--- sample {index}\n{text}")
 
 
 def _report(args: argparse.Namespace) -> None:
     from gpt_uptrain.report import report
 
-    config = _config(ReportConfig, args)
+    config = ac.command_config(args)
     print(report(config.results, config.report_dir))
 
 

@@ -19,8 +19,6 @@ random state, so ``--resume`` continues a killed run exactly.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import platform
@@ -99,7 +97,7 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 def run_name(config: TrainConfig) -> str:
     """``ralimp-k1-softmax-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
-    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    digest = ac.identity_digest(config)
     m = config.model
     return f"{m.layer}-k{m.last_k or 'half'}-{m.attention}-s{config.seed}-{digest}"
 
@@ -251,14 +249,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
     trainer = ac.Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
-    try:
-        if trainer.finished() is not None:
-            if trainer.is_main:
-                print(f"{trainer.dir}: already finished; nothing to do")
-            return None
-        return _train(config, trainer)
-    finally:
-        trainer.close()
+    return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
 
 
 def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:

@@ -29,19 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("quick", QuickConfig, "reduced protocol on the CPU, then the report"),
         ("train", FitConfig, "the protocol (or a selection), resumable"),
     ):
-        sub = commands.add_parser(name, help=text, description=ac.plain_text(cls.__doc__))
-        ac.add_config_argument(sub)
-        ac.add_dataclass_arguments(sub, cls)
-        sub.set_defaults(run=_fit_and_report, config_class=cls)
-
-    report = commands.add_parser(
-        "report", help="tables and plots of a results file", description=ac.plain_text(ReportConfig.__doc__)
+        ac.add_command(commands, name, cls, _fit_and_report, help=text)
+    ac.add_command(
+        commands,
+        "report",
+        ReportConfig,
+        _report,
+        help="tables and plots of a results file",
+        config_file=False,
+        positional=("results",),
     )
-    ac.add_dataclass_arguments(report, ReportConfig, positional=("results",))
-    report.set_defaults(run=_report)
-
-    names = commands.add_parser("list", help="list the method names", description="Print the methods.")
-    names.set_defaults(run=lambda args: print("\n".join(METHODS.names())))
+    ac.add_list_command(commands, {"methods": METHODS.names}, help="list the method names")
     return parser
 
 
@@ -55,7 +53,7 @@ def _fit_and_report(args: argparse.Namespace) -> None:
     from layer_fit.report import report
     from layer_fit.train import run_fit
 
-    config = ac.config_from(args.config_class, args, toml=ac.read_config(args))
+    config = ac.command_config(args)
     results = run_fit(config)
     features = 32 if 32 in config.features else config.features[0]
     _print(report(ReportConfig(results=results, table_features=features)))
@@ -67,7 +65,7 @@ def _fit_and_report(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from layer_fit.report import report
 
-    config = ac.config_from(ReportConfig, args)
+    config = ac.command_config(args)
     _print(report(config))
     out = ac.report_folder(config.results, config.report_dir)
     print(f"tables (Markdown, CSV) and plots (PNG) written to {out}")

@@ -18,7 +18,6 @@ non-finite loss) are counted apart and left out of the mean.
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from collections import defaultdict
@@ -212,43 +211,38 @@ def sweep_floors_table(cells: dict) -> tuple[list[str], list[list[str]]]:
 def write_csv(path: Path, cells: dict) -> None:
     """Long format: activation, method, budget, mse mean and std, seeds, diverged, train seconds, floors."""
     activations, methods, budgets = _axes(cells)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(
-            [
-                "activation",
-                "method",
-                "budget",
-                "mse_mean",
-                "mse_std",
-                "seeds",
-                "diverged",
-                "train_seconds",
-                "information_floor",
-                "eckart_young_floor",
-                "feature_dim",
-            ]
+    header = [
+        "activation",
+        "method",
+        "budget",
+        "mse_mean",
+        "mse_std",
+        "seeds",
+        "diverged",
+        "train_seconds",
+        "information_floor",
+        "eckart_young_floor",
+        "feature_dim",
+    ]
+    found = ((a, m, b, cells.get((a, m, b))) for a in activations for m in methods for b in budgets)
+    rows = [
+        (
+            a,
+            m,
+            b,
+            c.mean,
+            c.std,
+            c.seeds,
+            c.diverged,
+            f"{c.seconds:.2f}",
+            c.information_floor,
+            c.eckart_young_floor,
+            c.feature_dim,
         )
-        for a in activations:
-            for m in methods:
-                for b in budgets:
-                    c = cells.get((a, m, b))
-                    if c is not None:
-                        writer.writerow(
-                            [
-                                a,
-                                m,
-                                b,
-                                c.mean,
-                                c.std,
-                                c.seeds,
-                                c.diverged,
-                                f"{c.seconds:.2f}",
-                                c.information_floor,
-                                c.eckart_young_floor,
-                                c.feature_dim,
-                            ]
-                        )
+        for a, m, b, c in found
+        if c is not None
+    ]
+    ac.write_csv(path, header, rows)
 
 
 def plot_bars(cells: dict, budget: int, path: Path) -> None:

@@ -27,44 +27,36 @@ _TOML_HELP = "[table6.<task>] tables override Table 6"
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``lra-bench`` and its subcommands (``--help`` on each)."""
     parser, commands = ac.app_parser("lra-bench", __doc__)
-
-    train = commands.add_parser(
-        "train", help="one training run", description=ac.plain_text(TrainConfig.__doc__)
-    )
-    ac.add_config_argument(train, _TOML_HELP)
-    ac.add_dataclass_arguments(train, TrainConfig)
-    train.set_defaults(run=_train)
-
-    sweep = commands.add_parser(
+    ac.add_command(commands, "train", TrainConfig, _train, help="one training run", config_file=_TOML_HELP)
+    ac.add_command(
+        commands,
         "sweep",
+        SweepConfig,
+        _sweep,
         help="a grid of runs, resumable and shardable",
-        description=ac.plain_text(SweepConfig.__doc__),
+        config_file=_TOML_HELP,
+        each_run=TrainConfig,
+        grid=GRID,
     )
-    ac.add_config_argument(sweep, _TOML_HELP)
-    ac.add_dataclass_arguments(sweep.add_argument_group("grid"), SweepConfig)
-    ac.add_dataclass_arguments(sweep.add_argument_group("settings of every run"), TrainConfig, exclude=GRID)
-    sweep.set_defaults(run=_sweep)
-
-    report = commands.add_parser(
-        "report", help="paper-style tables and heatmaps", description=ac.plain_text(ReportConfig.__doc__)
+    ac.add_command(
+        commands,
+        "report",
+        ReportConfig,
+        _report,
+        help="paper-style tables and heatmaps",
+        config_file=False,
+        positional=("results",),
     )
-    ac.add_dataclass_arguments(report, ReportConfig, positional=("results",))
-    report.set_defaults(run=_report)
-
-    quick = commands.add_parser(
+    ac.add_command(
+        commands,
         "quick",
-        aliases=["quickstart"],
+        QuickConfig,
+        _quick,
         help="small offline run of the whole pipeline (alias: quickstart)",
-        description=ac.plain_text(QuickConfig.__doc__),
+        aliases=("quickstart",),
+        config_file=False,
     )
-    ac.add_dataclass_arguments(quick, QuickConfig)
-    quick.set_defaults(run=_quick)
-
-    names = commands.add_parser(
-        "list", help="list the attention names", description="Print rf_attention.names()."
-    )
-    names.add_argument("pattern", nargs="?", default=None, help="shell-style filter, e.g. 'oprf-*'")
-    names.set_defaults(run=_list)
+    ac.add_list_command(commands, {"attentions": rf_attention.names}, help="list the attention names")
     return parser
 
 
@@ -96,7 +88,7 @@ def _sweep(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from lra_bench.report import report
 
-    config = ac.config_from(ReportConfig, args)
+    config = ac.command_config(args)
     tables = report(config)
     print(tables["table1"])
     out = ac.report_folder(config.results, config.report_dir)
@@ -106,13 +98,9 @@ def _report(args: argparse.Namespace) -> None:
 def _quick(args: argparse.Namespace) -> None:
     from lra_bench.quickstart import quick
 
-    config = ac.config_from(QuickConfig, args)
+    config = ac.command_config(args)
     print(quick(config))
     print(f"\nfull report: {Path(config.out) / 'report'}")
-
-
-def _list(args: argparse.Namespace) -> None:
-    print("\n".join(rf_attention.names(args.pattern)))
 
 
 def main(argv: list[str] | None = None) -> int:

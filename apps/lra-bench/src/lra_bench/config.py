@@ -10,8 +10,6 @@ the command-line flags.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,7 +175,7 @@ def run_name(config: TrainConfig) -> str:
     knows a run is done. The digest covers [`app_common.run_identity`][app_common.run_identity] (Table 6
     filled in).
     """
-    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    digest = ac.identity_digest(config)
     model = config.model
     return f"{config.task}-{model.attention}-f{model.attention_features}-s{config.seed}-{digest}"
 

@@ -153,16 +153,8 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         ValueError: bad settings, data or checkpoint (each names what is wrong).
         FileNotFoundError: no cache for the task under ``config.data``.
     """
-    name = run_name(config)
-    trainer = ac.Trainer.from_config(config, name=name, on_save=on_checkpoint)
-    try:
-        if trainer.finished() is not None:
-            if trainer.is_main:
-                print(f"{name}: finished earlier (see {trainer.dir}); nothing to do")
-            return None
-        return _train(config, trainer)
-    finally:
-        trainer.close()
+    trainer = ac.Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
 
 
 def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:

@@ -99,7 +99,7 @@ def _quick(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import compare
     from nerf_pinn.pinn import PinnFamily
 
-    quick = ac.config_from(QuickConfig, args, toml=ac.read_config(args))
+    quick = ac.command_config(args)
     config = PinnConfig(
         layer=("dense", "ralimp", "eugen"),
         steps=quick.steps,
@@ -118,7 +118,7 @@ def _quick(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import results_table, write_csv
 
-    config = ac.config_from(ReportConfig, args)
+    config = ac.command_config(args)
     records = [ac.flat_record(r) for r in ac.read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
@@ -131,15 +131,10 @@ def _report(args: argparse.Namespace) -> None:
     print(table)
 
 
-def _list(args: argparse.Namespace) -> None:
-    print("families: " + " ".join(FAMILIES))
-    print("layer kinds: " + " ".join(KINDS))
-
-
 def _scene(args: argparse.Namespace) -> None:
     from nerf_pinn.scenes import render_synthetic_scene
 
-    config = ac.config_from(SceneConfig, args)
+    config = ac.command_config(args)
     path = render_synthetic_scene(
         config.scene, num_views=config.num_views, size=config.size, seed=config.seed
     )
@@ -149,7 +144,7 @@ def _scene(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     from nerf_pinn.burgers import compare_with_mat
 
-    config = ac.config_from(CheckConfig, args)
+    config = ac.command_config(args)
     print(json.dumps(compare_with_mat(config.mat, quadrature_nodes=config.quadrature_nodes)))
 
 
@@ -170,35 +165,29 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_run_family)
     helps = {"pinn": "PINN for viscous Burgers", "siren": "SIREN image fit", "nerf": "NeRF on posed images"}
     for name, cls in FAMILIES.items():
-        sub = commands.add_parser(
-            name, help=f"{helps[name]} (train --family {name})", description=ac.plain_text(cls.__doc__)
-        )
-        ac.add_config_argument(sub)
-        ac.add_dataclass_arguments(sub, cls)
-        sub.set_defaults(run=_run_family, family=name)
-    quick = commands.add_parser(
-        "quick", help="offline demo: the PINN family, small", description=ac.plain_text(QuickConfig.__doc__)
+        sub = ac.add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
+        sub.set_defaults(family=name)
+    ac.add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
+    ac.add_command(
+        commands,
+        "report",
+        ReportConfig,
+        _report,
+        help="the table of a results file",
+        config_file=False,
+        positional=("results",),
     )
-    ac.add_config_argument(quick)
-    ac.add_dataclass_arguments(quick, QuickConfig)
-    quick.set_defaults(run=_quick)
-    rep = commands.add_parser(
-        "report", help="the table of a results file", description=ac.plain_text(ReportConfig.__doc__)
+    ac.add_list_command(
+        commands,
+        {"families": lambda: FAMILIES, "layers": lambda: KINDS},
+        help="list the families and layer kinds",
     )
-    ac.add_dataclass_arguments(rep, ReportConfig, positional=("results",))
-    rep.set_defaults(run=_report)
-    names = commands.add_parser("list", help="list the families and layer kinds", description="Print them.")
-    names.set_defaults(run=_list)
-    scene = commands.add_parser(
-        "scene", help="render the synthetic scene", description=ac.plain_text(SceneConfig.__doc__)
+    ac.add_command(
+        commands, "scene", SceneConfig, _scene, help="render the synthetic scene", config_file=False
     )
-    ac.add_dataclass_arguments(scene, SceneConfig)
-    scene.set_defaults(run=_scene)
-    check = commands.add_parser(
-        "burgers-check", help="check the reference", description=ac.plain_text(CheckConfig.__doc__)
+    ac.add_command(
+        commands, "burgers-check", CheckConfig, _check, help="check the reference", config_file=False
     )
-    ac.add_dataclass_arguments(check, CheckConfig)
-    check.set_defaults(run=_check)
     return parser
 
 

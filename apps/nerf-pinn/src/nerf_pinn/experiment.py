@@ -151,8 +151,6 @@ def results_table(records: list[dict], metric: str) -> str:
 
 def write_csv(records: list[dict], metric: str, path: Path) -> Path:
     """The table's columns as CSV, at full precision."""
-    import csv
-
     columns = [
         "kind",
         metric,
@@ -164,11 +162,7 @@ def write_csv(records: list[dict], metric: str, path: Path) -> Path:
         "initial_loss",
         "final_loss",
     ]
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows([r[c] for c in columns] for r in records)
-    return path
+    return ac.write_csv(path, columns, ([r[c] for c in columns] for r in records))
 
 
 def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = None) -> list[dict]:

@@ -31,40 +31,33 @@ LISTS = {
 }
 
 
+#: The sweep's grid flags: several values each, not the single value of ``train``.
+GRID = ("layer", "last_k")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``vit-finetune`` and its subcommands (``--help`` on each)."""
     parser, commands = ac.app_parser("vit-finetune", __doc__)
-
-    quick = commands.add_parser(
-        "quick", help="offline demo on digits (CPU, minutes)", description=ac.plain_text(QuickConfig.__doc__)
+    ac.add_command(commands, "quick", QuickConfig, _quick, help="offline demo on digits (CPU, minutes)")
+    ac.add_command(commands, "train", TrainConfig, _train, help="one fine-tuning run")
+    ac.add_command(
+        commands,
+        "sweep",
+        SweepConfig,
+        _sweep,
+        help="dense and each layer kind at each k",
+        each_run=TrainConfig,
+        grid=GRID,
     )
-    ac.add_config_argument(quick)
-    ac.add_dataclass_arguments(quick, QuickConfig)
-    quick.set_defaults(run=_quick)
-
-    train = commands.add_parser(
-        "train", help="one fine-tuning run", description=ac.plain_text(TrainConfig.__doc__)
+    ac.add_command(
+        commands,
+        "report",
+        ReportConfig,
+        _report,
+        help="table and plots of a results file",
+        config_file=False,
+        positional=("results",),
     )
-    ac.add_config_argument(train)
-    ac.add_dataclass_arguments(train, TrainConfig)
-    train.set_defaults(run=_train)
-
-    sweep = commands.add_parser(
-        "sweep", help="dense and each layer kind at each k", description=ac.plain_text(SweepConfig.__doc__)
-    )
-    ac.add_config_argument(sweep)
-    ac.add_dataclass_arguments(sweep.add_argument_group("grid"), SweepConfig)
-    ac.add_dataclass_arguments(
-        sweep.add_argument_group("settings of every run"), TrainConfig, exclude=("layer", "last_k")
-    )
-    sweep.set_defaults(run=_sweep)
-
-    rep = commands.add_parser(
-        "report", help="table and plots of a results file", description=ac.plain_text(ReportConfig.__doc__)
-    )
-    ac.add_dataclass_arguments(rep, ReportConfig, positional=("results",))
-    rep.set_defaults(run=_report)
-
     ac.add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
     return parser
 
@@ -72,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _quick(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import quick
 
-    config = ac.config_from(QuickConfig, args, toml=ac.read_config(args))
+    config = ac.command_config(args)
     print(quick(config))
     print(f"\nreport (table, curves): {Path(config.out) / 'report'}")
 
@@ -80,11 +73,7 @@ def _quick(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from vit_finetune.train import train
 
-    train(ac.config_from(TrainConfig, args, toml=ac.read_config(args)))
-
-
-#: The sweep's grid flags: several values each, not the single value of ``train``.
-GRID = ("layer", "last_k")
+    train(ac.command_config(args))
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -100,7 +89,7 @@ def _sweep(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from vit_finetune.report import report
 
-    config = ac.config_from(ReportConfig, args)
+    config = ac.command_config(args)
     print(report(config))
 
 

@@ -7,8 +7,6 @@ The flags the apps share (``--device``, ``--steps``, ``--lr``, ``--layer``, ``--
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -134,7 +132,7 @@ class TrainConfig(
 def run_name(config: TrainConfig) -> str:
     """``digits-vit-digits-ralimp-k4-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
     config = config.resolved()
-    digest = hashlib.sha256(json.dumps(ac.run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    digest = ac.identity_digest(config)
     attention = "" if config.attention == "softmax" else f"-{config.attention}"
     model = config.model.replace("/", "_")
     return f"{config.data}-{model}-{config.layer}-k{config.last_k}{attention}-s{config.seed}-{digest}"

@@ -13,7 +13,8 @@ mapped onto it, so neither library is needed:
   ``norm1``/``norm2``, ``intermediate.dense``/``output.dense`` become ``mlp.fc1``/``fc2``; the pooler and
   the classifier are dropped.
 
-Files: ``.safetensors`` (read by ``app_common.read_safetensors``, no extra package), or anything
+Files: ``.safetensors`` (read by ``app_common.read_safetensors``: memory-mapped, and the head's tensors
+are never read), or anything
 ``torch.load`` reads with ``weights_only=True`` (``.bin``, ``.pth``, ``.pt``), or a folder holding one of
 them.
 """
@@ -87,8 +88,20 @@ def names(pattern: str | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- files
-def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+#: Key prefixes of a checkpoint's head (classifier, pooler), which no fine-tuning run loads.
+HEAD_PREFIXES = ("head.", "head_drop.", "fc_norm.", "pre_logits.", "pooler.", "classifier.")
+
+
+def is_head_key(name: str) -> bool:
+    """True for a tensor of a timm or Hugging Face checkpoint's head (``vit.pooler.dense.weight``)."""
+    return name.removeprefix("module.").removeprefix("vit.").startswith(HEAD_PREFIXES)
+
+
+def read_checkpoint(path: str | Path, *, head: bool = True) -> dict[str, torch.Tensor]:
     """The state dict in a checkpoint file or folder (``.safetensors``, or ``torch.load``-able files).
+
+    ``head=False`` leaves out the head's tensors (``is_head_key``); a
+    safetensors file then never reads them.
 
     A folder is searched for ``model.safetensors``, ``pytorch_model.bin``, then any ``*.safetensors``,
     ``*.pth``, ``*.pt``, ``*.bin``. A file holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
@@ -111,7 +124,7 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"weights: no such file or folder: {path}")
     if path.suffix == ".safetensors":
-        return read_safetensors(path)
+        return read_safetensors(path, keys=None if head else lambda name: not is_head_key(name))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -122,7 +135,7 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
             break
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: expected a state dict of tensors, got {type(state).__name__}")
-    return state
+    return state if head else {k: v for k, v in state.items() if not is_head_key(k)}
 
 
 # ---------------------------------------------------------------------------------------------- mappings
@@ -203,8 +216,7 @@ def to_vit_state_dict(state: dict[str, torch.Tensor], config: ViTConfig) -> dict
     state = {k.removeprefix("module."): v for k, v in state.items()}
     if is_hf_checkpoint(state):
         state = hf_to_timm(state)
-    drop = ("head.", "head_drop.", "fc_norm.", "pre_logits.", "pooler.", "classifier.")
-    state = {k: v for k, v in state.items() if not k.startswith(drop)}
+    state = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
     if "pos_embed" in state:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size)
     return state
@@ -298,6 +310,6 @@ def build_model(
     model = ViT(config)
     if pretrained and (weights is not None or spec.hub_repo is not None):
         path = Path(weights) if weights is not None else fetch_weights(name, spec)
-        load_pretrained(model, read_checkpoint(path))
+        load_pretrained(model, read_checkpoint(path, head=False))
         model.reset_head()
     return model, spec

@@ -33,7 +33,15 @@ from app_common.checkpoint import (
     save_checkpoint,
     state_dicts,
 )
-from app_common.cli import USER_ERRORS, add_list_command, app_parser, plain_text, run_cli
+from app_common.cli import (
+    USER_ERRORS,
+    add_command,
+    add_list_command,
+    app_parser,
+    command_config,
+    plain_text,
+    run_cli,
+)
 from app_common.config import (
     add_config_argument,
     add_dataclass_arguments,
@@ -57,8 +65,6 @@ from app_common.distributed import (
     teardown_distributed,
 )
 from app_common.fields import (
-    ALIASES,
-    FLAGS,
     AttentionFields,
     EvalFields,
     Fields,
@@ -67,6 +73,7 @@ from app_common.fields import (
     OutputFields,
     RuntimeFields,
     check_int_fields,
+    identity_digest,
     may_change_on_resume,
     option,
     run_identity,
@@ -95,10 +102,11 @@ from app_common.records import (
     run_dir,
     write_record,
 )
-from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_table
-from app_common.safetensors import SAFETENSORS_DTYPES, read_safetensors, write_safetensors
+from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_csv, write_table
+from app_common.safetensors import read_safetensors, write_safetensors
 from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
 from app_common.seeding import CALIBRATION_SEED, rng_state, seed_everything, set_rng_state
+from app_common.vocabulary import ALIASES, FLAGS
 from spectraformer_core import check_int  # the project's one integer validator, for the apps
 
 __all__ = [
@@ -112,7 +120,6 @@ __all__ = [
     "NAN_POLICIES",
     "NO_DECAY_NAMES",
     "RESULTS",
-    "SAFETENSORS_DTYPES",
     "SCHEDULES",
     "USER_ERRORS",
     "AttentionFields",
@@ -132,6 +139,7 @@ __all__ = [
     "Timer",
     "TrainData",
     "Trainer",
+    "add_command",
     "add_config_argument",
     "add_dataclass_arguments",
     "add_list_command",
@@ -144,6 +152,7 @@ __all__ = [
     "changed_settings",
     "check_int",
     "check_int_fields",
+    "command_config",
     "config_dict",
     "config_from",
     "count_parameters",
@@ -154,6 +163,7 @@ __all__ = [
     "flag",
     "flat_record",
     "flat_settings",
+    "identity_digest",
     "interleaved_medians",
     "iter_jsonl",
     "launched_by_torchrun",
@@ -193,6 +203,7 @@ __all__ = [
     "stream_seed",
     "teardown_distributed",
     "training_stream_seed",
+    "write_csv",
     "write_record",
     "write_safetensors",
     "write_table",

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app_common.vocabulary import FLAGS
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -158,8 +160,6 @@ def add_config_argument(parser: argparse.ArgumentParser, help: str | None = None
         parser: the subcommand's parser.
         help: what this app adds after the vocabulary's meaning (``"<meaning>; <help>"``).
     """
-    from app_common.fields import FLAGS  # fields imports this module
-
     parser.add_argument(
         "--config",
         type=Path,

@@ -19,67 +19,16 @@ classes and of its nested groups); resuming under a different identity is refuse
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from app_common.config import flag, flat_settings
 from app_common.device import DTYPES
+from app_common.vocabulary import FLAGS
 from spectraformer_core import check_int
-
-#: Flag (field name) -> what it means in every app. ``--help`` shows these texts.
-FLAGS: dict[str, str] = {
-    "device": "auto (CUDA when there is one), cpu, cuda or cuda:<index>",
-    "dtype": "precision of the matrix products (autocast); parameters stay float32",
-    "threads": "CPU threads of torch (0: torch's default)",
-    "seed": "seed of the initialization, the random features and the data order",
-    "config": "TOML file whose keys are the flags' names with underscores (flags given win)",
-    "out": "folder holding runs/<name>/ (checkpoint, log, record of each run) and the results file",
-    "resume": "continue from the run's checkpoint if there is one (refused if its identity settings "
-    "differ); --no-resume starts over",
-    "steps": "optimizer steps (the schedule ends there)",
-    "lr": "peak learning rate",
-    "grad_clip": "clip the gradient norm to this value (0: no clipping)",
-    "eval_every": "steps between evaluations",
-    "log_every": "steps between training-loss log lines",
-    "layer": "MLP replacement kind (ralimp.create): ralimp, eugen, snnk, lowrank or dense",
-    "features": "random features of each replacement layer (ralimp.create's budget, exactly)",
-    "weight_matrix": "rf_matrices name of the replacement layers' random projections",
-    "last_k": "replace the MLPs of the last k blocks",
-    "attention": "attention: any name of rf_attention.names()",
-    "attention_features": "random features of the attention (rows of its weight matrix)",
-    "eval_batches": "batches of each evaluation",
-    "warmup_steps": "linear warm-up steps of the learning rate",
-    "checkpoint_every": "steps between checkpoints besides those after evaluations and the last step "
-    "(0: none)",
-    "results": "JSON-lines file the run's record is appended to",
-    "weights": "pretrained weights to start from",
-    "report_dir": "folder the report (tables, plots) is written to (default: report/ beside the results "
-    "file)",
-    "init": "start of the replaced MLPs: psi (the paper's Psi(W)), lstsq (readout fitted to the dense MLP on "
-    "a calibration batch), auto (lstsq when the MLPs are pretrained, psi otherwise)",
-    "weight_decay": "AdamW weight decay of the matrices (app_common.param_groups: none on vectors, "
-    "embeddings or RaLiMP's coefficients)",
-    "dropout": "dropout rate of the model's blocks",
-    "workers": "DataLoader worker processes",
-}
-
-#: Other spellings of vocabulary flags, which no app may use: alias -> the vocabulary's flag.
-ALIASES: dict[str, str] = {
-    "--layers": "--layer",
-    "--ks": "--last-k",
-    "--eval-steps": "--eval-batches",
-    "--eval-examples": "--eval-batches",
-    "--warmup": "--warmup-steps",
-    "--init-from": "--weights",
-    "--pretrained": "--weights",
-    "--save-every": "--checkpoint-every",
-    "--results-file": "--results",
-    "--learning-rate": "--lr",
-    "--max-steps": "--steps",
-    "--runs": "--out",
-    "--clip": "--grad-clip",
-}
 
 
 def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = None, **metadata: Any) -> Any:
@@ -247,3 +196,12 @@ def run_identity(config: Any) -> dict[str, Any]:
     """A run's identity: every leaf setting of ``config`` except those that may change on resume."""
     mutable = may_change_on_resume(config)
     return {k: v for k, v in flat_settings(config).items() if k not in mutable}
+
+
+def identity_digest(config: Any) -> str:
+    """Eight hex digits of the SHA-256 of [`run_identity`][app_common.run_identity] ``(config)``, as JSON.
+
+    The tail of a run's name (``listops-softmax-f64-s0-937732f7``): two configurations with one identity
+    share a run folder, any other setting gives another.
+    """
+    return hashlib.sha256(json.dumps(run_identity(config), sort_keys=True).encode()).hexdigest()[:8]

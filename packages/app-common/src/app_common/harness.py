@@ -55,7 +55,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -79,6 +79,8 @@ from app_common.records import CHECKPOINT, LOG, RECORD, finished_record, make_re
 from app_common.results import append_jsonl
 from app_common.schedules import Schedule
 from app_common.seeding import rng_state, seed_everything, set_rng_state
+
+T = TypeVar("T")
 
 #: Optimizers whose ``step`` takes a closure that recomputes the loss (their line search).
 CLOSURE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.LBFGS,)
@@ -625,3 +627,18 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group, if `Trainer` joined one."""
         teardown_distributed()
+
+    def run_unless_finished(self, body: Callable[[Trainer], T]) -> T | None:
+        """``body(self)``, or None when the run finished earlier (said once); the trainer is closed after.
+
+        The one rule of every app's run: a finished run is skipped, and the process group is left
+        whatever happens.
+        """
+        try:
+            if self.finished() is not None:
+                if self.is_main:
+                    print(f"{self.name}: finished earlier (see {self.dir}); nothing to do")
+                return None
+            return body(self)
+        finally:
+            self.close()

@@ -9,7 +9,7 @@ import csv
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,19 @@ def write_table(stem: str | Path, header: Sequence[str], rows: Sequence[Sequence
     stem.parent.mkdir(parents=True, exist_ok=True)
     text = markdown_table([str(h) for h in header], [[str(c) for c in row] for row in rows])
     stem.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
-    with stem.with_suffix(".csv").open("w", newline="", encoding="utf-8") as f:
+    write_csv(stem.with_suffix(".csv"), header, rows)
+    return text
+
+
+def write_csv(path: str | Path, header: Sequence[object], rows: Iterable[Sequence[object]]) -> Path:
+    """Write a CSV file (UTF-8, the header row first, cells as they are); returns the path.
+
+    For a CSV whose columns differ from its Markdown table's (a long format at full precision);
+    [`write_table`][app_common.write_table] writes both from the same cells.
+    """
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
-    return text
+    return path

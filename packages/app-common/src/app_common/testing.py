@@ -1,8 +1,9 @@
-"""Test helpers the apps' test suites share: the resume-equality check and the flag-vocabulary contract.
+"""Test helpers the apps' test suites share: resume equality, the flag-vocabulary contract, no import cycle.
 
 Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
-with its own (small) run (the one resume policy of [`Trainer`][app_common.Trainer], checked in every app)
-and [`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning).
+with its own (small) run (the one resume policy of [`Trainer`][app_common.Trainer], checked in every app),
+[`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning) and
+[`assert_no_import_cycle`][app_common.testing.assert_no_import_cycle] with its import name.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import torch
 
 from app_common.config import flag
-from app_common.fields import ALIASES, FLAGS
+from app_common.imports import import_cycles
 from app_common.records import CHECKPOINT, LOG, RECORD, RUNS
 from app_common.results import read_jsonl
+from app_common.vocabulary import ALIASES, FLAGS
 
 #: Record keys that differ between two runs of one configuration (wall-clock readings).
 CLOCK_KEYS = ("train_seconds", "finished_at", "peak_memory_bytes")
@@ -178,3 +180,10 @@ def assert_vocabulary(parser: argparse.ArgumentParser) -> None:
     problems = vocabulary_problems(parser)
     if problems:
         raise AssertionError("flag vocabulary:\n" + "\n".join(problems))
+
+
+def assert_no_import_cycle(package: str) -> None:
+    """Fail, naming each cycle, when modules of ``package`` import each other (`app_common.imports`)."""
+    cycles = import_cycles(package)
+    if cycles:
+        raise AssertionError(f"{package}: import cycles " + "; ".join(" <-> ".join(c) for c in cycles))

@@ -56,7 +56,10 @@ def linear_attention(
             $\operatorname{sign}(D)$ times that bound. Positive features are guarded only where $D = 0$ (rows
             whose keys are all padding give 0). Never an absolute floor: stabilized features can make a
             correct $D$ arbitrarily small. Default: the accumulation dtype's machine epsilon.
-        chunk_size: positions per chunk (default: 128 causal; non-causal about 0.5 MiB of features).
+        chunk_size: consecutive positions processed as one block: non-causal, the rows of a group (default:
+            the group rule's, about ``q``'s size in features); causal, a chunk, whose keys a query of
+            the chunk reads by an explicit ``chunk x chunk`` product (default 128; groups hold whole
+            chunks).
         cu_seqlens: ``(S + 1,)`` int32 cumulative starts of ``S`` sequences packed along ``N``
             (flash-attn's convention; inputs ``(1, H, T, *)``): each sequence attends to itself only
             ([`rf_attention.varlen`][rf_attention.varlen]).

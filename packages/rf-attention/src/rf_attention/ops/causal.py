@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention.ops.common import (
-    CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT,
     FeatureFn,
+    causal_group_rows,
     finite_or_zero,
-    group_rows,
     guard_gradient,
     guarded_denominator,
     recomputed,
@@ -461,7 +460,7 @@ def causal_attention(
         carried = CausalState(
             state.sums.reshape(size, *state.sums.shape[-2:]), magnitude, state.reference.reshape(size)
         )
-    rows = group_rows(n, d, width, min(chunk, n), CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT, batch=size)
+    rows = causal_group_rows(n, d, width, chunk, size)
     parts = [x.split(rows, dim=1) for x in (q, k, v)]
     outs = []
     for q_part, k_part, v_part, mask_part in zip(*parts, row_groups(mask, rows, len(parts[0])), strict=True):

@@ -82,6 +82,14 @@ def group_rows(
     return max(multiple, rows)
 
 
+def causal_group_rows(n: int, dim: int, width: int, chunk: int, batch: int) -> int:
+    """Rows per causal group: [`group_rows`][rf_attention.ops.common.group_rows] by the causal rule.
+
+    ``CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT``, a multiple of the chunk (``min(chunk, n)``).
+    """
+    return group_rows(n, dim, width, min(chunk, n), CAUSAL_GROUP_FEATURES_PER_QUERY_ELEMENT, batch=batch)
+
+
 def recomputed(function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args)``, its intermediate tensors recomputed in the backward pass instead of kept."""
     if not torch.is_grad_enabled():
