@@ -5,6 +5,8 @@ Subcommands:
 - ``prepare [FILES...] --out DIR --tokenizer char|byte|gpt2``: nanoGPT's train.bin/val.bin from text files;
 - ``train --data DIR [--weights HF_FOLDER] --layer ralimp --last-k K``: one run (``torchrun`` for DDP);
 - ``quick``: a small character-level model on Python's stdlib sources, dense and each replacement, on CPU;
+- ``linearize``: a softmax teacher (quick's, or ``--weights HF_FOLDER``) converted to each RF pair: swap,
+  swap + fine-tune, attention transfer + fine-tune at equal steps;
 - ``sample CHECKPOINT``: generate text from a run's checkpoint.pt or an HF GPT-2 folder (``--attention``);
 - ``report RESULTS``: the validation perplexity table (Markdown, CSV) and the loss curves (PNG);
 - ``list layers|attentions``: the MLP replacement kinds or the attention names (causal ones only work).
@@ -22,6 +24,7 @@ import app_common as ac
 import ralimp
 import rf_attention
 from gpt_uptrain.config import PrepareConfig, QuickConfig, ReportConfig, SampleConfig, TrainConfig
+from gpt_uptrain.linearize import LinearizeConfig
 
 #: ``gpt-uptrain list WHAT``: the names it prints.
 LISTS = {
@@ -44,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("files", nargs="*", type=Path, help="UTF-8 text files (none: the stdlib corpus)")
     ac.add_command(commands, "train", TrainConfig, _train, help="one training run", exclude=("vocab_size",))
     ac.add_command(commands, "quick", QuickConfig, _quick, help="small offline comparison on CPU")
+    ac.add_command(
+        commands,
+        "linearize",
+        LinearizeConfig,
+        _linearize,
+        help="convert a softmax teacher to RF attention pairs",
+    )
     ac.add_command(
         commands, "sample", SampleConfig, _sample, help="generate text", positional=("checkpoint",)
     )
@@ -83,6 +93,12 @@ def _quick(args: argparse.Namespace) -> None:
     config = ac.command_config(args)
     print(quick(config))
     print(f"\nreport (table.md, table.csv, loss_curves.png): {Path(config.out) / 'report'}")
+
+
+def _linearize(args: argparse.Namespace) -> None:
+    from gpt_uptrain.linearize import linearize
+
+    print(linearize(ac.command_config(args)))
 
 
 def _sample(args: argparse.Namespace) -> None:

@@ -18,17 +18,22 @@ from gpt_uptrain.report import report
 from gpt_uptrain.train import train
 
 
-def quick(config: QuickConfig) -> str:
-    """Run the quick comparison; returns the Markdown table (also in ``out/report/table.md``)."""
-    out = Path(config.out)
-    data = out / "data"
+def quick_data(data: Path, corpus_chars: int) -> Path:
+    """The character-level stdlib corpus of ``corpus_chars`` characters in ``data`` (prepared once)."""
     if not (data / META).is_file():
-        files = stdlib_files(config.corpus_chars)
+        files = stdlib_files(corpus_chars)
         meta = prepare(files, data, tokenizer="char", extra_meta={"corpus": "python-stdlib"})
         print(
             f"corpus: {len(files)} stdlib files ({files[0].name} .. {files[-1].name}), {meta['vocab_size']} "
             f"characters, {meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens -> {data}"
         )
+    return data
+
+
+def quick(config: QuickConfig) -> str:
+    """Run the quick comparison; returns the Markdown table (also in ``out/report/table.md``)."""
+    out = Path(config.out)
+    data = quick_data(out / "data", config.corpus_chars)
     start = time.perf_counter()
     for layer in config.layer:
         train(config.run(layer, data))

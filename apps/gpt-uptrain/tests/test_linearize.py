@@ -1,0 +1,128 @@
+"""``gpt-uptrain linearize``: the three variants per pair on a tiny HF GPT-2 teacher, equal steps, resume."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import app_common as ac
+import rf_attention
+from gpt_uptrain import GPT, TokenData, build_model, prepare
+from gpt_uptrain import linearize as lin
+from gpt_uptrain.cli import main
+from gpt_uptrain.train import run_name, transfer_attention
+
+TEXT = "def f(x):\n    return x * 2 + 1\n\nclass A:\n    pass\n" * 80
+PAIRS = ("posrf-orf", "oprf-fastfoodl")
+#: The experiment's flags: 5 steps per variant, 2 of them transfer in the third.
+FLAGS = ["--attention", *PAIRS, "--attention-features", "8", "--steps", "5", "--transfer-steps", "2"]
+FLAGS += ["--eval-batches", "2", "--prompt-tokens", "4", "--new-tokens", "4", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    """A tiny GPT-2 written by ``transformers``, a character corpus, and the finished experiment's folder."""
+    root = tmp_path_factory.mktemp("linearize")
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
+    GPT2LMHeadModel(config).save_pretrained(root / "gpt2")
+    (root / "corpus.txt").write_text(TEXT)
+    prepare([root / "corpus.txt"], root / "data", tokenizer="char")
+    args = [
+        "linearize",
+        "--weights",
+        str(root / "gpt2"),
+        "--data",
+        str(root / "data"),
+        "--out",
+        str(root / "out"),
+    ]
+    assert main([*args, *FLAGS]) == 0
+    return root, args
+
+
+def records(root):
+    return {r["pair"]: r for r in ac.read_jsonl(root / "out" / lin.RESULTS)}
+
+
+def config_of(root):
+    return lin.LinearizeConfig(
+        out=root / "out", weights=str(root / "gpt2"), data=root / "data", attention=PAIRS,
+        attention_features=8, steps=5, transfer_steps=2, eval_batches=2, prompt_tokens=4, new_tokens=4,
+        device="cpu",
+    )  # fmt: skip
+
+
+def test_every_pair_reports_the_three_variants(experiment):
+    root, _ = experiment
+    found = records(root)
+    assert sorted(found) == sorted(PAIRS)
+    for record in found.values():
+        assert set(record["val_loss"]) == set(lin.VARIANTS)
+        assert all(math.isfinite(v) for v in record["val_loss"].values())
+        assert len(record["mse_before"]) == len(record["mse_after"]) == 2  # one per block
+        assert record["decode_ms"]["converted"] > 0
+        assert record["decode_ms"]["teacher"] > 0
+    table = (root / "out" / lin.TABLE).read_text()
+    assert all(f"| {pair} |" in table for pair in PAIRS)
+
+
+def test_gap_closed_is_the_share_of_the_swap_to_teacher_gap(experiment):
+    root, _ = experiment
+    for record in records(root).values():
+        loss, teacher = record["val_loss"], record["teacher_val_loss"]
+        for variant in lin.VARIANTS[1:]:
+            share = (loss["swap"] - loss[variant]) / (loss["swap"] - teacher)
+            assert record["gap_closed"][variant] == pytest.approx(100 * share)
+
+
+def test_variants_take_equal_total_steps_transfer_included(experiment):
+    root, _ = experiment
+    config = config_of(root)
+    taken = {}
+    for variant in lin.VARIANTS[1:]:
+        run = config.variant(PAIRS[0], variant, root / "data", root / "gpt2")
+        record = ac.finished_record(root / "out", run_name(run))
+        taken[variant] = record["steps"] + record["details"]["transfer"].get("steps", 0)
+    assert record["details"]["transfer"]["steps"] == 2
+    assert taken == {"swap_finetune": 5, "transfer_finetune": 5}
+
+
+def test_transfer_stage_changes_only_the_feature_maps(experiment):
+    root, _ = experiment
+    config = config_of(root)
+    run = config.variant(PAIRS[0], "transfer_finetune", root / "data", root / "gpt2")
+    data = TokenData(root / "data")
+    model = build_model(run, data, torch.device("cpu"))
+    maps = {id(p) for p in rf_attention.transfer.feature_map_parameters(model)}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    transfer_attention(model, data, run, torch.device("cpu"))
+    changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
+    assert changed == {n for n, p in model.named_parameters() if id(p) in maps}
+    teacher = dict(GPT.from_pretrained(root / "gpt2").named_parameters())
+    kept = [n for n, p in model.named_parameters() if id(p) not in maps]
+    assert "transformer.h.0.mlp.c_fc.weight" in kept
+    assert "transformer.h.0.attn.qkv.weight" in kept
+    assert all(torch.equal(model.get_parameter(n), teacher[n]) for n in kept)
+
+
+def test_a_rerun_reuses_finished_pairs(experiment, monkeypatch):
+    root, args = experiment
+
+    def refuse(*_args, **_kw):
+        raise AssertionError("a finished pair ran again")
+
+    monkeypatch.setattr(lin, "linearize_pair", refuse)
+    assert main([*args, *FLAGS]) == 0
+    assert len(ac.read_jsonl(root / "out" / lin.RESULTS)) == len(PAIRS)
+
+
+def test_transfer_steps_must_leave_fine_tuning_steps():
+    with pytest.raises(ValueError, match="--transfer-steps"):
+        lin.LinearizeConfig(steps=5, transfer_steps=5)
