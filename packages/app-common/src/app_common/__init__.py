@@ -102,7 +102,15 @@ from app_common.records import (
     run_dir,
     write_record,
 )
-from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_csv, write_table
+from app_common.results import (
+    append_jsonl,
+    iter_jsonl,
+    markdown_table,
+    mean_and_std,
+    read_jsonl,
+    write_csv,
+    write_table,
+)
 from app_common.safetensors import read_safetensors, write_safetensors
 from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
 from app_common.seeding import CALIBRATION_SEED, rng_state, seed_everything, set_rng_state
@@ -173,6 +181,7 @@ __all__ = [
     "make_record",
     "markdown_table",
     "may_change_on_resume",
+    "mean_and_std",
     "median_seconds",
     "option",
     "param_groups",
