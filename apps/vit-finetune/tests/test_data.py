@@ -118,3 +118,36 @@ def test_prepare_scales_resizes_and_normalizes():
     )
     assert torch.equal(a, b)
     assert a.shape == (1, 3, 16, 16)
+
+
+def _cifar_train_with_labels_as_row_numbers(tmp_path, n):
+    """A fake CIFAR-100 release whose label of training row ``i`` is ``i``; returns the raw rows."""
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    rows = np.random.default_rng(1).integers(0, 256, (n, 3072), dtype=np.uint8)
+    for name, table in (("train", rows), ("test", rows[:3])):
+        with (folder / name).open("wb") as f:
+            pickle.dump({b"data": table, b"fine_labels": list(range(len(table)))}, f)
+    return rows
+
+
+def test_held_out_splits_are_the_underlying_rows_in_increasing_order(tmp_path):
+    rows = _cifar_train_with_labels_as_row_numbers(tmp_path, 5012)
+    splits = data.load("cifar100", tmp_path, image_size=32)
+    train = [splits.train[i][1] for i in range(len(splits.train))]
+    val = [splits.val[i][1] for i in range(len(splits.val))]
+    assert train == sorted(train)
+    assert val == sorted(val)
+    assert sorted(train + val) == list(range(5012))
+    for split, position in ((splits.train, 0), (splits.train, 11), (splits.val, 0), (splits.val, 4999)):
+        image, row = split[position]
+        assert torch.equal(image, torch.from_numpy(rows[row].reshape(3, 32, 32)))
+
+
+def test_trainval_is_train_followed_by_val(tmp_path):
+    _cifar_train_with_labels_as_row_numbers(tmp_path, 5012)
+    splits = data.load("cifar100", tmp_path, image_size=32)
+    both = splits.split("trainval")
+    assert len(both) == len(splits.train) + len(splits.val) == 5012
+    expected = [splits.train[i][1] for i in range(12)] + [splits.val[i][1] for i in range(5000)]
+    assert [both[i][1] for i in range(len(both))] == expected

@@ -266,3 +266,25 @@ def test_sigterm_to_the_parent_reaches_the_child_and_waits_for_it(tmp_path):
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=30) == 128 + signal.SIGTERM
     assert not _alive(child)
+
+
+def test_mean_and_std_over_seeds_is_the_mean_and_the_n_minus_1_spread():
+    # (1 + 2 + 6) / 3 = 3; squared deviations 4 + 1 + 9 = 14, over n - 1 = 2: variance 7.
+    assert ac.mean_and_std([1.0, 2.0, 6.0]) == pytest.approx((3.0, 7.0**0.5), rel=1e-15)
+
+
+def test_mean_and_std_of_one_seed_has_no_spread():
+    assert ac.mean_and_std([0.25]) == (0.25, 0.0)
+
+
+def test_evaluation_sums_add_each_batch_in_eval_mode_and_restore_training_mode():
+    model = torch.nn.Dropout(0.5)
+    seen = []
+
+    def sums(batch, forward):
+        seen.append(model.training)
+        return torch.stack([forward(batch).sum(), torch.tensor(float(batch.numel()))])
+
+    batches = [torch.ones(3), torch.full((2,), 4.0)]
+    totals = ac.evaluation_sums(model, batches, sums, size=2, device=torch.device("cpu"), dtype="float32")
+    assert (totals.tolist(), seen, model.training) == ([11.0, 5.0], [False, False], True)

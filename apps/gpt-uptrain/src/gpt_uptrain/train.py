@@ -213,17 +213,15 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: TokenData, config: TrainConfig, dist: ac.Distributed) -> float:
     """Mean validation loss over batches ``0 .. eval_batches - 1`` (the same in every run), over the ranks."""
-    was_training = model.training
-    model.eval()
     block_size = model.config.block_size
-    totals = torch.zeros(2, dtype=torch.float64, device=dist.device)
-    for k in range(dist.rank, config.eval_batches, dist.world_size):
+
+    def loss_and_count(k: int, forward: Callable[..., tuple[Any, torch.Tensor]]) -> torch.Tensor:
         x, y = data.batch("val", config.batch_size, block_size, seed=(EVAL_SEED, k), device=dist.device)
-        with ac.autocast(dist.device, config.dtype):
-            _, loss = model(x, y)
-        totals += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=dist.device)])
-    ac.all_reduce(totals, "sum")
-    model.train(was_training)
+        _, loss = forward(x, y)
+        return torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=dist.device)])
+
+    ks = range(dist.rank, config.eval_batches, dist.world_size)
+    totals = ac.evaluation_sums(model, ks, loss_and_count, size=2, device=dist.device, dtype=config.dtype)
     return (totals[0] / totals[1]).item()
 
 

@@ -67,9 +67,10 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
     cells = {}
     for key, runs in groups.items():
         ok = [r["mse"] for r in runs if not r.get("diverged") and r.get("mse") is not None]
+        mean, std = ac.mean_and_std(ok)
         cells[key] = Cell(
-            mean=statistics.fmean(ok) if ok else math.nan,
-            std=statistics.stdev(ok) if len(ok) > 1 else 0.0,
+            mean=mean,
+            std=std,
             seeds=len(ok),
             diverged=len(runs) - len(ok),
             seconds=statistics.fmean(r["train_seconds"] for r in runs),

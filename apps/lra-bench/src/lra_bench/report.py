@@ -47,10 +47,10 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
         groups[(record["task"], record["attention"], int(record["features"]))].append(record)
     cells = {}
     for key, runs in groups.items():
-        accuracy = [100.0 * r["test_accuracy"] for r in runs]
+        accuracy, accuracy_std = ac.mean_and_std([100.0 * r["test_accuracy"] for r in runs])
         cells[key] = Cell(
-            accuracy=statistics.fmean(accuracy),
-            accuracy_std=statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
+            accuracy=accuracy,
+            accuracy_std=accuracy_std,
             time_s=statistics.fmean(r["train_seconds"] for r in runs),
             memory_bytes=statistics.fmean(r["peak_memory_bytes"] for r in runs),
             seeds=len(runs),

@@ -56,8 +56,6 @@ def evaluate(
 
     Each process evaluates its share of every batch; the counts are summed over processes.
     """
-    was_training = model.training
-    model.eval()
     n = len(dataset)
     batches = math.ceil(n / config.batch_size)
     if max_batches:
@@ -73,16 +71,16 @@ def evaluate(
         num_workers=config.workers,
         generator=torch.Generator(),  # DataLoader iterators draw a seed: not from the global stream
     )
-    counts = torch.zeros(2, dtype=torch.float64, device=dist.device)
-    for batch in loader:
+
+    def counts(batch: tuple[torch.Tensor, ...], forward: Callable[..., torch.Tensor]) -> torch.Tensor:
         *inputs, labels = (t.to(dist.device) for t in batch)
-        with ac.autocast(dist.device, config.dtype):
-            logits = model(*inputs)
-        counts[0] += (logits.argmax(dim=-1) == labels).sum()
-        counts[1] += labels.numel()
-    ac.all_reduce(counts, "sum")
-    model.train(was_training)
-    return (counts[0] / counts[1]).item()
+        correct = (forward(*inputs).argmax(dim=-1) == labels).sum()
+        return torch.stack(
+            [correct.double(), torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device)]
+        )
+
+    totals = ac.evaluation_sums(model, loader, counts, size=2, device=dist.device, dtype=config.dtype)
+    return (totals[0] / totals[1]).item()
 
 
 def _validation_split(config: TrainConfig) -> tuple[lra_data.LRADataset, str]:

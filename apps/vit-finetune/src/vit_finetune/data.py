@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from spectraformer_core import RefusedGlobalError, Registry, load_pickle
 
@@ -86,32 +86,6 @@ class ImageFiles(Dataset):
         return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1), label
 
 
-class Subset(Dataset):
-    """The items of ``dataset`` at ``indices``."""
-
-    def __init__(self, dataset: Dataset, indices: torch.Tensor) -> None:
-        self.dataset, self.indices = dataset, indices.tolist()
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int):
-        return self.dataset[self.indices[index]]
-
-
-class Concat(Dataset):
-    """``a`` followed by ``b``."""
-
-    def __init__(self, a: Dataset, b: Dataset) -> None:
-        self.a, self.b = a, b
-
-    def __len__(self) -> int:
-        return len(self.a) + len(self.b)
-
-    def __getitem__(self, index: int):
-        return self.a[index] if index < len(self.a) else self.b[index - len(self.a)]
-
-
 @dataclass(frozen=True)
 class Splits:
     """The splits of a data set and its number of classes."""
@@ -124,16 +98,16 @@ class Splits:
     def split(self, name: str) -> Dataset:
         """``train``, ``val``, ``test``, or ``trainval`` (train followed by val)."""
         if name == "trainval":
-            return Concat(self.train, self.val)
+            return ConcatDataset([self.train, self.val])
         if name not in SPLITS:
             raise ValueError(f"split: expected one of {', '.join(SPLITS)} or trainval, got {name!r}")
         return getattr(self, name)
 
 
-def _holdout(n: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _holdout(n: int, count: int) -> tuple[list[int], list[int]]:
     """``(kept, held out)`` indices: a fixed random ``count`` of ``range(n)`` held out (seed 0 always)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
-    return order[count:].sort().values, order[:count].sort().values
+    return order[count:].sort().values.tolist(), order[:count].sort().values.tolist()
 
 
 # ----------------------------------------------------------------------------------------------- readers

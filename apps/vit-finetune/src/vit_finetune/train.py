@@ -52,18 +52,20 @@ def evaluate(
     model: torch.nn.Module, loader: DataLoader, spec: ModelSpec, config: TrainConfig, device: torch.device
 ) -> dict:
     """``{"accuracy", "loss"}`` over every batch of ``loader``."""
-    was_training = model.training
-    model.eval()
-    correct, loss, count = 0, 0.0, 0
-    for images, labels in loader:
+
+    def sums(batch: tuple[torch.Tensor, torch.Tensor], forward: Callable[..., torch.Tensor]) -> torch.Tensor:
+        images, labels = batch
         x = vdata.prepare(images.to(device), image_size=model.config.image_size, mean=spec.mean, std=spec.std)
         labels = labels.to(device)
-        with ac.autocast(device, config.dtype):
-            logits = model(x)
-        loss += F.cross_entropy(logits.float(), labels, reduction="sum").item()
-        correct += (logits.argmax(-1) == labels).sum().item()
-        count += labels.numel()
-    model.train(was_training)
+        logits = forward(x)
+        loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        correct = (logits.argmax(-1) == labels).sum()
+        count = torch.tensor(labels.numel(), device=device)
+        return torch.stack([loss.double(), correct.double(), count.double()])
+
+    loss, correct, count = ac.evaluation_sums(
+        model, loader, sums, size=3, device=device, dtype=config.dtype
+    ).tolist()
     return {"accuracy": correct / count, "loss": loss / count}
 
 

@@ -60,6 +60,7 @@ from app_common.distributed import (
     all_gather_object,
     all_reduce,
     barrier,
+    evaluation_sums,
     launched_by_torchrun,
     setup_distributed,
     teardown_distributed,
@@ -102,7 +103,15 @@ from app_common.records import (
     run_dir,
     write_record,
 )
-from app_common.results import append_jsonl, iter_jsonl, markdown_table, read_jsonl, write_csv, write_table
+from app_common.results import (
+    append_jsonl,
+    iter_jsonl,
+    markdown_table,
+    mean_and_std,
+    read_jsonl,
+    write_csv,
+    write_table,
+)
 from app_common.safetensors import read_safetensors, write_safetensors
 from app_common.schedules import NO_DECAY_NAMES, SCHEDULES, Schedule, decays, param_groups, schedule
 from app_common.seeding import CALIBRATION_SEED, rng_state, seed_everything, set_rng_state
@@ -158,6 +167,7 @@ __all__ = [
     "count_parameters",
     "decays",
     "device_name",
+    "evaluation_sums",
     "finished_record",
     "fix_mmap_threshold",
     "flag",
@@ -173,6 +183,7 @@ __all__ = [
     "make_record",
     "markdown_table",
     "may_change_on_resume",
+    "mean_and_std",
     "median_seconds",
     "option",
     "param_groups",

@@ -9,13 +9,14 @@ without ``torchrun``, it returns a one-process context and the same code runs un
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from app_common.device import resolve_device
+from app_common.device import autocast, resolve_device
 
 T = TypeVar("T")
 
@@ -112,6 +113,37 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if op == "mean":
             tensor /= dist.get_world_size()
     return tensor
+
+
+@torch.no_grad()
+def evaluation_sums(
+    model: torch.nn.Module,
+    batches: Iterable[T],
+    sums: Callable[[T, Callable[..., Any]], torch.Tensor],
+    *,
+    size: int,
+    device: torch.device,
+    dtype: str | torch.dtype,
+) -> torch.Tensor:
+    """Sums ``(size,)`` float64 of ``sums(batch, forward)`` over this process's batches and all processes.
+
+    ``model`` is in eval mode meanwhile and goes back to the mode it had; ``forward(*inputs)`` calls
+    ``model`` under [`autocast`][app_common.autocast] (only the forward pass runs in ``dtype``), and
+    ``sums`` returns what to add up, e.g. ``(correct, count)``; the caller divides.
+    """
+    was_training = model.training
+    model.eval()
+
+    def forward(*inputs: Any) -> Any:
+        with autocast(device, dtype):
+            return model(*inputs)
+
+    totals = torch.zeros(size, dtype=torch.float64, device=device)
+    for batch in batches:
+        totals += sums(batch, forward)
+    all_reduce(totals, "sum")
+    model.train(was_training)
+    return totals
 
 
 def all_gather_object(obj: T) -> list[T]:

@@ -8,14 +8,24 @@ from __future__ import annotations
 import csv
 import fcntl
 import json
+import math
 import os
+import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from spectraformer_core import markdown_table
 
-__all__ = ["append_jsonl", "iter_jsonl", "markdown_table", "read_jsonl", "write_table"]
+__all__ = [
+    "append_jsonl",
+    "iter_jsonl",
+    "markdown_table",
+    "mean_and_std",
+    "read_jsonl",
+    "write_csv",
+    "write_table",
+]
 
 
 def _default(value: Any) -> Any:
@@ -94,6 +104,16 @@ def write_table(stem: str | Path, header: Sequence[str], rows: Sequence[Sequence
     stem.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
     write_csv(stem.with_suffix(".csv"), header, rows)
     return text
+
+
+def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and spread of one result over seeds: ``(mean, sample standard deviation)``.
+
+    The standard deviation divides by ``n - 1`` (``statistics.stdev``) and is 0 for a single seed; no
+    values give ``(nan, 0.0)``. Both are the standard library's, so a repeated seed counts again.
+    """
+    mean = statistics.fmean(values) if values else math.nan
+    return mean, statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def write_csv(path: str | Path, header: Sequence[object], rows: Iterable[Sequence[object]]) -> Path:
