@@ -9,17 +9,15 @@
 # operations of a decode step of every pair; then times generate() of the decoding benchmark's Llama at a
 # 4K and a 32K prompt. The table is printed at the end and written to OUT/table.md.
 #
-# Expected run time on a quiet 2-core machine: about 12 minutes, extrapolated from CPU times of short runs
-# on a shared machine (kernels of df8d667): every pair's FLOP counts took 88 s of CPU, the 1K and 64K
-# operation counts of one pair 18 s; core 0's 28 processes start in about 5 s each, and causal SDPA's
-# forward+backward (0.56 s at 2K, loaded) grows with N^2 to about 9 s at 8K, 36 s at 16K and 2.4 min at 32K
-# (4, 2 and 1 samples: about 4 minutes), the six pairs about 4 minutes more; sdpa's generate() prefill of a
-# 32K prompt (about 2e12 FLOPs) is core 1's longest step. Each step prints when it ends (OUT/*.log).
+# Run time on the quiet 2-core machine of the Performance page: 6 min 7 s (core 0's timing points are the
+# longest part; causal SDPA alone takes 30 s per forward+backward at 32K). Each step's log is OUT/*.log.
 set -euo pipefail
 out=${1:-results/bench/causal}
 mkdir -p "$out"
-bench() { OMP_NUM_THREADS=1 uv run --frozen --package spectraformer-benchmarks python -m "spectraformer_benchmarks.$1" "${@:2}"; }
-on_core() { if command -v taskset >/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+# bench MODULE ARGS...: one benchmark module at one torch thread; on_core N bench ...: pinned to core N
+# (taskset runs a program, not a shell function, so the pinning wraps uv itself).
+bench() { OMP_NUM_THREADS=1 ${pin:-} uv run --frozen --package spectraformer-benchmarks python -m "spectraformer_benchmarks.$1" "${@:2}"; }
+on_core() { if command -v taskset >/dev/null; then pin="taskset -c $1" "${@:2}"; else "${@:2}"; fi; }
 pairs=(posrf-orf oprf-fastfoodl gerf-qmc saderf-sorf posrf-hyp-orf trigrf-sorf)
 start=$(date +%s)
 echo "causal table: started $(date -u '+%Y-%m-%d %H:%M UTC'), results under $out"
