@@ -160,6 +160,12 @@ class PinnConfig(CompareConfig):
     num_collocation: int = field(default=1000, metadata=_help("collocation points of the residual"))
     steps: int = ac.option("steps", 1000, help="Adam steps (L-BFGS follows)")
     lbfgs_steps: int = field(default=30, metadata=_help("L-BFGS steps after Adam (each up to 20 iterations)"))
+    lbfgs_tolerance_grad: float = field(
+        default=1e-7, metadata=_help("L-BFGS stops once the gradient's largest entry is at most this")
+    )
+    lbfgs_tolerance_change: float = field(
+        default=1e-9, metadata=_help("L-BFGS stops once the loss or the parameters change by less than this")
+    )
     quadrature_nodes: int = field(default=100, metadata=_help("Gauss-Hermite nodes of the reference"))
 
 
