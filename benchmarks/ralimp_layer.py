@@ -14,7 +14,7 @@ LowRank: rank 32), with the paper's ``Psi(W)`` start:
 - trainable parameters of the layer (ratio to ``fc1``) and of the compressed pair (to ``fc1`` + ``fc2``);
 - relative output MSE ``E ||y - gelu(fc1 x)||^2 / ||gelu(fc1 x)||^2`` at initialization on standard-normal
   inputs (what a LayerNorm feeds an MLP): the exact expectation over the projections for RaLiMP and EUGen
-  (``ralimp.variance``; a sampled MSE of this log-normal estimator misses it by many orders of magnitude),
+  (``ralimp.analysis``; a sampled MSE of this log-normal estimator misses it by many orders of magnitude),
   exact for LowRank (deterministic), and for SNNK a sampled MSE over ``--seeds`` draws, marked ``>=``: a
   sample lower bound, not the variance.
 
@@ -33,7 +33,7 @@ the relative MSE at initialization on ``--eval-rows`` held-out standard-normal i
 ``[-4, 4]`` with one atom: the exact relative MSE of the ``Psi(W)`` start with ``balance=1`` (the paper)
 and ``"auto"``, next to the sampled MSE (median of ``--seeds`` draws, a lower bound), the median
 ``|cos theta|`` and the median lower bound of ``log E|Y|^2`` of the largest node
-(``ralimp.variance.log_second_moment_bound``).
+(``ralimp.analysis.log_second_moment_bound``).
 
 ``--table goals``. The fit modes side by side (``fit="discretized"`` on a fixed ``[-4, 4]`` with one
 atom, against the default ``fit="variance"`` with its chosen number of atoms), on three layers:
@@ -58,7 +58,7 @@ from torch import nn
 
 import app_common as ac
 import ralimp
-from ralimp import variance
+from ralimp import analysis
 from ralimp.base import ridge_readout
 
 KINDS = ("ralimp", "eugen", "snnk", "lowrank")
@@ -101,17 +101,17 @@ def scientific(log_value: float) -> str:
 
 @torch.no_grad()
 def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tensor, seeds: int, budget: int):
-    """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.variance`` has it."""
+    """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.analysis`` has it."""
     layer = ralimp.create(kind, fc1, "gelu", budget=budget, seed=0)
     if kind == "lowrank":
         return f"{relative(layer(x) - target, target):.3g}", layer
     if kind in ("ralimp", "eugen"):
         t = fc1(x).double()
         if kind == "ralimp":
-            mean, log_var = layer.expected_output(t), variance.ralimp_log_variance(layer, x)
+            mean, log_var = layer.expected_output(t), analysis.ralimp_log_variance(layer, x)
         else:
-            mean, log_var = layer.fit(t), variance.eugen_variance(layer, fc1, x).log()
-        return scientific(variance.expected_relative_mse(mean, log_var, target, log=True)), layer
+            mean, log_var = layer.fit(t), analysis.eugen_variance(layer, fc1, x).log()
+        return scientific(analysis.expected_relative_mse(mean, log_var, target, log=True)), layer
     sampled = [
         relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x) - target, target)
         for s in range(seeds)
@@ -227,8 +227,8 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
             )
 
         layer = build(0)
-        exact = variance.expected_relative_mse(
-            layer.expected_output(t), variance.ralimp_log_variance(layer, x), target, log=True
+        exact = analysis.expected_relative_mse(
+            layer.expected_output(t), analysis.ralimp_log_variance(layer, x), target, log=True
         )
         try:
             sampled = (
@@ -237,7 +237,7 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
         except ValueError as error:  # the overflow guard: float32 cannot hold these features
             sampled = guard_cell(error)
         q = min(atom[3] for atom in layer.fit.atoms)
-        bound = variance.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
+        bound = analysis.log_second_moment_bound(float(layer.nodes[-1]), t, q, cos)
         rows.append(
             [
                 str(d),
@@ -271,8 +271,8 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
             small, "gelu", poly_features=512, freq_features=256, seed=0, **options
         )
         with torch.no_grad():
-            value = variance.expected_relative_mse(
-                layer.expected_output(t), variance.ralimp_log_variance(layer, x.double()), F.gelu(t), log=True
+            value = analysis.expected_relative_mse(
+                layer.expected_output(t), analysis.ralimp_log_variance(layer, x.double()), F.gelu(t), log=True
             )
         rows.append(["Linear(16, 24), 512/256, Psi(W) exact", label, str(layer.num_atoms), scientific(value)])
     gen = torch.Generator().manual_seed(1)

@@ -45,6 +45,44 @@ def test_a_tiny_run_lowers_the_loss(tmp_path, data, helpers, layer):
     assert record["layer_options"].get("balance") == ("auto" if layer in ("ralimp", "snnk") else None)
 
 
+def test_transfer_steps_lower_every_layers_attention_mse_before_fine_tuning(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path, data, attention="posrf-orf", transfer_steps=20, transfer_lr=3e-2)
+    transfer = train(config)["details"]["transfer"]
+    assert transfer["steps"] == 20
+    assert len(transfer["mse_before"]) == len(transfer["mse_after"]) == config.model.n_layer
+    assert all(a < b for a, b in zip(transfer["mse_after"], transfer["mse_before"], strict=True))
+
+
+def test_transfer_steps_make_the_attention_learnable(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path, data, attention="posrf-orf", transfer_steps=1, steps=3)
+    train(config)
+    model, _ = load_model(_dir(config) / "checkpoint.pt")
+    assert model.config.learnable_attention
+    assert any(n.endswith("feature_map.weight_matrix.weight") for n, _ in model.named_parameters())
+
+
+def test_transfer_steps_need_a_random_feature_attention(tmp_path, data, helpers):
+    with pytest.raises(ValueError, match="--transfer-steps"):
+        helpers.tiny_config(tmp_path, data, transfer_steps=5)
+
+
+def test_learnable_attention_needs_a_random_feature_attention():
+    with pytest.raises(ValueError, match="learnable_attention"):
+        GPTConfig(attention="softmax", learnable_attention=True)
+
+
+def test_a_killed_run_with_attention_transfer_resumes_bit_identical_to_an_unbroken_one(
+    tmp_path, data, helpers
+):
+    def run(out, on_save):
+        config = helpers.tiny_config(out, data, attention="oprf-orf", transfer_steps=3)
+        return train(
+            dataclasses.replace(config, out=out, results=out / "results.jsonl"), on_checkpoint=on_save
+        )
+
+    assert_resume_equals_unbroken(run, tmp_path, kill_step=3)
+
+
 @pytest.mark.parametrize("kill_step", [3, 6])
 def test_a_killed_run_resumes_bit_identical_to_an_unbroken_one(tmp_path, data, helpers, kill_step):
     # Dropout and a causal OPRF attention (running statistics) make the random and buffer state matter.

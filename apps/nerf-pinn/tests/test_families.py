@@ -130,7 +130,7 @@ def test_ralimp_fits_sin_on_the_layers_preactivation_range():
     t = (x.double() @ layer.weight.double().T + layer.bias.double()).detach()
     torch.testing.assert_close(layer.expected_output(t).detach(), layer.fit(t), atol=1e-6, rtol=0)
     sizes = layer.sizes()
-    error = ralimp.calibration.expected_squared_error(layer.fit, torch.sin, layer.calibration, sizes)
+    error = ralimp.fits.expected_squared_error(layer.fit, torch.sin, layer.calibration, sizes)
     assert error / float(dense_out.double().pow(2).mean()) < 0.6
 
 

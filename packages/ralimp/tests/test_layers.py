@@ -61,7 +61,7 @@ def test_expected_output_of_a_fresh_layer_is_its_fit_on_the_whole_interval(name,
 def test_many_features_and_small_preactivations_reach_the_fits_accuracy():
     # d = 16, weights and inputs of norm ~0.4, biases in [-1, 0.5]; one Gauss-Laguerre node, so that the fit's
     # own error (3.5e-2 on [-4, 4]) is visible. 16 layers of 2048 projections average to one of 32768; the
-    # exact variance (ralimp.variance) bounds how far the average may stray from the fit.
+    # exact variance (ralimp.analysis) bounds how far the average may stray from the fit.
     gen = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(16, 4, dtype=torch.float64)
     with torch.no_grad():
@@ -80,7 +80,7 @@ def test_many_features_and_small_preactivations_reach_the_fits_accuracy():
         with torch.no_grad():
             runs.append(layer(x))
     fit_error = relative_mse(layer.fit(t), target)
-    noise = float(ralimp.variance.ralimp_log_variance(layer, x).exp().mean() / target.pow(2).mean()) / layers
+    noise = float(ralimp.analysis.ralimp_log_variance(layer, x).exp().mean() / target.pow(2).mean()) / layers
     assert noise < fit_error  # enough features for the fit's bias to show
     error = relative_mse(sum(runs) / layers, target)
     cross = 4 * (fit_error * noise) ** 0.5  # |2 <bias, noise>| at 4 standard deviations
@@ -419,3 +419,18 @@ def test_the_exponent_bound_is_the_largest_input_and_weight_row_aligned():
     expected = freq * side**2 / tau**2
     freqs = layer._projections(torch.float64)[3]
     assert float(layer.exponent_bound(u, freqs)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_from_linear_calibrates_the_pretrained_weights_once(monkeypatch, small_layer_data):
+    # the choice of J and the layer's own fit share one calibration of the linear's weights on the sample
+    linear, x = small_layer_data
+    calibrated = []
+    original = ralimp.layer.calibrate
+
+    def spy(weight, *args, **kw):
+        calibrated.append(torch.equal(weight, linear.weight))
+        return original(weight, *args, **kw)
+
+    monkeypatch.setattr(ralimp.layer, "calibrate", spy)
+    RaLiMP.from_linear(linear, "gelu", sample=x, seed=0, num_atoms=2)
+    assert calibrated.count(True) == 1

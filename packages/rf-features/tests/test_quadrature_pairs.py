@@ -1,5 +1,7 @@
 """Component functions over the quadrature matrix ``sgq``: the rule each one gets, positivity, accuracy."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -85,12 +87,20 @@ def test_positive_component_over_a_signed_rule_warns_once_at_construction(name):
 
 
 def test_signed_rules_do_not_warn_for_signed_components():
-    rf_features.create(
-        "trigrf", weight_matrix="sgq", num_features=17, dim=8, matrix_options={"rule": "smolyak"}
-    )
-    rf_features.create(
-        "gerf", s=-1, weight_matrix="sgq", num_features=17, dim=8, matrix_options={"rule": "spherical-radial"}
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rf_features.create(
+            "trigrf", weight_matrix="sgq", num_features=17, dim=8, matrix_options={"rule": "smolyak"}
+        )
+        rf_features.create(
+            "gerf",
+            s=-1,
+            weight_matrix="sgq",
+            num_features=17,
+            dim=8,
+            matrix_options={"rule": "spherical-radial"},
+        )
+    assert [str(w.message) for w in caught] == []
 
 
 @pytest.mark.parametrize("name", [*POSITIVE, "trigrf"])

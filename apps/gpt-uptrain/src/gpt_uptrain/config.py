@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import app_common as ac
-from gpt_uptrain.model import INITS, GPTConfig
+from gpt_uptrain.model import INITS, GPTConfig, is_random_feature
 
 #: GPT-2 Large, the paper's model (its vocabulary comes from the data).
 GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed=1337)
@@ -54,6 +54,14 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         default=None, metadata={"help": "label of the run in the results (default: its MLP kind)"}
     )
     weights: str = ac.option("weights", "scratch", help="'scratch', or a local Hugging Face GPT-2 folder")
+    transfer_steps: int = field(
+        default=0,
+        metadata={
+            "help": "attention transfer steps before fine-tuning: only the RF feature maps train, to match "
+            "softmax layer by layer (makes them learnable)"
+        },
+    )
+    transfer_lr: float = field(default=1e-2, metadata={"help": "AdamW learning rate of attention transfer"})
     model: GPTConfig = field(default=GPT2_LARGE)
     init: str = ac.option("init", "auto", choices=STARTS)
     # Optimization.
@@ -85,7 +93,12 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         if not isinstance(self.model, GPTConfig):
             raise ValueError(f"model: expected a GPTConfig, got {type(self.model).__name__}")
         ac.check_int_fields(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
-        ac.check_int_fields(self, "warmup_steps", minimum=0)
+        ac.check_int_fields(self, "warmup_steps", "transfer_steps", minimum=0)
+        if self.transfer_steps and not is_random_feature(self.model.attention):
+            raise ValueError(
+                "--transfer-steps: attention transfer needs a random-feature --attention "
+                f"('<component>-<matrix>'), got {self.model.attention!r}"
+            )
         if not 0 < self.min_lr <= self.lr:
             raise ValueError(f"--min-lr: expected 0 < min_lr <= lr={self.lr}, got {self.min_lr}")
         if self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:
@@ -109,8 +122,9 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         return self.model.seed
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The `GPTConfig` of a run from scratch: ``model`` with the data's vocabulary."""
-        return dataclasses.replace(self.model, vocab_size=vocab_size)
+        """The `GPTConfig` of a run: ``model`` with the data's vocabulary (learnable maps for a transfer)."""
+        learnable = self.model.learnable_attention or self.transfer_steps > 0
+        return dataclasses.replace(self.model, vocab_size=vocab_size, learnable_attention=learnable)
 
     @property
     def label(self) -> str:

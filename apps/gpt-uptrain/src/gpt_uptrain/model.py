@@ -63,6 +63,11 @@ REPLACEMENT_FIELDS = ("layer", "last_k", "features", "weight_matrix")
 INITS = ("lstsq", "psi")
 
 
+def is_random_feature(attention: str) -> bool:
+    """True for an attention name whose feature maps can be learned (a pair, or ``performer``)."""
+    return attention == "performer" or rf_attention.split_pair(attention) is not None
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """The architecture (defaults: GPT-2 small's shape with nanoGPT's padded vocabulary).
@@ -78,6 +83,8 @@ class GPTConfig:
         layer_norm_epsilon: LayerNorm epsilon.
         attention: an ``rf_attention`` name, used causally.
         attention_features: random features of an RF attention (ignored by ``softmax``).
+        learnable_attention: an RF attention's feature maps are learned, one weight matrix per head
+            (``rf_attention.create(..., learnable=True)``; what attention transfer trains).
         layer: the MLP replacement: ``"dense"`` (none) or a ``ralimp`` kind (``ralimp``, ``eugen``, ``snnk``,
             ``lowrank``).
         last_k: replace the MLPs of the last ``last_k`` blocks; None: half of them (rounded up).
@@ -96,6 +103,9 @@ class GPTConfig:
     layer_norm_epsilon: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
     attention: str = ac.option("attention", "softmax", help="every block's, used causally")
     attention_features: int = ac.option("attention_features", 128)
+    learnable_attention: bool = field(
+        default=False, metadata={"help": "learned per-head feature maps of an RF attention"}
+    )
     layer: str = ac.option("layer", "dense")
     last_k: int | None = ac.option("last_k", None, help="default: half of the blocks")
     features: int = ac.option("features", 128)
@@ -109,6 +119,11 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "attention_features"):
             check_int(name, getattr(self, name), minimum=1)
+        if self.learnable_attention and not is_random_feature(self.attention):
+            raise ValueError(
+                f"learnable_attention: needs a random-feature attention ('<component>-<matrix>'), got "
+                f"{self.attention!r}"
+            )
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head: expected a divisor of n_embd={self.n_embd}, got {self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
@@ -171,6 +186,7 @@ class Block(nn.Module):
             dropout=config.dropout,
             seed=config.seed + index,
             bias=config.bias,
+            **({"learnable": True} if config.learnable_attention else {}),
         )
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.mlp = MLP(config)

@@ -2,7 +2,8 @@
 
 Top-down (`train`): check that the data and the device can hold the run, build the model (from
 scratch, or from a local HF GPT-2, the replacements applied after the pretrained weights are in and
-calibrated on a training batch), AdamW, then iterate. One optimizer step (`train_step`) is
+calibrated on a training batch), AdamW, then (``--transfer-steps``) attention transfer, then iterate.
+One optimizer step (`train_step`) is
 ``gradient_accumulation_steps`` micro-batches (split over the processes under ``torchrun``) and one clipped
 AdamW step at the learning rate of `learning_rate` (linear warm-up, cosine decay to ``min_lr``).
 Every ``eval_every`` steps and at the end: validation loss over the same ``eval_batches`` batches, a log
@@ -25,11 +26,13 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import app_common as ac
 import ralimp
+import rf_attention
 from gpt_uptrain import hf
 from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
@@ -39,6 +42,45 @@ EVAL_SEED = 20_240_607  # validation batches are the same for every run and ever
 #: Tokens of the batch that calibrates the replaced MLPs: as many as ``ralimp.replace_mlp`` keeps per layer
 #: (its ``max_calibration_rows``, read from ralimp: the one source of that number).
 CALIBRATION_TOKENS = ralimp.MAX_CALIBRATION_ROWS
+#: Attention-transfer batch ``i`` is drawn from ``(seed, TRANSFER_SEED, i)``: apart from the training batches.
+TRANSFER_SEED = 20_261_203
+
+
+class TransferResult:
+    """The attention transfer's per-layer MSEs, carried by checkpoints (a resumed run does not redo it)."""
+
+    def __init__(self) -> None:
+        self.report: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The report, for a checkpoint."""
+        return dict(self.report)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the report of a checkpoint."""
+        self.report = dict(state)
+
+
+def transfer_attention(
+    model: GPT, data: TokenData, config: TrainConfig, device: torch.device
+) -> dict[str, Any]:
+    """Stage 1 of a linearization: ``rf_attention.transfer.attention_transfer`` on ``transfer_steps`` batches.
+
+    Only the blocks' RF feature maps train (AdamW at ``transfer_lr``), each attention matching softmax on its
+    own ``q, k, v``; batch ``i`` is drawn from ``(seed, TRANSFER_SEED, i)``. Returns the report as plain
+    values (steps, per-layer MSE before and after on the first batch).
+    """
+    block_size = model.config.block_size
+    batches = (
+        data.batch(
+            "train", config.batch_size, block_size, seed=(config.seed, TRANSFER_SEED, i), device=device
+        )[0]
+        for i in range(config.transfer_steps)
+    )
+    report = rf_attention.transfer.attention_transfer(
+        model, batches, steps=config.transfer_steps, lr=config.transfer_lr
+    )
+    return {"steps": report.steps, "mse_before": list(report.mse_before), "mse_after": list(report.mse_after)}
 
 
 def lr_schedule(config: TrainConfig) -> ac.Schedule:
@@ -150,7 +192,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
                 f"data: its {data.vocab_size}-token vocabulary does not fit the pretrained model's "
                 f"{pretrained['vocab_size']} (prepare it with --tokenizer gpt2)"
             )
-        kept = ("dropout", "attention", "attention_features", "seed")
+        kept = ("dropout", "attention", "attention_features", "learnable_attention", "seed")
         model = GPT.from_pretrained(
             config.weights, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
         )
@@ -235,13 +277,25 @@ def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
     optimizer = model.configure_optimizers(
         config.weight_decay, config.lr, (config.beta1, config.beta2), device.type
     )
+    transfer = TransferResult()
     forward = trainer.setup(
         model,
         optimizer,
         schedule=lr_schedule(config),
+        state={"transfer": transfer},
         extra={"model_config": dataclasses.asdict(model.config), "tokenizer": data.meta},
         compile=config.compile,
     )
+    if config.transfer_steps and not trainer.restore():
+        transfer.report = transfer_attention(model, data, config, device)
+        if dist.is_main:
+            before, after = (
+                sum(transfer.report[k]) / model.config.n_layer for k in ("mse_before", "mse_after")
+            )
+            print(
+                f"{config.label}: attention transfer, mean per-layer MSE {before:.4g} -> {after:.4g} "
+                f"after {transfer.report['steps']} steps"
+            )
     block_size = model.config.block_size
 
     def loss(step: int, micro: int) -> torch.Tensor:
@@ -279,6 +333,7 @@ def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
             "fits": ralimp.fit_summary(model),
             "layer_options": LAYER_OPTIONS.get(model.config.layer, {}),
             "attention": model.config.attention,
+            "transfer": transfer.report,
             "weights": config.weights,
             "eval_batches": config.eval_batches,
             "tokens": trainer.step * tokens_per_step,

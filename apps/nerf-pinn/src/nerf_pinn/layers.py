@@ -75,8 +75,8 @@ SHAPE_OPTIONS: dict[str, tuple[str, ...]] = {
     "snnk": ("balance",),
 }
 
-#: RaLiMP's fit modes (``--fit``), ``ralimp.calibration.FITS``.
-FIT_MODES: tuple[str, ...] = tuple(ralimp.calibration.FITS.names())
+#: RaLiMP's fit modes (``--fit``), ``ralimp.fits.FITS``.
+FIT_MODES: tuple[str, ...] = tuple(ralimp.fits.FITS.names())
 
 
 def sine_fit_interval(t: torch.Tensor, *, margin: float = 1.1, minimum: float = 1.0) -> tuple[float, float]:

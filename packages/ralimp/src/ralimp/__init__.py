@@ -10,9 +10,9 @@ representation at Gauss-Laguerre nodes with complex-exponential random features:
     ralimp.replace_mlp(model, "ralimp", budget=32, last_k=4, inputs=batch, init="lstsq")
 """
 
-from ralimp import calibration, variance
+from ralimp import analysis, calibration, fits, moments
 from ralimp.activations import ACTIVATIONS, activation_name
-from ralimp.base import CompressedLinearization, FeatureLinearization, PoleWidthWarning
+from ralimp.base import CompressedLinearization, FeatureLinearization, LinearReplacement
 from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError
 from ralimp.discretized import DiscretizedFit, fit_discretized, layer_fit
@@ -44,13 +44,14 @@ __all__ = [
     "DiscretizedFit",
     "EUGen",
     "FeatureLinearization",
+    "LinearReplacement",
     "LowRank",
     "MLPBlock",
-    "PoleWidthWarning",
     "RaLiMP",
     "RationalFunction",
     "activation_fit",
     "activation_name",
+    "analysis",
     "atom_quadrature_error",
     "calibration",
     "calibration_inputs",
@@ -61,12 +62,13 @@ __all__ = [
     "fit_discretized",
     "fit_rational",
     "fit_summary",
+    "fits",
     "gauss_laguerre",
     "layer_fit",
+    "moments",
     "names",
     "product_features",
     "register",
     "replace_mlp",
     "resolvable_argument",
-    "variance",
 ]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import abc
 import copy
-import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Self, TypedDict, cast
+from dataclasses import dataclass
+from typing import Any, Self, TypedDict, cast
 
 import torch
 from torch import nn
 
 from ralimp.activations import ACTIVATIONS
+from ralimp.ridge import scaled_ridge_solve
 from rf_matrices import WeightMatrix
+from spectraformer_core import check_positive_int
 
 Elementwise = Callable[[torch.Tensor], torch.Tensor]
 """An elementwise function of a tensor (an activation, a fit)."""
@@ -69,7 +71,92 @@ def seeds(seed: int | None, count: int) -> list[int]:
     return [int(v) for v in torch.randint(0, 2**62, (count,), generator=gen)]
 
 
-class FeatureLinearization(nn.Module, abc.ABC):
+def default_linear(
+    out_features: int, in_features: int, bias: bool, factory: Factory
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights of a freshly initialized ``nn.Linear`` (torch's default init, global RNG)."""
+    linear = nn.Linear(in_features, out_features, bias=bias, **factory)
+    return linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
+
+
+@dataclass(frozen=True)
+class LinearSource:
+    """What `LinearReplacement.from_linear` initializes a layer from: its arguments and the class's plan."""
+
+    linear: nn.Linear
+    activation: str | Elementwise
+    sample: torch.Tensor | None
+    init: str
+    ridge: float
+    prepared: dict[str, Any]
+
+
+class LinearReplacement(nn.Module, abc.ABC):
+    """A layer standing in for ``activation(linear(x))``, built from a pretrained ``nn.Linear``.
+
+    [`from_linear`][ralimp.LinearReplacement.from_linear] is the same for every kind: check its arguments,
+    let the class plan its options (`plan_from_linear`), construct, then initialize from ``linear``
+    (`initialize_from`).
+    """
+
+    in_features: int
+    out_features: int
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        activation: str | Elementwise = "gelu",
+        *,
+        sample: torch.Tensor | None = None,
+        init: str = "psi",
+        ridge: float = 1e-6,
+        **kw: Any,
+    ) -> Self:
+        """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
+
+        Args:
+            linear: the pretrained ``nn.Linear``.
+            activation: a registered activation name or an elementwise callable.
+            sample: calibration inputs ``(..., in_features)``: they set the data-dependent scales and, with
+                ``init="lstsq"``, the readout.
+            init: ``"psi"``, the paper's ``Psi(W)`` (unbiased for the fit, log-normal variance); or
+                ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
+                ``Phi(sample)`` (needs ``sample``; `FeatureLinearization.fit_readout`).
+            ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
+            **kw: constructor options of the class.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        check_init(init, sample)
+        kw, prepared = cls.plan_from_linear(linear, activation, sample, kw)
+        kw.setdefault("device", linear.weight.device)
+        kw.setdefault("dtype", linear.weight.dtype)
+        layer = cls(
+            linear.in_features, linear.out_features, activation=activation, bias=linear.bias is not None, **kw
+        )
+        with torch.no_grad():
+            layer.initialize_from(LinearSource(linear, activation, sample, init, ridge, prepared))
+        return layer
+
+    @classmethod
+    def plan_from_linear(
+        cls, linear: nn.Linear, activation: str | Elementwise, sample: torch.Tensor | None, kw: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(constructor options, what initialize_from reuses)``, before the build: ``(kw, {})`` here."""
+        return kw, {}
+
+    @abc.abstractmethod
+    def initialize_from(self, source: LinearSource) -> None:
+        """Set the layer from ``source.linear`` (built by `from_linear`)."""
+
+    def set_features(self, in_features: int, out_features: int) -> None:
+        """Check and keep ``in_features`` and ``out_features`` (every constructor's first step)."""
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
+
+
+class FeatureLinearization(LinearReplacement):
     """A layer ``y = Psi(W) Phi(x)`` standing in for ``activation(x @ W.T + b)``.
 
     Subclasses give [`feature_map`][ralimp.FeatureLinearization.feature_map] (``Phi``, on the input) and
@@ -139,50 +226,15 @@ class FeatureLinearization(nn.Module, abc.ABC):
             "feature_width": self.feature_dim,
         }
 
-    @classmethod
-    def from_linear(
-        cls,
-        linear: nn.Linear,
-        activation: str | Elementwise = "gelu",
-        *,
-        sample: torch.Tensor | None = None,
-        init: str = "psi",
-        ridge: float = 1e-6,
-        **kw: object,
-    ) -> Self:
-        """A layer approximating ``activation(linear(x))``, initialized from ``linear``'s weights.
-
-        Args:
-            linear: the pretrained ``nn.Linear``.
-            activation: a registered activation name or an elementwise callable.
-            sample: calibration inputs ``(..., in_features)``: they set the data-dependent scales and, with
-                ``init="lstsq"``, the readout.
-            init: ``"psi"``, the paper's ``Psi(W)`` (unbiased for the fit, log-normal variance); or
-                ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
-                ``Phi(sample)`` (needs ``sample``; `fit_readout`).
-            ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
-            **kw: constructor options of the class.
-        """
-        if not isinstance(linear, nn.Linear):
-            raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
-        check_init(init, sample)
-        kw.setdefault("device", linear.weight.device)
-        kw.setdefault("dtype", linear.weight.dtype)
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            activation=activation,
-            bias=linear.bias is not None,
-            **kw,
-        )
+    def initialize_from(self, source: LinearSource) -> None:
+        """`load_linear` (with what `plan_from_linear` prepared), then the readout of ``init="lstsq"``."""
+        linear, sample = source.linear, source.sample
         bias = None if linear.bias is None else linear.bias.detach()
-        layer.load_linear(linear.weight.detach(), bias, sample=sample)
-        if init == "lstsq":
+        self.load_linear(linear.weight.detach(), bias, sample=sample, **source.prepared)
+        if source.init == "lstsq":
             assert sample is not None  # check_init refuses init="lstsq" without a sample
-            with torch.no_grad():
-                target = layer.target_function(activation)(linear(sample.to(linear.weight.dtype)))
-            layer.fit_readout(sample, target, ridge=ridge)
-        return layer
+            target = self.target_function(source.activation)(linear(sample.to(linear.weight.dtype)))
+            self.fit_readout(sample, target, ridge=source.ridge)
 
     def target_function(self, activation: str | Elementwise) -> Elementwise:
         """The elementwise function ``init="lstsq"`` fits: the activation itself, not its surrogate."""
@@ -216,6 +268,20 @@ class FeatureLinearization(nn.Module, abc.ABC):
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
         """Initialize from a pretrained ``weight (out, in)`` and ``bias (out,)``."""
+
+
+class ReadoutLinearization(FeatureLinearization):
+    """A `FeatureLinearization` whose ``Psi`` is one trainable matrix ``psi_weight`` (EUGen, SNNK)."""
+
+    psi_weight: nn.Parameter
+
+    def weight_features(self) -> torch.Tensor:
+        """The trainable ``Psi``, ``(out_features, F)``."""
+        return self.psi_weight
+
+    def set_readout(self, psi: torch.Tensor) -> None:
+        """Copy ``psi`` ``(out_features, F)`` into the trainable ``Psi``."""
+        self.psi_weight.copy_(psi)
 
 
 class FrozenFeatureMap(nn.Module):
@@ -291,40 +357,4 @@ def ridge_readout(phi: torch.Tensor, target: torch.Tensor, ridge: float) -> torc
             "sample: the features Phi(sample) overflow float64 (the random features grow like "
             "exp(||x|| ||w||)); rescale the inputs or use fewer/larger-width poles"
         )
-    scale = x.pow(2).mean(0).sqrt().clamp_min(1e-300)
-    xs = x / scale
-    gram = xs.mT @ xs / x.shape[0]
-    gram.diagonal().add_(ridge + 1e-12)
-    rhs = xs.mT @ y / x.shape[0]
-    solution = torch.linalg.lstsq(gram, rhs).solution if ridge == 0 else torch.linalg.solve(gram, rhs)
-    return (solution / scale.unsqueeze(-1)).mT
-
-
-def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> float:
-    r"""RMS of $t = x \cdot w + b$.
-
-    Over ``sample`` if given, else for standard-normal inputs ($\mathbb E t^2 = \lVert w\rVert^2 + b^2$,
-    averaged over rows).
-    """
-    w = weight.detach().to(torch.float64)
-    b = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if bias is None else bias.detach()
-    if sample is not None:
-        x = sample.detach().reshape(-1, w.shape[1]).to(w)
-        return float((x @ w.mT + b.to(w)).pow(2).mean().sqrt())
-    return float((w.pow(2).sum(-1) + b.to(w).pow(2)).mean().sqrt())
-
-
-def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
-    r"""RMS of $\lVert[x; 1]\rVert$ over ``sample``, else $\sqrt{\mathrm{dim} + 1}$ (standard normal)."""
-    if sample is None:
-        return math.sqrt(dim + 1)
-    x = sample.detach().reshape(-1, dim).to(torch.float64)
-    return float((x.pow(2).sum(-1) + 1).mean().sqrt())
-
-
-class PoleWidthWarning(UserWarning):
-    """Formerly issued when a pole was too narrow for the Gauss-Laguerre nodes; no longer issued.
-
-    The fit is now made in the layer's discretized basis (`ralimp.fit_discretized`), so no pole has to
-    be resolved by the nodes. The class stays importable for warning filters that name it.
-    """
+    return scaled_ridge_solve(x, y, ridge=ridge).mT

@@ -12,6 +12,7 @@ Two ways of counting a budget ``B`` (``count=``):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from spectraformer_core import check_int
 
@@ -112,3 +113,9 @@ def nearest_valid(policy: Callable[[int], object], budget: int, span: int = 4096
             found.append(candidate)
             break
     return found
+
+
+def refuse_fixed(name: str, overrides: dict[str, Any]) -> None:
+    """A `BudgetError` when ``overrides`` sets the size the budget decides."""
+    if name in overrides:
+        raise BudgetError(f"{name}: set by the budget, got {name}={overrides[name]!r} as well")

@@ -32,14 +32,15 @@ from ralimp.activations import ACTIVATIONS
 from ralimp.quadrature import gauss_laguerre
 from ralimp.rational import (
     DEFAULT_INTERVAL,
+    AtomFit,
     RationalFunction,
     activation_fit,
     fit_rational,
-    grid_errors,
     levenberg_marquardt,
     shipped_fit_key,
     shipped_fits,
 )
+from ralimp.ridge import scaled_ridge_solve
 from spectraformer_core import check_positive_int
 
 
@@ -88,7 +89,7 @@ def expected_value(
     return out
 
 
-class DiscretizedFit:
+class DiscretizedFit(AtomFit):
     r"""The expected output of a RaLiMP as a function of $t$: a fit in the basis the layer computes.
 
     Args:
@@ -113,30 +114,20 @@ class DiscretizedFit:
         rms_error: float | None = None,
         continuous: RationalFunction | None = None,
     ) -> None:
-        self._poly = torch.as_tensor(poly, dtype=torch.float64).reshape(-1).clone()
-        self._atoms = torch.as_tensor(atoms, dtype=torch.float64).reshape(-1, 4).clone()
+        super().__init__(poly, atoms, interval, max_error, rms_error)
         num_atoms = self._atoms.shape[0]
         per_atom = (num_atoms, -1 if num_atoms else 0)  # no atoms: (0, 0), not an ambiguous (0, -1)
         self._rho_c = torch.as_tensor(node_cos, dtype=torch.float64).reshape(per_atom).clone()
         self._rho_s = torch.as_tensor(node_sin, dtype=torch.float64).reshape(per_atom).clone()
-        if self._poly.numel() == 0:
-            raise ValueError("poly: expected at least the constant coefficient c_0, got none")
-        if (self._atoms[:, 3] <= 0).any():
-            raise ValueError(f"atoms: expected every width q > 0, got q = {self._atoms[:, 3].tolist()}")
         if self._rho_s.shape != self._rho_c.shape:
             raise ValueError(
                 f"node_sin: expected shape {tuple(self._rho_c.shape)} (as node_cos), "
                 f"got {tuple(self._rho_s.shape)}"
             )
-        self.interval = (float(interval[0]), float(interval[1]))
-        self.max_error, self.rms_error, self.continuous = max_error, rms_error, continuous
+        self.continuous = continuous
 
-    poly = property(lambda self: self._poly.tolist(), doc="Polynomial coefficients ``c_0..c_K``.")
-    atoms = property(lambda self: [tuple(r) for r in self._atoms.tolist()], doc="``(A, B, p, q)`` per atom.")
     node_cos = property(lambda self: self._rho_c.clone(), doc="``(J, n)`` node weights of the even parts.")
     node_sin = property(lambda self: self._rho_s.clone(), doc="``(J, n)`` node weights of the odd parts.")
-    poly_degree = property(lambda self: self._poly.numel() - 1, doc="``K``.")
-    num_atoms = property(lambda self: self._atoms.shape[0], doc="``J``.")
 
     @property
     def num_freqs(self) -> int:
@@ -148,21 +139,11 @@ class DiscretizedFit:
         nodes = gauss_laguerre(self.num_freqs)[0] if self.num_atoms else torch.zeros(0, dtype=torch.float64)
         return channel_coefficients(self._atoms, self._rho_c, self._rho_s, nodes)
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        r"""$\mathbb E\, y(t)$ elementwise, in ``t``'s dtype (evaluated in at least float32)."""
-        t = torch.as_tensor(t)
-        work = torch.promote_types(t.dtype, torch.float32) if t.is_floating_point() else torch.float64
-        x = t.to(work)
-        w_c, w_s = (w.to(device=x.device, dtype=work) for w in self.coefficients())
-        nodes = gauss_laguerre(max(self.num_freqs, 1))[0][: self.num_freqs].to(device=x.device, dtype=work)
-        out = expected_value(
-            x, self._poly.to(x), w_c, w_s, nodes, self._atoms[:, 3].to(device=x.device, dtype=work)
-        )
-        return out.to(t.dtype) if t.is_floating_point() else out
-
-    def errors(self, fn: Callable[[torch.Tensor], torch.Tensor], points: int = 4001) -> tuple[float, float]:
-        """``(max, rms)`` absolute error against ``fn`` on a uniform float64 grid of ``interval``."""
-        return grid_errors(self, fn, self.interval, points)
+    def evaluate(self, x: torch.Tensor) -> torch.Tensor:
+        r"""$\mathbb E\, y(x)$ in ``x``'s dtype (`expected_value`)."""
+        w_c, w_s = (w.to(x) for w in self.coefficients())
+        nodes = gauss_laguerre(max(self.num_freqs, 1))[0][: self.num_freqs].to(x)
+        return expected_value(x, self._poly.to(x), w_c, w_s, nodes, self._atoms[:, 3].to(x))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inverse of `from_dict`)."""
@@ -211,7 +192,7 @@ def nodewise_quadrature(fit: RationalFunction, num_freqs: int) -> DiscretizedFit
     return DiscretizedFit(fit.poly, fit.atoms, rho, rho, fit.interval, continuous=fit)
 
 
-def _node_basis(t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor, poly_degree: int) -> torch.Tensor:
+def node_basis(t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor, poly_degree: int) -> torch.Tensor:
     r"""Columns $t^0..t^K$, then $\cos(s_k t / q_j)$ for every $(j, k)$, then the $\sin$ of the same."""
     cols = [t.unsqueeze(-1) ** torch.arange(poly_degree + 1, dtype=t.dtype)]
     if widths.numel():
@@ -220,19 +201,7 @@ def _node_basis(t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor, poly
     return torch.cat(cols, -1)
 
 
-def _penalized_solve(basis: torch.Tensor, f: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    r"""$\arg\min_c \operatorname{mean} (B c - f)^2 + \sum_i \mathrm{penalty}_i c_i^2$, $B$ = ``basis``.
-
-    Solved with unit-RMS columns.
-    """
-    scale = basis.pow(2).mean(0).sqrt().clamp_min(1e-300)
-    scaled = basis / scale
-    gram = scaled.mT @ scaled / basis.shape[0]
-    gram.diagonal().add_(penalty / scale**2 + 1e-14)
-    return torch.linalg.solve(gram, scaled.mT @ f / basis.shape[0]) / scale
-
-
-def _gauge(
+def gauge(
     w_c: torch.Tensor, w_s: torch.Tensor, centers: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(atoms (J, 4), rho_c, rho_s)`` giving ``(w^c, w^s)`` with the given centers, ``sum_k rho = 1``."""
@@ -319,7 +288,7 @@ def fit_discretized(
     t = torch.linspace(a, b, check_positive_int("num_points", num_points), dtype=torch.float64)
     f = fn(t).to(torch.float64)
     nodes, _ = gauss_laguerre(num_freqs)
-    centers = continuous._atoms[:, 2].clone()
+    centers = continuous.atom_table[:, 2]
 
     def widths(theta: torch.Tensor) -> torch.Tensor:
         return F.softplus(theta) + q_floor
@@ -330,14 +299,14 @@ def fit_discretized(
     penalty[poly_degree + 1 :] = coef_penalty
 
     def residual(theta: torch.Tensor) -> torch.Tensor:
-        basis = _node_basis(t, widths(theta), nodes, poly_degree)
-        coef = _penalized_solve(basis, f, penalty)
+        basis = node_basis(t, widths(theta), nodes, poly_degree)
+        coef = scaled_ridge_solve(basis, f, diagonal=penalty, jitter=1e-14)
         error = (basis @ coef - f) / math.sqrt(t.numel())
         return torch.cat([error, (penalty.sqrt() * coef)[poly_degree + 1 :]])
 
     gen = torch.Generator().manual_seed(seed)
     half = (b - a) / 2
-    start_q = continuous._atoms[:, 3].clamp_min(q_floor * 1.01)
+    start_q = continuous.atom_table[:, 3].clamp_min(q_floor * 1.01)
     best: torch.Tensor | None = None
     best_cost = math.inf
     for start in range(num_starts if num_atoms else 1):
@@ -354,11 +323,11 @@ def fit_discretized(
             best, best_cost = theta, cost
     assert best is not None, "no start reached a finite cost"
     q = widths(best)
-    coef = _penalized_solve(_node_basis(t, q, nodes, poly_degree), f, penalty)
+    coef = scaled_ridge_solve(node_basis(t, q, nodes, poly_degree), f, diagonal=penalty, jitter=1e-14)
     poly, trig = coef[: poly_degree + 1], coef[poly_degree + 1 :]
     w_c = trig[: num_atoms * num_freqs].reshape(num_atoms, num_freqs)
     w_s = trig[num_atoms * num_freqs :].reshape(num_atoms, num_freqs)
-    atoms, rho_c, rho_s = _gauge(w_c, w_s, centers, q, nodes)
+    atoms, rho_c, rho_s = gauge(w_c, w_s, centers, q, nodes)
     fit = DiscretizedFit(poly, atoms, rho_c, rho_s, (a, b), continuous=continuous)
     fit.max_error, fit.rms_error = fit.errors(fn)
     return fit

@@ -2,10 +2,9 @@ r"""The RaLiMP layer: $\sigma(W x + b) \approx \Psi(W) \Phi(x)$ through a ration
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Sequence
-from typing import Any, Self
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,28 +18,15 @@ from ralimp.base import (
     augmented,
     check_input,
     resolve_activation,
-    rms_input_norm,
-    rms_preactivation,
     seeds,
     weight_matrices,
     work_dtype,
 )
 from ralimp.budget import check_budget, check_count, ralimp_split
-from ralimp.calibration import (
-    FITS,
-    Sizes,
-    calibrate,
-    dilated,
-    expected_squared_error,
-    variance_fit,
-)
-from ralimp.discretized import (
-    DiscretizedFit,
-    channel_coefficients,
-    expected_value,
-    nodewise_quadrature,
-)
+from ralimp.calibration import Calibration, calibrate, layer_scales
+from ralimp.discretized import DiscretizedFit, channel_coefficients, expected_value
 from ralimp.features import complex_exponential_features, product_features
+from ralimp.fits import FitOptions, Sizes, choose_atoms, fit_layer
 from ralimp.quadrature import gauss_laguerre
 from ralimp.rational import RationalFunction
 from rf_matrices import WeightMatrix
@@ -57,26 +43,6 @@ def exponent_limit(dtype: torch.dtype) -> float:
     ``log(max) - 8``: 80.7 in float32, 701.8 in float64.
     """
     return math.log(torch.finfo(dtype).max) - 8
-
-
-def layer_scales(
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    sample: torch.Tensor | None,
-    *,
-    tau: float | str,
-    tau_c: float,
-    balance: float | str,
-) -> tuple[float, float]:
-    r"""$(\tau, \lambda)$: $\tau^2 = c \operatorname{RMS}(t)$ for ``"auto"`` (App. C.1), and the balance."""
-    rms_t = rms_preactivation(weight, bias, sample)
-    tau_value = (tau_c * rms_t) ** 0.5 if tau == "auto" else float(tau)
-    if balance == "auto":
-        w_norm = float((weight.double().pow(2).sum(-1) + (0 if bias is None else bias.double() ** 2)).mean())
-        lam = (rms_input_norm(weight.shape[1], sample) / max(w_norm**0.5, 1e-12)) ** 0.5
-    else:
-        lam = float(balance)
-    return max(tau_value, 1e-6), lam
 
 
 class RaLiMP(FeatureLinearization):
@@ -117,7 +83,7 @@ class RaLiMP(FeatureLinearization):
             ``num_atoms``.
         poly_degree: $K$.
         poly_features: $m$ of the polynomial block.
-        num_atoms: $J$ (`from_linear` with ``fit="variance"`` chooses $0..J$, see there).
+        num_atoms: $J$ (`from_linear` with ``fit="variance"`` chooses $0..J$, `plan_from_linear`).
         num_freqs: Gauss-Laguerre nodes per atom.
         freq_features: random projections per node.
         tau: the dilation $\tau$, or ``"auto"``: $\tau^2 = c \operatorname{RMS}(t)$ over ``sample``
@@ -127,7 +93,7 @@ class RaLiMP(FeatureLinearization):
         weight_matrix: ``rf_matrices`` name (or class) of every projection matrix.
         seed: seed of the projections.
         interval: fit on this interval instead of the sample's pre-activations (None: the sample's).
-        fit: ``"variance"``, ``"discretized"`` or ``"paper"`` (`ralimp.calibration.FITS`).
+        fit: ``"variance"``, ``"discretized"`` or ``"paper"`` (`ralimp.fits.FITS`).
         q_floor: the smallest atom width $q'$, in $v = t / \tau^2$ units.
         budget_count: the count (``"paper"`` or ``"width"``) that `from_linear`'s choice of $J$ keeps.
         tau_c: the constant $c$ of ``tau="auto"``.
@@ -137,7 +103,7 @@ class RaLiMP(FeatureLinearization):
             which minimizes $\mathbb E \lVert x/\lambda + \lambda w\rVert^2$, the exponent of the estimators'
             variance (Prop. 1); it keeps float32 features finite when $\lVert x\rVert \gg \lVert w\rVert$ but
             cannot lower the bound of
-            `ralimp.variance`.
+            `ralimp.analysis`.
         sample: calibration inputs ``(..., in_features)``: the fit, ``tau="auto"`` and ``balance="auto"``.
         device: where parameters live.
         dtype: parameter dtype.
@@ -162,45 +128,41 @@ class RaLiMP(FeatureLinearization):
         out_features: int,
         *,
         activation: str | Elementwise | RationalFunction = "gelu",
-        poly_degree: int = 2,
-        poly_features: int = 8,
-        num_atoms: int = 1,
-        num_freqs: int = 3,
-        freq_features: int = 4,
-        tau: float | str = "auto",
+        poly_degree: int = Sizes.poly_degree,
+        poly_features: int = Sizes.poly_features,
+        num_atoms: int = Sizes.num_atoms,
+        num_freqs: int = Sizes.num_freqs,
+        freq_features: int = Sizes.freq_features,
+        tau: float | str = FitOptions.tau,
         bias: bool = True,
         learn_poles: bool = True,
         weight_matrix: str | type = "base",
         seed: int | None = None,
-        interval: tuple[float, float] | None = None,
-        fit: str = "variance",
-        q_floor: float = 0.05,
-        budget_count: str = "paper",
-        tau_c: float = 1.0,
-        balance: float | str = 1.0,
+        interval: tuple[float, float] | None = FitOptions.interval,
+        fit: str = FitOptions.fit,
+        q_floor: float = FitOptions.q_floor,
+        budget_count: str = FitOptions.budget_count,
+        tau_c: float = FitOptions.tau_c,
+        balance: float | str = FitOptions.balance,
         sample: torch.Tensor | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         matrix_kw: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.in_features = check_positive_int("in_features", in_features)
-        self.out_features = check_positive_int("out_features", out_features)
+        self.set_features(in_features, out_features)
         check_int("poly_degree", poly_degree, 0)
         check_int("num_atoms", num_atoms, 0)
-        if not (tau == "auto" or (isinstance(tau, int | float) and tau > 0)):
-            raise ValueError(f"tau: expected 'auto' or a positive number, got {tau!r}")
-        if not (balance == "auto" or (isinstance(balance, int | float) and balance > 0)):
-            raise ValueError(f"balance: expected 'auto' or a positive number, got {balance!r}")
-        if not tau_c > 0:
-            raise ValueError(f"tau_c: expected a positive constant, got {tau_c!r}")
-        if not q_floor > 0:
-            raise ValueError(f"q_floor: expected a positive width, got {q_floor!r}")
-        self.tau_option, self.tau_c, self.balance_option = tau, float(tau_c), balance
-        self.interval = None if interval is None else (float(interval[0]), float(interval[1]))
-        self.learn_poles, self.fit_mode, self.q_floor = learn_poles, fit, float(q_floor)
-        FITS.get(fit)
-        self.budget_count = check_count(budget_count)
+        self.options = FitOptions(
+            fit,
+            tau,
+            float(tau_c),
+            balance,
+            None if interval is None else (float(interval[0]), float(interval[1])),
+            float(q_floor),
+            budget_count,
+        )
+        self.learn_poles = learn_poles
         self.name = ""  # the module path, set by `replace_mlp` (error messages, `fit_record`)
         factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
@@ -266,7 +228,7 @@ class RaLiMP(FeatureLinearization):
         num_atoms: int,
     ) -> None:
         """Keep what the fit approximates; a given rational or discretized fit fixes ``K`` and ``J``."""
-        self.given: RationalFunction | DiscretizedFit | None = None
+        self.target: Elementwise | RationalFunction | DiscretizedFit
         if isinstance(activation, DiscretizedFit | RationalFunction):
             if (
                 isinstance(activation, DiscretizedFit)
@@ -277,50 +239,49 @@ class RaLiMP(FeatureLinearization):
                     f"activation: a DiscretizedFit for num_freqs={activation.num_freqs}, but the layer "
                     f"has num_freqs={self.num_freqs}"
                 )
-            self.activation_name, self.given = None, activation
+            self.activation_name, self.target = None, activation
             self.poly_degree, self.num_atoms = activation.poly_degree, activation.num_atoms
             return
         self.activation_name, self.target = resolve_activation(activation)
         self.poly_degree, self.num_atoms = poly_degree, num_atoms
 
     def sizes(self) -> Sizes:
-        """The layer's shape as its fit sees it (`ralimp.calibration.Sizes`)."""
+        """The layer's shape as its fit sees it (`ralimp.fits.Sizes`)."""
         return Sizes(
             self.poly_degree,
             self.num_atoms,
             self.num_freqs,
             self.poly_matrices[0].num_features if self.poly_degree else 1,
             self.freq_matrices[0].num_features if self.num_atoms else 1,
-        )
+        ).canonical()
 
-    def _fit_on(self, weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> None:
-        """Calibrate on ``sample`` and fit (``self.fit``, in $t$ units; ``self.calibration``)."""
+    @staticmethod
+    def calibrate(
+        weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None, options: FitOptions
+    ) -> Calibration:
+        r"""`ralimp.calibration.calibrate` of ``weight``, ``bias`` on ``sample`` at its $\tau$, $\lambda$."""
         tau, lam = layer_scales(
-            weight, bias, sample, tau=self.tau_option, tau_c=self.tau_c, balance=self.balance_option
+            weight, bias, sample, tau=options.tau, tau_c=options.tau_c, balance=options.balance
         )
-        cal = calibrate(weight, bias, sample, tau=tau, balance=lam)
-        self.calibration = cal
-        if isinstance(self.given, DiscretizedFit):
-            fit = dilated(self.given, tau)
-            assert isinstance(fit, DiscretizedFit)
-            self.fit = fit
-            return
-        target = self.target if self.given is None else dilated(self.given, tau)
-        if isinstance(target, RationalFunction) and self.fit_mode == "paper":
-            self.fit = nodewise_quadrature(target, self.num_freqs)
-            return
-        fit_mode = FITS.get(self.fit_mode)
-        self.fit = fit_mode(target, cal, self.sizes(), interval=self.interval, q_floor=self.q_floor)
+        return calibrate(weight, bias, sample, tau=tau, balance=lam)
 
     @torch.no_grad()
     def load_linear(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        sample: torch.Tensor | None = None,
+        calibration: Calibration | None = None,
+        fits: Mapping[Sizes, DiscretizedFit] | None = None,
     ) -> None:
         r"""Set ``W, b``; calibrate $\tau$, $\lambda$ and fit on the pre-activations of ``sample`` with them.
 
         Every trainable coefficient is (re)initialized from the fit (``fit`` mode): $c_n$, the atoms
         $A', B', p', q'$ in $v = t / \tau^2$ units, and the per-node channel weights $\rho$; a free readout
-        (``init="lstsq"``) is dropped. ``sample`` None: standard-normal inputs are assumed.
+        (``init="lstsq"``) is dropped. ``sample`` None: standard-normal inputs are assumed. ``calibration``
+        (of these weights on ``sample``, `calibrate`) and ``fits`` (made on it, by the `Sizes.canonical` they
+        were made for, in $t$ units) are reused instead of being computed again.
         """
         if weight.shape != self.weight.shape:
             raise ValueError(f"weight: expected shape {tuple(self.weight.shape)}, got {tuple(weight.shape)}")
@@ -334,18 +295,21 @@ class RaLiMP(FeatureLinearization):
         if bias is not None:
             assert self.bias is not None, "bias: this layer was built with bias=False"
             self.bias.copy_(bias)
-        self._fit_on(weight, bias, sample)
+        if calibration is None:
+            calibration = self.calibrate(weight, bias, sample, self.options)
+        self.calibration = calibration
+        made = (fits or {}).get(self.sizes())
+        self.fit = fit_layer(self.target, calibration, self.sizes(), self.options) if made is None else made
         self.tau.fill_(self.calibration.tau)
         self.scale.fill_(self.calibration.balance)
         t2 = float(self.tau) ** 2
         self.poly_coef.copy_(torch.tensor(self.fit.poly, dtype=torch.float64))
         if self.num_atoms:
-            atoms = torch.tensor(self.fit.atoms, dtype=torch.float64)
+            atoms = self.fit.atom_table
             self.atom_a.copy_(atoms[:, 0] / t2**2)
             self.atom_b.copy_(atoms[:, 1] / t2)
             self.atom_p.copy_(atoms[:, 2] / t2)
             self.atom_q_raw.copy_(_inverse_softplus(atoms[:, 3] / t2))
-        if self.num_atoms:
             self.node_cos.copy_(self.fit.node_cos)
             self.node_sin.copy_(self.fit.node_sin)
         if self.readout is not None:
@@ -382,7 +346,7 @@ class RaLiMP(FeatureLinearization):
         """``poly_features`` and ``freq_features`` that spend ``budget`` exactly (``budget.ralimp_split``).
 
         Also ``budget_count``: the count `from_linear`'s choice of $J$ keeps. ``poly_degree``, ``num_atoms``
-        and ``num_freqs`` come from ``overrides`` (defaults 2, 1, 3; a
+        and ``num_freqs`` come from ``overrides`` (defaults `ralimp.fits.Sizes`; a
         `RationalFunction` activation fixes $K$ and $J$); one of ``poly_features`` and
         ``freq_features`` may be fixed there too.
         """
@@ -395,79 +359,43 @@ class RaLiMP(FeatureLinearization):
         sizes: dict[str, Any] = ralimp_split(
             check_budget(budget),
             check_count(count),
-            poly_degree=overrides.get("poly_degree", 2),
-            num_atoms=overrides.get("num_atoms", 1),
-            num_freqs=overrides.get("num_freqs", 3),
+            poly_degree=overrides.get("poly_degree", Sizes.poly_degree),
+            num_atoms=overrides.get("num_atoms", Sizes.num_atoms),
+            num_freqs=overrides.get("num_freqs", Sizes.num_freqs),
             poly_features=overrides.get("poly_features"),
             freq_features=overrides.get("freq_features"),
         )
         return {**sizes, "budget_count": count}
 
     @classmethod
-    def from_linear(
-        cls,
-        linear: nn.Linear,
-        activation: str | Elementwise = "gelu",
-        *,
-        sample: torch.Tensor | None = None,
-        init: str = "psi",
-        ridge: float = 1e-6,
-        **kw: object,
-    ) -> Self:
-        r"""`FeatureLinearization.from_linear`; with ``fit="variance"`` (the default) it also chooses $J$.
-
-        Each $j = 0..J$ (``num_atoms`` is the most) is fitted (`ralimp.calibration.variance_fit`) and scored
-        by its expected squared error on the calibration pairs (bias$^2$ + exact variance,
-        `ralimp.calibration.expected_squared_error`); the best wins. The random features that fewer atoms
-        free go to the polynomial block, so ``num_random_features`` (``budget_count="paper"``) or
-        ``feature_dim`` (``"width"``) stays as given. ``layer.fit_record()`` records the choice.
-        """
-        if not isinstance(activation, RationalFunction | DiscretizedFit) and isinstance(linear, nn.Linear):
-            kw = {**kw, **cls._choose_atoms(linear, activation, sample, kw)}
-        return super().from_linear(linear, activation, sample=sample, init=init, ridge=ridge, **kw)
-
-    @classmethod
-    def _choose_atoms(
+    def plan_from_linear(
         cls, linear: nn.Linear, activation: str | Elementwise, sample: torch.Tensor | None, kw: dict[str, Any]
-    ) -> dict[str, Any]:
-        """``num_atoms`` and ``poly_features`` of the best ``j <= num_atoms`` (``fit="variance"`` only)."""
-        defaults = {
-            name: p.default
-            for name, p in inspect.signature(cls.__init__).parameters.items()
-            if name != "self"
-        }
-        opt = {**defaults, **kw}
-        if opt["fit"] != "variance" or not opt["num_atoms"]:
-            return {}
-        fn = resolve_activation(activation)[1]
-        weight = linear.weight.detach()
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        r"""Calibrate ``linear`` on ``sample`` once; with ``fit="variance"`` (the default) also choose $J$.
+
+        `from_linear` builds the layer with the plan and loads ``linear`` with this calibration (and the
+        chosen fit). The choice (`ralimp.fits.choose_atoms`): each $j = 0..J$ (``num_atoms`` is the most) is
+        fitted and scored by its expected squared error on the calibration pairs (bias$^2$ + exact variance);
+        the best wins. The random features that fewer atoms free go to the polynomial block, so
+        ``num_random_features`` (``budget_count="paper"``) or ``feature_dim`` (``"width"``) stays as given.
+        ``layer.fit_record()`` records the choice.
+        """
+        options, sizes = FitOptions.of(kw), Sizes.of(kw)
         bias = None if linear.bias is None else linear.bias.detach()
-        tau, lam = layer_scales(
-            weight, bias, sample, tau=opt["tau"], tau_c=opt["tau_c"], balance=opt["balance"]
-        )
-        cal = calibrate(weight, bias, sample, tau=tau, balance=lam)
-        degree, atoms, freqs = opt["poly_degree"], opt["num_atoms"], opt["num_freqs"]
-        m_poly, m_freq = opt["poly_features"], opt["freq_features"]
-        per_poly = 1 if check_count(opt["budget_count"]) == "paper" else degree
-        best: tuple[float, int, int] | None = None
-        for j in range(atoms, -1, -1):
-            freed = 2 * (atoms - j) * freqs * m_freq
-            if (j == 0 and degree == 0) or (freed and (not degree or freed % per_poly)):
-                continue
-            sizes = Sizes(degree, j, freqs, m_poly + freed // per_poly if degree else m_poly, m_freq)
-            fit = variance_fit(fn, cal, sizes, interval=opt["interval"], q_floor=opt["q_floor"])
-            cost = expected_squared_error(fit, fn, cal, sizes)
-            if best is None or cost < best[0]:
-                best = (cost, j, sizes.poly_features)
-        assert best is not None, "j = num_atoms is always a candidate"
-        return {"num_atoms": best[1], "poly_features": best[2]}
+        cal = cls.calibrate(linear.weight.detach(), bias, sample, options)
+        given = isinstance(activation, RationalFunction | DiscretizedFit)
+        if given or options.fit != "variance" or not sizes.num_atoms:
+            return kw, {"calibration": cal}
+        chosen, fit = choose_atoms(resolve_activation(activation)[1], cal, sizes, options)
+        plan = {**kw, "num_atoms": chosen.num_atoms, "poly_features": chosen.poly_features}
+        return plan, {"calibration": cal, "fits": {chosen.canonical(): fit}}
 
     def fit_record(self) -> dict[str, Any]:
         """What the fit chose: `FeatureLinearization.fit_record` plus mode, range, ``tau``, ``J``, widths."""
         cal = self.calibration
         return {
             **super().fit_record(),
-            "fit": self.fit_mode,
+            "fit": self.options.fit,
             "fit_range": [round(v, 6) for v in self.fit.interval],
             "calibration": "standard-normal inputs" if cal.synthetic else "sample",
             "tau": round(float(self.tau), 6),
@@ -576,7 +504,7 @@ class RaLiMP(FeatureLinearization):
             side = side + w_sq.max().sqrt() * lam / tau
         return freqs.max() * side**2
 
-    def _channel_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def node_coefficients(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Per node, the coefficients $(w_c, w_s)$ of $C_k \approx \cos(s_k v / q')$ and $S_k$, ``(J, n)``.
 
         `ralimp.discretized.channel_coefficients` of the poles in $v = t / \tau^2$ units (Sec. 2.4).
@@ -604,7 +532,7 @@ class RaLiMP(FeatureLinearization):
             parts.append(phi * (coef[n] / phi.shape[-1]))
         if self.num_atoms:
             re, im = complex_exponential_features(u * (self.scale / self.tau).to(dtype), omega, freqs)
-            w_c, w_s = self._channel_coefficients(dtype)
+            w_c, w_s = self.node_coefficients(dtype)
             counts = [m.num_features for m in self.freq_matrices]
             w_c = torch.repeat_interleave(w_c.reshape(-1), torch.tensor(counts, device=w_c.device))
             w_s = torch.repeat_interleave(w_s.reshape(-1), torch.tensor(counts, device=w_s.device))
@@ -629,7 +557,7 @@ class RaLiMP(FeatureLinearization):
         exactly ``self.fit(t)`` (the fit is made in this basis); the random features only add variance.
         """
         dtype = work_dtype(t.dtype)
-        w_c, w_s = self._channel_coefficients(dtype)
+        w_c, w_s = self.node_coefficients(dtype)
         widths = self.pole_widths().to(dtype) * self.tau.to(dtype) ** 2
         return expected_value(t.to(dtype), self.poly_coef.to(dtype), w_c, w_s, self.nodes.to(dtype), widths)
 

@@ -25,15 +25,11 @@ from spectraformer_core import check_int, check_positive_int
 DEFAULT_INTERVAL = (-4.0, 4.0)
 
 
-class RationalFunction:
-    r"""$R(t) = P(t) + \sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)$, callable on tensors.
+class AtomFit:
+    r"""What every fit of an activation shares: polynomial ``c_0..c_K``, atoms ``(A, B, p, q)``, interval.
 
-    Args:
-        poly: polynomial coefficients ``c_0..c_K`` (lowest degree first).
-        atoms: ``(A, B, p, q)`` per atom, ``q > 0``.
-        interval: the interval the function was fitted on.
-        max_error: largest absolute error of the fit on ``interval`` (None if unknown).
-        rms_error: root-mean-square error of the fit on ``interval`` (None if unknown).
+    Subclasses give `evaluate` (on a tensor already in its work dtype); calling the fit evaluates it
+    elementwise in ``t``'s dtype (in at least float32). The arguments are `RationalFunction`'s.
     """
 
     def __init__(
@@ -64,6 +60,11 @@ class RationalFunction:
         return [tuple(row) for row in self._atoms.tolist()]
 
     @property
+    def atom_table(self) -> torch.Tensor:
+        """The atoms as a float64 ``(J, 4)`` tensor of rows ``(A, B, p, q)`` (a copy)."""
+        return self._atoms.clone()
+
+    @property
     def poly_degree(self) -> int:
         """``K``."""
         return self._poly.numel() - 1
@@ -73,22 +74,42 @@ class RationalFunction:
         """``J``."""
         return self._atoms.shape[0]
 
+    def evaluate(self, x: torch.Tensor) -> torch.Tensor:
+        """The fit at ``x``, a floating tensor in the dtype to compute in."""
+        raise NotImplementedError
+
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        """``R(t)`` elementwise, in ``t``'s dtype (evaluated in at least float32)."""
+        """The fit elementwise, in ``t``'s dtype (evaluated in at least float32)."""
         t = torch.as_tensor(t)
         work = torch.promote_types(t.dtype, torch.float32) if t.is_floating_point() else torch.float64
-        x = t.to(work)
-        poly = self._poly.to(device=x.device, dtype=work)
-        out = torch.zeros_like(x)
-        for c in poly.flip(0):  # Horner
-            out = out * x + c
-        for a, b, p, q in self._atoms.to(device=x.device, dtype=work):
-            out = out + (a + b * (x - p)) / ((x - p) ** 2 + q**2)
+        out = self.evaluate(t.to(work))
         return out.to(t.dtype) if t.is_floating_point() else out
 
     def errors(self, fn: Callable[[torch.Tensor], torch.Tensor], points: int = 4001) -> tuple[float, float]:
         """``(max, rms)`` absolute error against ``fn`` on a uniform float64 grid of ``interval``."""
         return grid_errors(self, fn, self.interval, points)
+
+
+class RationalFunction(AtomFit):
+    r"""$R(t) = P(t) + \sum_j (A_j + B_j (t - p_j)) / ((t - p_j)^2 + q_j^2)$, callable on tensors.
+
+    Args:
+        poly: polynomial coefficients ``c_0..c_K`` (lowest degree first).
+        atoms: ``(A, B, p, q)`` per atom, ``q > 0``.
+        interval: the interval the function was fitted on.
+        max_error: largest absolute error of the fit on ``interval`` (None if unknown).
+        rms_error: root-mean-square error of the fit on ``interval`` (None if unknown).
+    """
+
+    def evaluate(self, x: torch.Tensor) -> torch.Tensor:
+        """``R(x)`` in ``x``'s dtype."""
+        poly = self._poly.to(device=x.device, dtype=x.dtype)
+        out = torch.zeros_like(x)
+        for c in poly.flip(0):  # Horner
+            out = out * x + c
+        for a, b, p, q in self._atoms.to(device=x.device, dtype=x.dtype):
+            out = out + (a + b * (x - p)) / ((x - p) ** 2 + q**2)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (inverse of [`from_dict`][ralimp.RationalFunction.from_dict])."""
@@ -139,7 +160,12 @@ def _basis(t: torch.Tensor, p: torch.Tensor, q: torch.Tensor, poly_degree: int) 
 
 
 def _solve_linear(basis: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Least-squares coefficients of ``f`` in ``basis`` (columns scaled to unit norm first)."""
+    """Least-squares coefficients of ``f`` in ``basis`` (columns scaled to unit norm first).
+
+    Not `ralimp.ridge.scaled_ridge_solve`: an unpenalized problem, solved on the design matrix itself (QR,
+    `torch.linalg.lstsq`) rather than its normal equations, whose condition number is the square of the
+    design's (the rational columns are close to collinear for nearby poles).
+    """
     scale = basis.norm(dim=0).clamp_min(1e-300)
     return torch.linalg.lstsq(basis / scale, f.unsqueeze(-1)).solution.squeeze(-1) / scale
 

@@ -9,9 +9,11 @@ Every ``"<component>-<matrix>"`` pair of ``rf_features`` and ``rf_matrices`` is 
 
 Packed sequences: ``rf_attention.rf_attention(q, k, v, fm, cu_seqlens=...)`` (``rf_attention.varlen``);
 Hugging Face models, ``generate()`` included: ``rf_attention.hf`` (extra ``rf-attention[hf]``).
+Linearizing a pretrained softmax model (learnable maps, ``create(..., learnable=True)``):
+``rf_attention.transfer.attention_transfer``.
 """
 
-from rf_attention import decoding, naive, varlen
+from rf_attention import decoding, naive, transfer, varlen
 from rf_attention.baselines import (
     BigBirdAttention,
     InformerAttention,
@@ -47,5 +49,6 @@ __all__ = [
     "rf_attention",
     "softmax_attention",
     "split_pair",
+    "transfer",
     "varlen",
 ]

@@ -390,11 +390,16 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         kernel: ``"softmax"`` (approximates softmax attention) or ``"gaussian"`` (Skyformer-style).
         redraw_interval: redraw the random features before every ``redraw_interval``-th training forward
             pass (calls ``k, 2k, ...`` counting from 0); never in eval; 0 = never. Learned matrices
-            (``fastfoodl``) are never redrawn. The module traces whole under ``torch.compile``
-            (``fullgraph=True``) with redraws too: the redraw is one operator of the graph
+            (``fastfoodl``, ``learnable=True``) are never redrawn. The module traces whole under
+            ``torch.compile`` (``fullgraph=True``) with redraws too: the redraw is one operator of the graph
             (``rf_attention::redraw_features_if_due``) that reads the call count (one host read of a
             scalar per training call) and draws on the host when due.
         matrix_options: extra keyword arguments for the weight matrix (``{"learn_gb": True}``).
+        learnable: one trainable weight matrix per head, ``(H, s, Dh)``, initialized by its draws
+            (``rf_features.FeatureMap``'s ``learnable`` and ``num_heads``). A positive ``redraw_interval``
+            is then refused: a redraw would throw away what was learned.
+        input_map: a learned linear map of the queries and one of the keys per head before the features
+            (identity at initialization; ``rf_features.FeatureMap``'s ``input_map``).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
@@ -418,10 +423,17 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         kernel: str = "softmax",
         redraw_interval: int = 0,
         matrix_options: dict[str, Any] | None = None,
+        learnable: bool = False,
+        input_map: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, seed=seed, **kw)
         check_int("redraw_interval", redraw_interval, minimum=0)
+        if learnable and redraw_interval:
+            raise ValueError(
+                f"redraw_interval: expected 0 with learnable=True (a redraw would throw away the learned "
+                f"matrices), got {redraw_interval}"
+            )
         self.feature_map = rf_features.create(
             component,
             weight_matrix=weight_matrix,
@@ -431,6 +443,9 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             kernel=kernel,
             matrix_options=matrix_options,
             statistics_mode="running" if self.causal else "batch",
+            learnable=learnable,
+            num_heads=num_heads if learnable else None,
+            input_map=input_map,
         )
         self.redraw_interval = redraw_interval
         self.training_calls: torch.Tensor

@@ -40,7 +40,7 @@ def gerf_log_features(
     Args:
         projection: ``omega.x``, ``(..., n, r)``.
         sqnorm: ``||x||^2``, ``(..., n, 1)``.
-        omega_sqnorm: ``||omega||^2``, ``(r,)``; may be None when ``a == 0``.
+        omega_sqnorm: ``||omega||^2``, ``(r,)`` (per head ``(H, r)``); may be None when ``a == 0``.
         a: the real parameter ``A < 1/4``: a float, or a tensor ``(...)`` per leading index.
         s: +1 (positive features, ``r`` columns) or -1 (cos/sin pairs, ``2r`` columns).
         dim: ``d``, for ``D = (1 - 4A)^(d/4)``.
@@ -53,7 +53,7 @@ def gerf_log_features(
     b = one_minus_4a**0.5
     log_mag = log_d - s * sqnorm / 2
     if omega_sqnorm is not None:
-        log_mag = log_mag + a * omega_sqnorm
+        log_mag = log_mag + a * omega_sqnorm.unsqueeze(-2)
     scaled = projection if isinstance(b, float) and b == 1.0 else b * projection
     if s == 1:
         return log_mag + scaled, None

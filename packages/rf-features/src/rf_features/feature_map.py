@@ -77,9 +77,24 @@ class FeatureMap(nn.Module):
         matrix_options: extra keyword arguments for ``rf_matrices.create`` (e.g. ``{"learn_gb": True}``).
         statistics_mode: ``"batch"``: data-dependent parameters (OPRF's ``A``, SADERF's ``Psi``) come from
             the queries and keys of the call; ``"running"``: from running averages of earlier training calls
-            (momentum ``momentum``, updated after use, frozen in eval), so that nothing computed for a
-            position depends on later positions (causal attention).
+            (momentum ``momentum``, updated after use, frozen in eval and while `statistics_frozen`), so
+            that nothing computed for a position depends on later positions (causal attention).
         momentum: weight of the newest call in the running averages.
+        learnable: the weight matrix is one trainable dense parameter initialized by its draw (see
+            [`rf_matrices.DrawnMatrix`][rf_matrices.DrawnMatrix]; never redrawn).
+        num_heads: ``H`` independent weight matrices (and input maps, and running statistics), one per head,
+            for inputs ``(B, H, n, d)``; None: one shared by every leading index.
+        input_map: learn a linear map of the queries and one of the keys, applied before the features
+            (``q M_q^T``, ``k M_k^T``, ``(d, d)`` or ``(H, d, d)`` per head, identity at initialization, as
+            the learned feature maps of Hedgehog and LoLCATs): the kernel estimated becomes
+            ``exp((M_q q) . (M_k k))``. Such a map has no closed form
+            ([`exponential_form`][rf_features.FeatureMap.exponential_form] is None).
+
+    Running statistics and checkpointing: a forward pass recomputed by ``torch.utils.checkpoint`` (Hugging
+    Face's ``gradient_checkpointing``) inside the backward pass reuses the statistics of the forward pass it
+    repeats and updates nothing, so a checkpointed step updates them once and its gradients are those of the
+    plain step. Set ``statistics_frozen = True`` to keep them fixed in training too (fine-tuning that saves
+    only some parameters, e.g. LoRA adapters).
     """
 
     #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
@@ -100,6 +115,9 @@ class FeatureMap(nn.Module):
         matrix_options: dict[str, Any] | None = None,
         statistics_mode: str = "batch",
         momentum: float = 0.1,
+        learnable: bool = False,
+        num_heads: int | None = None,
+        input_map: bool = False,
     ) -> None:
         super().__init__()
         if statistics_mode not in STATISTICS_MODES:
@@ -109,6 +127,11 @@ class FeatureMap(nn.Module):
             raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
         self.kernel = kernel
         if isinstance(weight_matrix, WeightMatrix):
+            if learnable or num_heads is not None:
+                raise ValueError(
+                    "learnable, num_heads: given with a WeightMatrix instance; pass a registered name (or "
+                    "build the matrix with rf_matrices.create(..., learnable=True, num_heads=H))"
+                )
             if weight_matrix.dim != dim:
                 raise ValueError(
                     f"weight_matrix: expected dim {dim}, got a matrix of dim {weight_matrix.dim}"
@@ -126,6 +149,8 @@ class FeatureMap(nn.Module):
                 dim,
                 seed=seed,
                 even_in_omega=self.even_in_omega,
+                learnable=learnable,
+                num_heads=num_heads,
                 **(matrix_options or {}),
             )
         if self.positive and self.weight_matrix.signed_weights:
@@ -136,10 +161,23 @@ class FeatureMap(nn.Module):
                 stacklevel=3,
             )
         self.dim = self.weight_matrix.dim
+        self.num_heads: int | None = getattr(self.weight_matrix, "num_heads", None)
         defaults = self.running_statistics_defaults()
         self._running_names = tuple(defaults)
         for name, value in defaults.items():
+            if self.num_heads is not None:
+                value = value.expand(self.num_heads, *value.shape).clone()
             self.register_buffer(f"running_{name}", value.to(torch.get_default_dtype()))
+        #: Keep the running statistics fixed in training too.
+        self.statistics_frozen = False
+        #: The running statistics the last forward pass used (reused by its recomputation in a backward pass).
+        self._statistics_in_use: dict[str, torch.Tensor] | None = None
+        self.query_map: nn.Parameter | None = None
+        self.key_map: nn.Parameter | None = None
+        if input_map:
+            heads = () if self.num_heads is None else (self.num_heads,)
+            eye = torch.eye(self.dim).expand(*heads, self.dim, self.dim)
+            self.query_map, self.key_map = nn.Parameter(eye.clone()), nn.Parameter(eye.clone())
 
     @property
     def num_features(self) -> int:
@@ -149,6 +187,11 @@ class FeatureMap(nn.Module):
     def redraw(self, seed: int | None = None) -> None:
         """Redraw the weight matrix (a no-op for learned ones)."""
         self.weight_matrix.redraw(seed)
+
+    def map_input(self, x: torch.Tensor, *, is_query: bool) -> torch.Tensor:
+        """``x (..., n, d)`` through the learned input map of its side (``x M^T``), or ``x`` without one."""
+        weight = self.query_map if is_query else self.key_map
+        return x if weight is None else x @ weight.to(x.dtype).mT
 
     def statistics(
         self,
@@ -234,6 +277,8 @@ class FeatureMap(nn.Module):
         """
         custom_transform = type(self).transform is not FeatureMap.transform
         if custom_transform and type(self).input_scale is FeatureMap.input_scale:
+            return None
+        if self.query_map is not None:  # ||M x||^2 is no diagonal form of x
             return None
         if matrix is None:
             wm = self.weight_matrix
@@ -402,6 +447,7 @@ class FeatureMap(nn.Module):
         dense ``W`` ``(s, d)``, built once by a caller that computes features chunk by chunk (a learned
         structured matrix would otherwise rebuild it, gradient included, for every chunk).
         """
+        x = self.map_input(x, is_query=is_query)
         tq, tk = self.transform(x, x, stats)
         t = tq if is_query else tk
         if matrix is None:
@@ -429,15 +475,26 @@ class FeatureMap(nn.Module):
         query_mask: torch.Tensor | None,
         key_mask: torch.Tensor | None,
     ) -> dict[str, torch.Tensor]:
-        """This call's statistics, or the running ones (then updated after use, in training)."""
+        """This call's statistics, or the running ones (then updated after use, in training).
+
+        Of the mapped inputs ([`map_input`][rf_features.FeatureMap.map_input]). In a backward pass (a
+        checkpointed forward recomputed) the running ones are those the last forward pass used, not updated.
+        """
         with torch.no_grad():
+            q, k = self.map_input(q, is_query=True), self.map_input(k, is_query=False)
             if self.statistics_mode == "batch":
                 return self.statistics(q, k, query_mask, key_mask)
-            running = {name: getattr(self, f"running_{name}").clone() for name in self._running_names}
-            if self.training and running:
-                for name, value in self.statistics(q, k, query_mask, key_mask).items():
-                    mean = value.reshape(-1, *running[name].shape).mean(0)
-                    getattr(self, f"running_{name}").lerp_(mean.to(running[name]), self.momentum)
+            in_use = self._statistics_in_use if in_backward_pass() else None
+            if in_use is not None:
+                running = in_use
+            else:
+                running = {name: getattr(self, f"running_{name}").clone() for name in self._running_names}
+                if self.training and running and not self.statistics_frozen:
+                    for name, value in self.statistics(q, k, query_mask, key_mask).items():
+                        mean = value.reshape(-1, *running[name].shape).mean(0)
+                        getattr(self, f"running_{name}").lerp_(mean.to(running[name]), self.momentum)
+                if not torch.compiler.is_compiling():
+                    self._statistics_in_use = running
             return {name: value.to(q.dtype) for name, value in running.items()}
 
     def _component_weights(
@@ -462,6 +519,11 @@ class FeatureMap(nn.Module):
                 )
             if x.dim() < 2 or x.shape[-1] != self.dim:
                 raise ValueError(f"{name}: expected shape (..., n, {self.dim}), got {tuple(x.shape)}")
+            if self.num_heads is not None and (x.dim() < 3 or x.shape[-3] != self.num_heads):
+                raise ValueError(
+                    f"{name}: expected shape (..., {self.num_heads}, n, {self.dim}) (one map per head, "
+                    f"num_heads={self.num_heads}), got {tuple(x.shape)}"
+                )
         if q.shape[:-2] != k.shape[:-2]:
             raise ValueError(
                 "q, k: expected the same leading (batch, head) shape, "
@@ -471,6 +533,18 @@ class FeatureMap(nn.Module):
     def extra_repr(self) -> str:
         """The kernel and the output width shown by ``repr``."""
         return f"kernel={self.kernel!r}, num_features={self.num_features}"
+
+
+def in_backward_pass() -> bool:
+    """True while autograd runs a backward pass, where ``torch.utils.checkpoint`` recomputes a forward.
+
+    Reentrant or not, checkpointing recomputes inside the autograd engine's graph task (whose id is -1
+    outside one; PyTorch exposes it only as ``torch._C._current_graph_task_id``). False under
+    ``torch.compile``, whose compiled graphs recompute without running the module's Python again.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._current_graph_task_id() != -1
 
 
 def _exp_features(log_features: torch.Tensor, multiplier: torch.Tensor | None) -> torch.Tensor:

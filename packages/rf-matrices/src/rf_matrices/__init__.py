@@ -2,13 +2,14 @@
 
 Section 3.1 of Spectraformer: Monte Carlo (``base``, ``orf``), structured (``sorf``, ``fastfood``),
 unit-cube (``qmc``, ``mm``), quadrature (``sgq``) and learned (``fastfoodl``) weight matrices, all behind
-one registry:
+one registry (``learnable=True``: any of them as a trainable dense ``W``, ``num_heads=H``: one per head):
 
     import rf_matrices
     w = rf_matrices.create("orf", num_features=128, dim=32, seed=0)
     y = w(x)  # x @ W.T, (..., 128)
 """
 
+from rf_matrices.drawn import DrawnMatrix
 from rf_matrices.hadamard import fwht, hadamard_matrix, next_power_of_two
 from rf_matrices.kernels import gaussian_kernel, relative_kernel_error, trig_kernel_estimate
 from rf_matrices.monte_carlo import ORF, Base
@@ -29,6 +30,7 @@ __all__ = [
     "Base",
     "BlockTransform",
     "DenseWeightMatrix",
+    "DrawnMatrix",
     "FastFood",
     "FastFoodL",
     "WeightMatrix",

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from rf_matrices.drawn import DrawnMatrix
 from rf_matrices.weight_matrix import WeightMatrix
 from spectraformer_core import Registry
 
@@ -39,6 +40,8 @@ def create(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     even_in_omega: bool | None = None,
+    learnable: bool = False,
+    num_heads: int | None = None,
     **kw: Any,
 ) -> WeightMatrix:
     """Build the weight matrix registered as ``name`` (or the class itself), ``(num_features, dim)``.
@@ -48,17 +51,22 @@ def create(
     exponential's ``exp(omega . x)``: False): a rule with a folded form picks it from this
     ([`WeightMatrix.symmetry_options`][rf_matrices.WeightMatrix.symmetry_options]); None keeps the
     class defaults.
+
+    ``learnable=True`` makes the drawn ``W`` one trainable parameter, and ``num_heads=H`` draws ``H``
+    independent matrices ``(H, s, d)`` for inputs ``(..., H, n, d)``: both give a
+    [`DrawnMatrix`][rf_matrices.DrawnMatrix] (structured matrices then become their dense ``W``; learned
+    matrices are never redrawn).
     """
     cls = WEIGHT_MATRICES.get(name)
     if even_in_omega is not None:
         kw = cls.symmetry_options(even_in_omega, kw)
-    return cls(
-        num_features,
-        dim,
-        sigma=sigma,
-        seed=seed,
-        generator=generator,
-        device=device,
-        dtype=dtype,
-        **kw,
+    common: dict[str, Any] = {"sigma": sigma, "seed": seed, "generator": generator, "device": device}
+    if not (learnable or num_heads is not None):
+        return cls(num_features, dim, dtype=dtype, **common, **kw)
+    if not (learnable or cls.redrawable):
+        raise ValueError(
+            f"learnable: {cls.__name__} is learned by construction; per-head copies of it need learnable=True"
+        )
+    return DrawnMatrix(
+        cls, num_features, dim, learnable=learnable, num_heads=num_heads, dtype=dtype, **common, **kw
     )

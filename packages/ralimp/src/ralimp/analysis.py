@@ -1,23 +1,10 @@
-r"""Exact variances of the unbiased layers over their random projections (Prop. 1, Prop. 2).
+r"""Exact variances of the unbiased layers over their random projections, per layer (Prop. 1, Prop. 2).
 
 The complex-exponential estimator is log-normal: its second moment is $e^{2\sigma^2}$ with
 $2\sigma^2 = s \lVert\tilde x + \tilde w\rVert^2$, so a sample of a few thousand draws sees almost none of its
 mass once $2\sigma^2$ exceeds ~6, and sampled MSEs underestimate the variance by many orders of magnitude.
-These closed forms replace sampled figures. All of them assume i.i.d. $\mathcal N(0, I)$ projection rows
-(``weight_matrix="base"``, $\sigma = 1$); orthogonal or quadrature rows have other variances.
-
-Per projection and node (features at $\tilde x$, $\tilde w$, frequency $s$;
-$\xi \sim \mathcal N(0, \sigma^2)$, $\sigma^2 = s \lVert\tilde x + \tilde w\rVert^2 / 2$,
-$H = s (\lVert\tilde x\rVert^2 + \lVert\tilde w\rVert^2) / 2$, $Y^c = e^\xi \cos(\xi - H)$,
-$Y^s = e^\xi \sin(\xi - H)$):
-
-- $\mathbb E[(Y^c)^2] = \tfrac12 (e^{2\sigma^2} + \cos(4\sigma^2 - 2H))$,
-  $\mathbb E[(Y^s)^2] = \tfrac12 (e^{2\sigma^2} - \cos(4\sigma^2 - 2H))$ (Prop. 1), and
-  $\mathbb E[Y^c Y^s] = \tfrac12 \sin(4\sigma^2 - 2H)$ (the same computation:
-  $Y^c Y^s = \tfrac12 e^{2\xi} \sin(2\xi - 2H)$ and $\mathbb E\, e^{(2 + 2i) \xi} = e^{4 i \sigma^2}$).
-- Product features (EUGen, Prop. 2): per row, $X_n = \prod_{i \le n} (g_i \cdot x)(g_i \cdot w)$ has
-  $\mathbb E[X_n X_{n'}] = M^{\min(n, n')} t^{|n - n'|}$ with $M = \lVert x\rVert^2 \lVert w\rVert^2 + 2 t^2$
-  (Isserlis, independent factors), the degrees sharing $G^{(1..\min)}$.
+These closed forms (`ralimp.moments`) replace sampled figures. All of them assume i.i.d. $\mathcal N(0, I)$
+projection rows (``weight_matrix="base"``, $\sigma = 1$); orthogonal or quadrature rows have other variances.
 
 Lower bound (the guide's): with $\lambda$ free,
 $\lVert x/\lambda + \lambda w\rVert^2 \ge 2 \lVert x\rVert \lVert w\rVert + 2 t$, so
@@ -31,24 +18,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 
+from ralimp.baselines import EUGen
+from ralimp.layer import RaLiMP
+from ralimp.moments import node_covariance, node_log_growth, product_covariance
 from rf_matrices import Base
 
-if TYPE_CHECKING:
-    from ralimp.baselines import EUGen
-    from ralimp.layer import RaLiMP
 
-
-def atom_second_moments(
-    sigma2: torch.Tensor, big_h: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""$(\mathbb E[(Y^c)^2], \mathbb E[(Y^s)^2], \mathbb E[Y^c Y^s])$ of a projection (Prop. 1)."""
-    growth = torch.exp(2 * sigma2)
-    phase = 4 * sigma2 - 2 * big_h
-    return (growth + phase.cos()) / 2, (growth - phase.cos()) / 2, phase.sin() / 2
+def _pair_terms(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(t, x_sq, w_sq)`` of every input ``(N, D)`` with every weight row ``(L, D)``, ``(N, L)`` float64."""
+    x, w = x.to(torch.float64), w.to(torch.float64)
+    return x @ w.mT, x.pow(2).sum(-1, keepdim=True), w.pow(2).sum(-1).unsqueeze(0)
 
 
 def node_log_variance(
@@ -62,29 +44,23 @@ def node_log_variance(
     r"""$\log \operatorname{Var}(w_c C + w_s S)$ for every input and weight row, ``(N, L)``, float64.
 
     ``C`` and ``S`` average ``rows`` i.i.d. projections of the estimators of $\cos(s\, x \cdot w)$ and
-    $\sin(s\, x \cdot w)$ at frequency ``freq`` (Eqs. 8-9; features evaluated at ``x`` ``(N, D)`` and ``w``
-    ``(L, D)`` as given, already scaled). Computed in log space: the variance overflows float64 at
+    $\sin(s\, x \cdot w)$ at frequency ``freq`` (Eqs. 8-9, Prop. 1 with the cross moment,
+    `ralimp.moments.node_covariance`; features evaluated at ``x`` ``(N, D)`` and ``w`` ``(L, D)`` as given,
+    already scaled). Computed in log space, $e^{2\sigma^2}$ factored out: the variance overflows float64 at
     $2\sigma^2 > 709$.
     """
-    x, w = x.to(torch.float64), w.to(torch.float64)
-    s = float(freq)
-    nx, nw = x.pow(2).sum(-1, keepdim=True), w.pow(2).sum(-1).unsqueeze(0)
-    dot = x @ w.mT
-    sigma2 = s / 2 * (nx + nw + 2 * dot)
-    big_h = s / 2 * (nx + nw)
-    w_c, w_s = float(w_c), float(w_s)
-    phase = 4 * sigma2 - 2 * big_h
-    mean = w_c * torch.cos(s * dot) + w_s * torch.sin(s * dot)
-    # second moment e^{2 sigma^2} (w_c^2 + w_s^2) / 2 + bounded terms; factor e^{2 sigma^2} out
-    bounded = (w_c**2 - w_s**2) / 2 * phase.cos() + w_c * w_s * phase.sin() - mean**2
-    inner = (w_c**2 + w_s**2) / 2 + torch.exp(-2 * sigma2) * bounded
-    return 2 * sigma2 + torch.log(inner.clamp_min(0)) - math.log(rows)
+    t, x_sq, w_sq = _pair_terms(x, w)
+    s, a, b = float(freq), float(w_c), float(w_s)
+    log_growth = node_log_growth(s, t, x_sq, w_sq)
+    cc, ss, cs = node_covariance(s, t, x_sq, w_sq, log_scale=log_growth)
+    inner = a**2 * cc + b**2 * ss + 2 * a * b * cs
+    return log_growth + torch.log(inner.clamp_min(0)) - math.log(rows)
 
 
 def product_block_variance(coef: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rows: int) -> torch.Tensor:
     r"""Variance of $\sum_{n \ge 1} c_n \frac1m \langle\phi_n(x), \phi_n(w)\rangle$, ``(N, L)``.
 
-    EUGen, shared projections.
+    EUGen, shared projections (Prop. 2, `ralimp.moments.product_covariance`).
 
     Args:
         coef: ``c_0..c_K`` (``c_0`` is deterministic and ignored).
@@ -92,17 +68,10 @@ def product_block_variance(coef: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
         w: ``(L, D)`` weight rows as the block sees them.
         rows: ``m``, the rows of each projection.
     """
-    x, w = x.to(torch.float64), w.to(torch.float64)
     c = torch.as_tensor(coef, dtype=torch.float64)
-    t = x @ w.mT
-    big_m = x.pow(2).sum(-1, keepdim=True) * w.pow(2).sum(-1).unsqueeze(0) + 2 * t**2
-    second = torch.zeros_like(t)
-    mean = torch.zeros_like(t)
-    for n in range(1, c.numel()):
-        mean = mean + c[n] * t**n
-        for k in range(1, c.numel()):
-            second = second + c[n] * c[k] * big_m ** min(n, k) * t ** abs(n - k)
-    return (second - mean**2).clamp_min(0) / rows
+    cov = product_covariance(*_pair_terms(x, w), c.numel() - 1)
+    total = sum(c[n] * c[k] * entry for n, row in enumerate(cov) for k, entry in enumerate(row))
+    return torch.as_tensor(total).clamp_min(0) / rows
 
 
 def check_gaussian_rows(matrices: Iterable[torch.nn.Module]) -> None:
@@ -136,7 +105,7 @@ def ralimp_log_variance(layer: RaLiMP, x: torch.Tensor) -> torch.Tensor:
     if layer.num_atoms:
         scale, tau = float(layer.scale), float(layer.tau)
         xs, ws = u / (scale * tau), v * (scale / tau)
-        w_c, w_s = layer._channel_coefficients(torch.float64)
+        w_c, w_s = layer.node_coefficients(torch.float64)
         q = layer.pole_widths().double()
         for index, mat in enumerate(layer.freq_matrices):
             j, k = divmod(index, layer.num_freqs)

@@ -1,4 +1,4 @@
-"""ralimp.variance: the closed forms against Monte Carlo where Monte Carlo can see them (2 sigma^2 < ~6)."""
+"""ralimp.analysis: the closed forms against Monte Carlo where Monte Carlo can see them (2 sigma^2 < ~6)."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import ralimp
-from ralimp import variance
+from ralimp import analysis
 from ralimp.features import complex_exponential_features, product_features
 
 
@@ -25,7 +25,7 @@ def test_node_variance_with_both_channels_matches_monte_carlo():
     c = (xr * wr - xi * wi).mean(-1).squeeze(-1)
     sn = (xr * wi + xi * wr).mean(-1).squeeze(-1)
     sample = w_c * c + w_s * sn
-    exact = math.exp(float(variance.node_log_variance(x, w, torch.tensor(s), w_c, w_s, rows)))
+    exact = math.exp(float(analysis.node_log_variance(x, w, torch.tensor(s), w_c, w_s, rows)))
     assert float(sample.var()) == pytest.approx(exact, rel=0.05)
     assert float(sample.mean()) == pytest.approx(
         w_c * math.cos(s * float(x @ w.T)) + w_s * math.sin(s * float(x @ w.T)),
@@ -43,7 +43,7 @@ def test_product_block_variance_with_shared_projections_matches_monte_carlo():
     fx = product_features(x.expand(draws, 1, 4), mats)
     fw = product_features(w.expand(draws, 1, 4), mats)
     sample = sum(coef[n] * (fx[n - 1] * fw[n - 1]).mean(-1).squeeze(-1) for n in range(1, 4))
-    exact = float(variance.product_block_variance(coef, x, w, rows))
+    exact = float(analysis.product_block_variance(coef, x, w, rows))
     assert float(sample.var()) == pytest.approx(exact, rel=0.05)
 
 
@@ -76,7 +76,7 @@ def test_ralimp_layer_variance_matches_the_spread_over_projection_draws():
         small = ralimp.RaLiMP.from_linear(
             linear, "gelu", poly_features=m, freq_features=m, seed=0, fit="discretized", interval=(-4.0, 4.0)
         )
-        exact = variance.ralimp_log_variance(small, x).exp()
+        exact = analysis.ralimp_log_variance(small, x).exp()
         t = linear(x)
         torch.testing.assert_close(outputs.var(-1), exact, rtol=0.1, atol=0)
         mean_error = (outputs.mean(-1) - small.expected_output(t)).abs()
@@ -95,7 +95,7 @@ def test_eugen_variance_matches_the_spread_over_projection_draws():
                 mat.redraw(seed=seed * 10 + index)
             layer.load_linear(linear.weight, linear.bias)
             outputs.append(layer(x))
-    exact = variance.eugen_variance(layer, linear, x)
+    exact = analysis.eugen_variance(layer, linear, x)
     torch.testing.assert_close(torch.stack(outputs).var(0), exact, rtol=0.1, atol=0)
 
 
@@ -106,7 +106,7 @@ def test_the_bound_holds_for_every_balance_and_tau():
     t = (a * b).sum(-1)
     cos = t / (a.norm(dim=-1) * b.norm(dim=-1))
     s_k, q = 2.29, 1.7
-    bound = variance.log_second_moment_bound(s_k, t, q, cos)
+    bound = analysis.log_second_moment_bound(s_k, t, q, cos)
     for lam in (0.3, 1.0, 2.8, 10.0):
         for tau in (0.5, 1.0, 3.0):
             # q' = q / tau^2 in the layer's units: 2 sigma^2 = (s_k / q') ||a / (lam tau) + lam b / tau||^2
@@ -123,12 +123,12 @@ def test_variance_rejects_orthogonal_rows_and_fitted_readouts():
     linear = torch.nn.Linear(3, 2, dtype=torch.float64)
     x = torch.randn(4, 3, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"weight_matrix: the closed forms assume i\.i\.d\. N"):
-        variance.ralimp_log_variance(
+        analysis.ralimp_log_variance(
             ralimp.RaLiMP.from_linear(linear, "gelu", weight_matrix="orf", seed=0), x
         )
     fitted = ralimp.RaLiMP.from_linear(linear, "gelu", sample=x.repeat(50, 1), init="lstsq", seed=0)
     with pytest.raises(ValueError, match="layer: has a fitted readout"):
-        variance.ralimp_log_variance(fitted, x)
+        analysis.ralimp_log_variance(fitted, x)
 
 
 def test_the_variance_aware_fit_of_a_small_layer_at_a_large_budget_has_a_small_expected_error():
@@ -144,8 +144,8 @@ def test_the_variance_aware_fit_of_a_small_layer_at_a_large_budget_has_a_small_e
         )
         with torch.no_grad():
             mean = layer.expected_output(t)
-            errors[fit] = variance.expected_relative_mse(
-                mean, variance.ralimp_log_variance(layer, x), torch.nn.functional.gelu(t)
+            errors[fit] = analysis.expected_relative_mse(
+                mean, analysis.ralimp_log_variance(layer, x), torch.nn.functional.gelu(t)
             )
     assert errors["variance"] < 0.1
     assert errors["variance"] < errors["discretized"]
