@@ -22,3 +22,11 @@ def test_an_atom_lowers_the_bias_of_the_least_squares_fit():
 
 def test_the_variance_of_every_fit_is_nonnegative():
     assert all(row["variance"] >= -1e-12 for row in tradeoff().values())
+
+
+def test_the_spread_of_an_exact_replacement_is_zero():
+    from nerf_pinn.atoms import relative_spread
+
+    torch.manual_seed(0)
+    layer = FeedForward(4, 8, "tanh")
+    assert relative_spread(layer, torch.randn(64, 4), "dense", budget=None, seeds=2) < 1e-6

@@ -5,7 +5,8 @@ and $J = 1$ atoms at the same feature budget, in each fit mode (``variance``, ``
 and splits each fit's expected squared error on the calibration pairs (`ralimp.fits.expected_squared_error`)
 into the squared bias of the expectation and the exact variance of the random-feature readout. The
 variance-aware fit (RaLiMP's default) keeps the $J$ of the least total; the other two modes fit the bias
-alone. `main` prints the table for the hidden layers the PINN of ``configs/pinn-paper.toml`` linearizes::
+alone. `relative_spread` measures any replacement's relative error at the layer's inputs by Monte Carlo.
+`main` prints both for the hidden layers the PINN of ``configs/pinn-paper.toml`` linearizes::
 
     uv run --frozen --package nerf-pinn python -c "from nerf_pinn.atoms import main; main()"
 """
@@ -19,9 +20,11 @@ from typing import Any, cast
 
 import torch
 
+import app_common as ac
 import ralimp
 from nerf_pinn.config import PinnConfig, replaced_layers
 from nerf_pinn.layers import FeedForward, stack_inputs
+from nerf_pinn.pinn import PINN, PinnFamily
 
 #: The numbers of a row of `atom_tradeoff`, in the table's order.
 NUMBERS = ("bias2", "variance", "total", "signal")
@@ -83,37 +86,68 @@ def atom_tradeoff(
     return rows
 
 
-def pinn_tradeoffs(config: PinnConfig) -> dict[int, list[dict[str, Any]]]:
-    """`atom_tradeoff` for every layer the PINN of ``config`` linearizes, at its initialization."""
-    from nerf_pinn.pinn import PINN, PinnFamily
+def relative_spread(
+    layer: FeedForward,
+    sample: torch.Tensor,
+    kind: str,
+    *,
+    budget: int | None,
+    seeds: int = 16,
+    **options: Any,
+) -> float:
+    r"""$\sqrt{\operatorname{mean} (\hat y - y)^2 / \operatorname{mean} y^2}$: a ``kind`` layer at ``sample``.
 
+    $y$ is ``layer``'s output, $\hat y$ the replacement's (``ralimp.create(kind, ..., seed=s)``) at
+    initialization, the mean over the sample, the outputs and ``seeds`` draws of the projections: the
+    estimator's relative root-mean-square error (bias and variance together), by Monte Carlo.
+    """
+    linear = layer.scaled_linear()
+    with torch.no_grad():
+        target = layer(sample)
+        errors = [
+            (
+                ralimp.create(
+                    kind, linear, layer.activation_name, budget=budget, sample=sample, seed=s, **options
+                )(sample)
+                - target
+            )
+            .pow(2)
+            .mean()
+            for s in range(seeds)
+        ]
+    return float((torch.stack(errors).mean() / target.pow(2).mean()).sqrt())
+
+
+def pinn_layers(config: PinnConfig) -> list[tuple[int, FeedForward, torch.Tensor]]:
+    """``(index, layer, its inputs)`` of every layer the PINN of ``config`` linearizes, at initialization."""
     family = PinnFamily(config)
-    model = family.build("dense")
-    assert isinstance(model, PINN)
-    sample = model.normalize(family.t_f[:1024], family.x_f[:1024])
-    inputs = stack_inputs(model.layers, sample)
-    return {
-        i: atom_tradeoff(
-            cast(FeedForward, model.layers[i]),
-            inputs[i],
-            budget=config.features,
-            num_freqs=config.num_freqs,
-            balance=config.balance_value(),
-        )
-        for i in replaced_layers(config.replace, config.depth)
-    }
+    model = cast(PINN, family.build("dense"))
+    inputs = stack_inputs(model.layers, model.normalize(family.t_f[:1024], family.x_f[:1024]))
+    indices = replaced_layers(config.replace, config.depth)
+    return [(i, cast(FeedForward, model.layers[i]), inputs[i]) for i in indices]
 
 
 def main() -> None:
-    """Print the table of `pinn_tradeoffs` for ``configs/pinn-paper.toml`` (seed 0)."""
-    import app_common as ac
-
+    """Print `atom_tradeoff` and every kind's `relative_spread` for ``configs/pinn-paper.toml`` (seed 0)."""
     settings = tomllib.loads(PAPER_CONFIG.read_text())
     config = PinnConfig(**{k: v for k, v in settings.items() if k != "out"}, threads=1)
+    layers = pinn_layers(config)
+    balance, budget = config.balance_value(), config.features
     header = ["layer", "atoms", "fit", "bias^2", "variance", "bias^2 + variance", "mean f(t)^2"]
     rows = [
         [str(i), str(r["atoms"]), r["fit"], *(f"{r[k]:.2e}" for k in NUMBERS)]
-        for i, table in pinn_tradeoffs(config).items()
-        for r in table
+        for i, layer, x in layers
+        for r in atom_tradeoff(layer, x, budget=budget, num_freqs=config.num_freqs, balance=balance)
     ]
     print(ac.markdown_table(header, rows))
+    kinds: dict[str, dict[str, Any]] = {
+        "ralimp": {"num_freqs": config.num_freqs, "balance": balance},
+        "eugen": {},
+        "snnk": {"balance": balance},
+    }
+    spread = [
+        [str(i), *(f"{relative_spread(layer, x, k, budget=budget, **o):.3g}" for k, o in kinds.items())]
+        for i, layer, x in layers
+    ]
+    print()
+    print(ac.markdown_table(["layer", *(f"{k}: relative RMS error" for k in kinds)], spread))
