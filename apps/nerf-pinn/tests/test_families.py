@@ -363,3 +363,25 @@ def test_the_table_says_where_a_variant_diverged_instead_of_printing_nan():
     table = results_table(records, "relative_l2")
     assert "diverged at step 7" in table
     assert "nan" not in table
+
+
+def test_a_float64_pinn_trains_in_float64(tmp_path):
+    family = PinnFamily(tiny_pinn(tmp_path, precision="float64"))
+    model = family.build("dense")
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert family.loss(model).dtype == torch.float64
+
+
+def test_more_lbfgs_steps_continue_a_pinn_run_as_the_longer_run_would(tmp_path, capsys):
+    def losses(out, lbfgs_steps):
+        config = tiny_pinn(
+            out, layer=("dense",), steps=3, lbfgs_steps=lbfgs_steps, lbfgs_tolerance_change=0.0
+        )
+        compare(PinnFamily(dataclasses.replace(config, out=out)))
+        log = ac.read_jsonl(out / "runs" / "dense" / "log.jsonl")
+        return [r["train_loss"] for r in log if "train_loss" in r]
+
+    losses(tmp_path / "continued", 1)
+    continued = losses(tmp_path / "continued", 3)
+    assert "dense: resuming at step 4" in capsys.readouterr().out
+    assert continued == losses(tmp_path / "unbroken", 3)

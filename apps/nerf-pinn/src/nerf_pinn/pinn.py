@@ -135,18 +135,19 @@ class PinnFamily(Family):
     def __init__(self, config: PinnConfig) -> None:
         super().__init__(config)
         self.config: PinnConfig = config
+        self.dtype: torch.dtype = getattr(torch, config.precision)
         points = training_points(config.num_boundary, config.num_collocation, seed=config.seed)
-        self.t_b, self.x_b, self.u_b, self.t_f, self.x_f = (p.to(self.device) for p in points)
+        self.t_b, self.x_b, self.u_b, self.t_f, self.x_f = (p.to(self.device, self.dtype) for p in points)
         x, t, u = reference_grid(quadrature_nodes=config.quadrature_nodes)
         self.grid_x, self.grid_t, self.reference = x, t, u
-        tt, xx = torch.meshgrid(t.float(), x.float(), indexing="xy")  # (256, 100) like u
+        tt, xx = torch.meshgrid(t.to(self.dtype), x.to(self.dtype), indexing="xy")  # (256, 100) like u
         self.eval_t, self.eval_x = tt.to(self.device), xx.to(self.device)
 
     def build(self, kind: str) -> nn.Module:
         """The PINN; for a linearized kind its hidden layers (or all layers) replaced."""
         config = self.config
         ac.seed_everything(config.seed)
-        model = PINN(config.depth, config.width).to(self.device)
+        model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
             sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
             self.linearize(
@@ -158,13 +159,13 @@ class PinnFamily(Family):
         return model
 
     def loss(self, model: nn.Module, step: int = 0) -> torch.Tensor:
-        """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in float32)."""
+        """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in ``precision``)."""
         t_f = self.t_f.clone().requires_grad_(True)
         x_f = self.x_f.clone().requires_grad_(True)
         with ac.autocast(self.device, self.config.dtype):
             u_f, u_b = model(t_f, x_f), model(self.t_b, self.x_b)
-        residual = burgers_residual(u_f.float(), t_f, x_f, nu=NU)
-        misfit = u_b.float() - self.u_b
+        residual = burgers_residual(u_f.to(self.dtype), t_f, x_f, nu=NU)
+        misfit = u_b.to(self.dtype) - self.u_b
         return misfit.pow(2).mean() + residual.pow(2).mean()
 
     def optimizers(self, model: nn.Module) -> dict[str, torch.optim.Optimizer]:
