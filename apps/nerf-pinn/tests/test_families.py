@@ -385,3 +385,20 @@ def test_more_lbfgs_steps_continue_a_pinn_run_as_the_longer_run_would(tmp_path, 
     continued = losses(tmp_path / "continued", 3)
     assert "dense: resuming at step 4" in capsys.readouterr().out
     assert continued == losses(tmp_path / "unbroken", 3)
+
+
+def test_tolerance_lbfgs_goes_on_after_a_step_that_spent_its_evaluations():
+    from nerf_pinn.pinn import ToleranceLBFGS
+
+    x = torch.tensor([-1.5, 2.0], dtype=torch.float64, requires_grad=True)
+    optimizer = ToleranceLBFGS([x], max_iter=20, max_eval=3, line_search_fn="strong_wolfe")
+
+    def closure():  # Rosenbrock: far more than 3 evaluations from this start
+        optimizer.zero_grad()
+        loss = (1 - x[0]) ** 2 + 100 * (x[1] - x[0] ** 2) ** 2
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    assert optimizer.counters()[0] < 20
+    assert optimizer.stop_reason is None

@@ -86,8 +86,9 @@ class ToleranceLBFGS(torch.optim.LBFGS):
     ``stop_reason`` is None while the steps run their full ``max_iter`` iterations, and names the tolerance
     once a step ends early: the gradient's largest entry at most ``tolerance_grad``, or a change of the loss
     or of the parameters below ``tolerance_change`` (as scipy's L-BFGS-B stops on ``gtol`` and ``ftol``, or
-    on a line search that cannot decrease the loss), or ``max_eval`` function evaluations. A step taken
-    after that evaluates the loss and leaves the parameters as they are.
+    on a line search that cannot decrease the loss). A step that ends on its ``max_eval`` function
+    evaluations is no stop: the next one goes on. A step taken after a stop evaluates the loss and leaves the
+    parameters as they are.
     """
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
@@ -114,11 +115,9 @@ class ToleranceLBFGS(torch.optim.LBFGS):
         loss = super().step(closure)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         done_iterations = self.counters()[0] - iterations
         done_evaluations = self.counters()[1] - evaluations
-        if done_iterations < group["max_iter"]:
+        if done_iterations < group["max_iter"] and done_evaluations < group["max_eval"]:
             total = self.counters()[0]
-            if done_evaluations >= group["max_eval"]:
-                self.stop_reason = f"L-BFGS: max_eval evaluations in one step at iteration {total}"
-            elif self.largest_gradient() <= group["tolerance_grad"]:
+            if self.largest_gradient() <= group["tolerance_grad"]:
                 self.stop_reason = f"L-BFGS: gradient <= tolerance_grad at iteration {total}"
             else:
                 self.stop_reason = f"L-BFGS: loss or step change < tolerance_change at iteration {total}"
