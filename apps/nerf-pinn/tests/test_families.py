@@ -333,6 +333,9 @@ def test_tolerance_lbfgs_names_its_tolerance_and_then_leaves_the_parameters_alon
     optimizer.step(closure)
     assert torch.equal(x.detach(), before)
     assert optimizer.counters()[0] == iterations
+    restored = ToleranceLBFGS([x], max_iter=20, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
+    restored.load_state_dict(optimizer.state_dict())
+    assert restored.stop_reason == optimizer.stop_reason
 
 
 def test_a_pinn_run_whose_lbfgs_converges_stops_there_and_records_why(tmp_path):

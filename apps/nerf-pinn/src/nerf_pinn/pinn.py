@@ -100,6 +100,16 @@ class ToleranceLBFGS(torch.optim.LBFGS):
         state = self.state[self._params[0]]
         return int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
 
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state, ``stop_reason`` included (a resumed run keeps it)."""
+        return {**super().state_dict(), "stop_reason": self.stop_reason}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load `state_dict` (``stop_reason`` included)."""
+        state = dict(state_dict)
+        self.stop_reason = state.pop("stop_reason", None)
+        super().load_state_dict(state)
+
     def largest_gradient(self) -> float:
         """The largest entry of the gradient of the last evaluation, in absolute value."""
         grads = [p.grad.abs().max() for p in self._params if p.grad is not None]
