@@ -322,3 +322,99 @@ def test_report_rewrites_the_table_of_a_results_file(tmp_path, capsys):
     assert main(["report", str(config.out / "results.jsonl"), "--report-dir", str(tmp_path / "rep")]) == 0
     assert "| dense" in capsys.readouterr().out
     assert (tmp_path / "rep" / "results.csv").read_text().startswith("kind,relative_l2,params")
+
+
+def test_tolerance_lbfgs_names_its_tolerance_and_then_leaves_the_parameters_alone():
+    from nerf_pinn.pinn import ToleranceLBFGS
+
+    target = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    optimizer = ToleranceLBFGS([x], max_iter=20, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = (x - target).pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)  # a quadratic: converged in far fewer than 20 iterations
+    assert optimizer.stop_reason is not None
+    assert "tolerance" in optimizer.stop_reason
+    iterations = optimizer.counters()[0]
+    assert iterations < 20
+    before = x.detach().clone()
+    optimizer.step(closure)
+    assert torch.equal(x.detach(), before)
+    assert optimizer.counters()[0] == iterations
+    restored = ToleranceLBFGS([x], max_iter=20, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
+    restored.load_state_dict(optimizer.state_dict())
+    assert restored.stop_reason == optimizer.stop_reason
+
+
+def test_a_pinn_run_whose_lbfgs_converges_stops_there_and_records_why(tmp_path):
+    config = tiny_pinn(tmp_path, layer=("dense",), steps=2, lbfgs_steps=200, lbfgs_tolerance_change=1e-3)
+    (record,) = compare(PinnFamily(config))
+    assert record["lbfgs_stop"].startswith("L-BFGS: ")
+    assert 0 < record["lbfgs_iterations"] < 20 * 200
+    log = [r for r in ac.read_jsonl(tmp_path / "pinn" / "runs" / "dense" / "log.jsonl") if "train_loss" in r]
+    assert len(log) < 2 + 200  # the run ended before its last step
+
+
+def test_the_dense_run_is_shared_by_comparisons_that_differ_only_in_a_linearized_kind_setting(tmp_path):
+    family = PinnFamily(tiny_pinn(tmp_path))
+    other = PinnFamily(tiny_pinn(tmp_path, fit="paper", num_atoms=2, balance="1"))
+    assert family.identity("dense") == other.identity("dense")
+    assert family.identity("eugen") == other.identity("eugen")
+    assert family.identity("ralimp") != other.identity("ralimp")
+
+
+def test_the_table_says_where_a_variant_diverged_instead_of_printing_nan():
+    from nerf_pinn.experiment import results_table
+
+    common = {"params": 1, "inference_params": 1, "time_ratio": 1.0, "train_seconds": 1.0}
+    records = [
+        {"kind": "dense", "relative_l2": 0.1, "final_loss": 0.01, "diverged_at": None, **common},
+        {"kind": "snnk", "relative_l2": float("nan"), "final_loss": 1e12, "diverged_at": 6, **common},
+    ]
+    table = results_table(records, "relative_l2")
+    assert "diverged at step 7" in table
+    assert "nan" not in table
+
+
+def test_a_float64_pinn_trains_in_float64(tmp_path):
+    family = PinnFamily(tiny_pinn(tmp_path, precision="float64"))
+    model = family.build("dense")
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    assert family.loss(model).dtype == torch.float64
+
+
+def test_more_lbfgs_steps_continue_a_pinn_run_as_the_longer_run_would(tmp_path, capsys):
+    def losses(out, lbfgs_steps):
+        config = tiny_pinn(
+            out, layer=("dense",), steps=3, lbfgs_steps=lbfgs_steps, lbfgs_tolerance_change=0.0
+        )
+        compare(PinnFamily(dataclasses.replace(config, out=out)))
+        log = ac.read_jsonl(out / "runs" / "dense" / "log.jsonl")
+        return [r["train_loss"] for r in log if "train_loss" in r]
+
+    losses(tmp_path / "continued", 1)
+    continued = losses(tmp_path / "continued", 3)
+    assert "dense: resuming at step 4" in capsys.readouterr().out
+    assert continued == losses(tmp_path / "unbroken", 3)
+
+
+def test_tolerance_lbfgs_goes_on_after_a_step_that_spent_its_evaluations():
+    from nerf_pinn.pinn import ToleranceLBFGS
+
+    x = torch.tensor([-1.5, 2.0], dtype=torch.float64, requires_grad=True)
+    optimizer = ToleranceLBFGS([x], max_iter=20, max_eval=3, line_search_fn="strong_wolfe")
+
+    def closure():  # Rosenbrock: far more than 3 evaluations from this start
+        optimizer.zero_grad()
+        loss = (1 - x[0]) ** 2 + 100 * (x[1] - x[0] ** 2) ** 2
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    assert optimizer.counters()[0] < 20
+    assert optimizer.stop_reason is None

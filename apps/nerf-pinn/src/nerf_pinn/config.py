@@ -1,7 +1,8 @@
 """Configurations of ``nerf-pinn``: one frozen dataclass per subcommand, fields one to one with its flags.
 
 The defaults are the quick CPU settings (a few minutes each); ``configs/*-paper.toml`` hold the
-paper-scale settings for a GPU (``nerf-pinn train --family pinn --config configs/pinn-paper.toml``).
+paper-scale settings (the PINN's for a CPU, SIREN's and NeRF's for a GPU:
+``nerf-pinn train --family pinn --config configs/pinn-paper.toml``).
 Precedence, later winning: the defaults, the TOML file, the flags. The flags shared with the other apps
 (``--device``, ``--dtype``, ``--threads``, ``--seed``, ``--steps``, ``--lr``, ``--grad-clip``, ``--layer``,
 ``--features``, ``--weight-matrix``, ``--out``, ``--resume``) come from ``app_common``.
@@ -28,6 +29,9 @@ REPLACED_LAYERS: dict[str, Callable[[int], list[int]]] = {
 """``--replace`` -> the indices of the layers to linearize, given the depth."""
 
 REPLACE = tuple(REPLACED_LAYERS)
+
+PRECISIONS = ("float32", "float64")
+"""``--precision`` of the PINN."""
 
 
 def replaced_layers(replace: str, depth: int) -> list[int]:
@@ -153,6 +157,9 @@ class PinnConfig(CompareConfig):
     Adam then L-BFGS (``configs/pinn-paper.toml``).
     """
 
+    #: More L-BFGS steps continue a run (its first steps are those of the longer run).
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (*CompareConfig.MAY_CHANGE_ON_RESUME, "lbfgs_steps")
+
     out: Path = ac.option("out", Path("results/nerf-pinn/pinn"))
     depth: int = field(default=8, metadata=_help("hidden layers"))
     width: int = field(default=20, metadata=_help("units per hidden layer"))
@@ -160,7 +167,26 @@ class PinnConfig(CompareConfig):
     num_collocation: int = field(default=1000, metadata=_help("collocation points of the residual"))
     steps: int = ac.option("steps", 1000, help="Adam steps (L-BFGS follows)")
     lbfgs_steps: int = field(default=30, metadata=_help("L-BFGS steps after Adam (each up to 20 iterations)"))
+    lbfgs_tolerance_grad: float = field(
+        default=1e-7, metadata=_help("L-BFGS stops once the gradient's largest entry is at most this")
+    )
+    lbfgs_tolerance_change: float = field(
+        default=1e-9, metadata=_help("L-BFGS stops once the loss or the parameters change by less than this")
+    )
     quadrature_nodes: int = field(default=100, metadata=_help("Gauss-Hermite nodes of the reference"))
+    precision: str = field(
+        default="float32",
+        metadata=_help(
+            "the PINN's parameters, points and derivatives: float32, or float64 (past float32's stall)",
+            choices=PRECISIONS,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        """The shared checks, and a known precision."""
+        super().__post_init__()
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision: expected one of {list(PRECISIONS)}, got {self.precision!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ from torch import nn
 import app_common as ac
 import ralimp
 from nerf_pinn.config import CompareConfig
-from nerf_pinn.layers import DENSE, inference_parameters, linearize
+from nerf_pinn.layers import DENSE, SHAPE_OPTIONS, inference_parameters, linearize
 
 
 class Family(abc.ABC):
@@ -57,6 +57,14 @@ class Family(abc.ABC):
     def phases(self) -> list[tuple[str, int]]:
         """``[(optimizer name, steps), ...]`` run one after the other: Adam for ``steps`` by default."""
         return [("adam", self.config.steps)]
+
+    def stop_reason(self) -> str | None:
+        """Why training ends early (checked before each step, which is then the last); None: it goes on."""
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """Facts about the finished training that go into the record (none by default)."""
+        return {}
 
     def training_state(self) -> dict[str, Any]:
         """Random state the loss draws from besides the global one (checkpointed); none by default."""
@@ -114,8 +122,23 @@ class Family(abc.ABC):
         )
 
     def identity(self, kind: str) -> dict[str, Any]:
-        """A variant's identity: the family, the kind and the settings that may not change on resume."""
-        return {"family": self.name, "kind": kind, **ac.run_identity(self.config)}
+        """A variant's identity: the family, the kind and the settings that may not change on resume.
+
+        The layer settings a kind does not use are left out (`layer_settings`), so that the dense run of one
+        comparison is the dense run of another that differs only in, say, RaLiMP's fit.
+        """
+        unused = set(layer_settings(None)) - set(layer_settings(kind))
+        settings = {k: v for k, v in ac.run_identity(self.config).items() if k not in unused}
+        return {"family": self.name, "kind": kind, **settings}
+
+
+def layer_settings(kind: str | None) -> tuple[str, ...]:
+    """The settings that shape the linearized layers of ``kind`` (None: of any kind; dense: none)."""
+    if kind == DENSE:
+        return ()
+    shared = ("features", "replace", "weight_matrix", "fit_range")
+    options = SHAPE_OPTIONS[kind] if kind is not None else tuple(o for v in SHAPE_OPTIONS.values() for o in v)
+    return tuple(dict.fromkeys((*shared, *options)))
 
 
 def format_metric(value: float) -> str:
@@ -123,8 +146,15 @@ def format_metric(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 1e-2 or abs(value) >= 1e3 else f"{value:.4g}"
 
 
+def metric_cell(record: dict[str, Any], metric: str) -> str:
+    """The metric of a record, or the (1-based) step at which its training loss became non-finite."""
+    if record["diverged_at"] is not None:
+        return f"diverged at step {record['diverged_at'] + 1}"
+    return format_metric(record[metric])
+
+
 def results_table(records: list[dict], metric: str) -> str:
-    """The Markdown table of one family's records."""
+    """The Markdown table of one family's records (a variant whose loss became non-finite: where)."""
     header = [
         "variant",
         metric,
@@ -137,7 +167,7 @@ def results_table(records: list[dict], metric: str) -> str:
     rows = [
         [
             r["kind"],
-            format_metric(r[metric]),
+            metric_cell(r, metric),
             str(r["params"]),
             str(r["inference_params"]),
             f"{r['time_ratio']:.2f}",
@@ -193,6 +223,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
                 "departures": config.departures(kind, model),
                 family.metric: evaluation[family.metric],
                 **{k: v for k, v in evaluation.items() if k not in ("outputs", family.metric)},
+                **family.summary(),
                 "params": ac.count_parameters(model),
                 "inference_params": inference_parameters(model),
                 "fits": ralimp.fit_summary(model),
@@ -241,7 +272,14 @@ def train_variant(
     trainer = family.trainer(kind, on_checkpoint)
     model = family.build(kind)  # seeds itself: the same model fresh or resumed
     trainer.setup(model, family.optimizers(model), phases=family.phases(), state=family.training_state())
-    trainer.fit(lambda step, batch: family.loss(model, step))
+
+    def loss(step: int, batch: object) -> torch.Tensor:
+        reason = family.stop_reason()
+        if reason is not None:
+            trainer.stop(reason)
+        return family.loss(model, step)
+
+    trainer.fit(loss)
     losses = [r["train_loss"] for r in ac.read_jsonl(trainer.log_path, missing_ok=True) if "train_loss" in r]
     return trainer, model, losses
 

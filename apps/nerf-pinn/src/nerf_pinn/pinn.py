@@ -4,8 +4,8 @@ The network maps ``(t, x)``, rescaled to ``[-1, 1]^2``, through ``depth`` tanh l
 ``u``. The loss is the mean squared misfit at ``num_boundary`` initial/boundary points (``u(0, x) = -sin(pi
 x)``, ``u(t, +-1) = 0``) plus the mean squared residual ``u_t + u u_x - nu u_xx`` at ``num_collocation``
 points (Sobol, as Raissi's Latin hypercube: space-filling). Adam first, then L-BFGS with a strong-Wolfe line
-search. The error is the relative L2 error against `nerf_pinn.burgers.burgers_solution` on the
-classic 256 x 100 grid.
+search (`ToleranceLBFGS`), which ends training once an L-BFGS step stops on a tolerance. The error is the
+relative L2 error against `nerf_pinn.burgers.burgers_solution` on the classic 256 x 100 grid.
 """
 
 from __future__ import annotations
@@ -80,6 +80,60 @@ def training_points(
     return t_all[pick], x_all[pick], u_all[pick], t_f, x_f
 
 
+class ToleranceLBFGS(torch.optim.LBFGS):
+    """``torch.optim.LBFGS`` that records why its last step ended before ``max_iter`` iterations.
+
+    ``stop_reason`` is None while the steps run their full ``max_iter`` iterations, and names the tolerance
+    once a step ends early: the gradient's largest entry at most ``tolerance_grad``, or a change of the loss
+    or of the parameters below ``tolerance_change`` (as scipy's L-BFGS-B stops on ``gtol`` and ``ftol``, or
+    on a line search that cannot decrease the loss). A step that ends on its ``max_eval`` function
+    evaluations is no stop: the next one goes on. A step taken after a stop evaluates the loss and leaves the
+    parameters as they are.
+    """
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.stop_reason: str | None = None
+
+    def counters(self) -> tuple[int, int]:
+        """``(iterations, function evaluations)`` of all steps so far."""
+        state = self.state[self._params[0]]
+        return int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state, ``stop_reason`` included (a resumed run keeps it)."""
+        return {**super().state_dict(), "stop_reason": self.stop_reason}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load `state_dict` (``stop_reason`` included)."""
+        state = dict(state_dict)
+        self.stop_reason = state.pop("stop_reason", None)
+        super().load_state_dict(state)
+
+    def largest_gradient(self) -> float:
+        """The largest entry of the gradient of the last evaluation, in absolute value."""
+        grads = [p.grad.abs().max() for p in self._params if p.grad is not None]
+        return float(torch.stack(grads).max()) if grads else 0.0
+
+    def step(self, closure: Any) -> Any:  # type: ignore[override]  # LBFGS requires the closure
+        """One L-BFGS step of up to ``max_iter`` iterations (none once ``stop_reason`` is set)."""
+        if self.stop_reason is not None:
+            with torch.enable_grad():
+                return closure()
+        group = self.param_groups[0]
+        iterations, evaluations = self.counters()
+        loss = super().step(closure)  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        done_iterations = self.counters()[0] - iterations
+        done_evaluations = self.counters()[1] - evaluations
+        if done_iterations < group["max_iter"] and done_evaluations < group["max_eval"]:
+            total = self.counters()[0]
+            if self.largest_gradient() <= group["tolerance_grad"]:
+                self.stop_reason = f"L-BFGS: gradient <= tolerance_grad at iteration {total}"
+            else:
+                self.stop_reason = f"L-BFGS: loss or step change < tolerance_change at iteration {total}"
+        return loss
+
+
 class PinnFamily(Family):
     """The PINN family of `nerf_pinn.experiment.compare`."""
 
@@ -90,18 +144,19 @@ class PinnFamily(Family):
     def __init__(self, config: PinnConfig) -> None:
         super().__init__(config)
         self.config: PinnConfig = config
+        self.dtype: torch.dtype = getattr(torch, config.precision)
         points = training_points(config.num_boundary, config.num_collocation, seed=config.seed)
-        self.t_b, self.x_b, self.u_b, self.t_f, self.x_f = (p.to(self.device) for p in points)
+        self.t_b, self.x_b, self.u_b, self.t_f, self.x_f = (p.to(self.device, self.dtype) for p in points)
         x, t, u = reference_grid(quadrature_nodes=config.quadrature_nodes)
         self.grid_x, self.grid_t, self.reference = x, t, u
-        tt, xx = torch.meshgrid(t.float(), x.float(), indexing="xy")  # (256, 100) like u
+        tt, xx = torch.meshgrid(t.to(self.dtype), x.to(self.dtype), indexing="xy")  # (256, 100) like u
         self.eval_t, self.eval_x = tt.to(self.device), xx.to(self.device)
 
     def build(self, kind: str) -> nn.Module:
         """The PINN; for a linearized kind its hidden layers (or all layers) replaced."""
         config = self.config
         ac.seed_everything(config.seed)
-        model = PINN(config.depth, config.width).to(self.device)
+        model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
             sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
             self.linearize(
@@ -113,22 +168,40 @@ class PinnFamily(Family):
         return model
 
     def loss(self, model: nn.Module, step: int = 0) -> torch.Tensor:
-        """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in float32)."""
+        """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in ``precision``)."""
         t_f = self.t_f.clone().requires_grad_(True)
         x_f = self.x_f.clone().requires_grad_(True)
         with ac.autocast(self.device, self.config.dtype):
             u_f, u_b = model(t_f, x_f), model(self.t_b, self.x_b)
-        residual = burgers_residual(u_f.float(), t_f, x_f, nu=NU)
-        misfit = u_b.float() - self.u_b
+        residual = burgers_residual(u_f.to(self.dtype), t_f, x_f, nu=NU)
+        misfit = u_b.to(self.dtype) - self.u_b
         return misfit.pow(2).mean() + residual.pow(2).mean()
 
     def optimizers(self, model: nn.Module) -> dict[str, torch.optim.Optimizer]:
-        """Adam, then L-BFGS (20 iterations per step at most, strong-Wolfe line search)."""
+        """Adam, then `ToleranceLBFGS` (up to 20 iterations a step, history 50, strong-Wolfe line search)."""
+        config = self.config
+        self.lbfgs = ToleranceLBFGS(
+            model.parameters(),
+            lr=1.0,
+            max_iter=20,
+            history_size=50,
+            line_search_fn="strong_wolfe",
+            tolerance_grad=config.lbfgs_tolerance_grad,
+            tolerance_change=config.lbfgs_tolerance_change,
+        )
+        return {"adam": torch.optim.Adam(model.parameters(), lr=config.lr), "lbfgs": self.lbfgs}
+
+    def stop_reason(self) -> str | None:
+        """Why L-BFGS stopped early (`ToleranceLBFGS.stop_reason`); None while it runs."""
+        return self.lbfgs.stop_reason
+
+    def summary(self) -> dict[str, Any]:
+        """The L-BFGS iterations and function evaluations the run took, and why L-BFGS stopped."""
+        iterations, evaluations = self.lbfgs.counters()
         return {
-            "adam": torch.optim.Adam(model.parameters(), lr=self.config.lr),
-            "lbfgs": torch.optim.LBFGS(
-                model.parameters(), lr=1.0, max_iter=20, history_size=50, line_search_fn="strong_wolfe"
-            ),
+            "lbfgs_iterations": iterations,
+            "lbfgs_evaluations": evaluations,
+            "lbfgs_stop": self.lbfgs.stop_reason,
         }
 
     def phases(self) -> list[tuple[str, int]]:
