@@ -38,7 +38,7 @@ from gpt_uptrain.model import GPT, is_random_feature
 from gpt_uptrain.quick import quick_data
 from gpt_uptrain.train import build_model, evaluate, load_model, run_name, train
 
-#: The pairs compared by default: one per component, the matrices of the issue's list.
+#: The pairs compared by default: one per component function (posrf, oprf, gerf, saderf, trigrf, posrf-hyp).
 PAIRS = ("posrf-orf", "oprf-fastfoodl", "gerf-orf", "saderf-orf", "trigrf-sorf", "posrf-hyp-orf")
 #: The three variants, in the report's order.
 VARIANTS = ("swap", "swap_finetune", "transfer_finetune")
