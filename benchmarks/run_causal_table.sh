@@ -3,8 +3,8 @@
 #
 #   benchmarks/run_causal_table.sh [OUT]          (default OUT: results/bench/causal)
 #
-# Core 0 times: causal forward+backward against causal SDPA, a fresh process per point, at 1K, 8K, 16K
-# (time and memory) and 32K (memory, one forward+backward). Core 1 counts (deterministic: the load does not
+# Core 0 measures causal forward+backward against causal SDPA, a fresh process per point: time at 1K, 8K and
+# 16K, peak memory (one forward+backward) at 8K and 32K. Core 1 counts (deterministic: the load does not
 # change them): matmul FLOPs per token of every pair, the operations of a causal step at 1K and 64K, the
 # operations of a decode step of every pair; then times generate() of the decoding benchmark's Llama at a
 # 4K and a 32K prompt. The table is printed at the end and written to OUT/table.md.
@@ -23,7 +23,7 @@ start=$(date +%s)
 echo "causal table: started $(date -u '+%Y-%m-%d %H:%M UTC'), results under $out"
 (
     on_core 0 bench causal --part measure --attentions softmax "${pairs[@]}" \
-        --lengths 1024 8192 16384 32768 --repeats 3 --repeats-at 16384=1 --repeats-at 32768=0 \
+        --lengths 1024 8192 16384 --memory-lengths 8192 32768 --repeats 3 --repeats-at 16384=1 \
         --out "$out" >"$out/measure.log" 2>&1
     echo "core 0: measure done after $(($(date +%s) - start)) s"
 ) &

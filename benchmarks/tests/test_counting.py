@@ -60,8 +60,10 @@ def test_flops_counted_on_fake_tensors_equal_those_counted_on_real_ones(name, is
 
 def test_the_table_gives_each_pair_its_ratios_to_sdpa(tmp_path):
     points = [
-        {"attention": "softmax", "n": 8192, "seconds": 6.0, "peak_mib": 40.0},
-        {"attention": "posrf-orf", "n": 8192, "seconds": 2.0, "peak_mib": 60.0},
+        {"attention": "softmax", "n": 8192, "quantity": "time", "seconds": 6.0},
+        {"attention": "posrf-orf", "n": 8192, "quantity": "time", "seconds": 2.0},
+        {"attention": "softmax", "n": 8192, "quantity": "memory", "peak_mib": 40.0},
+        {"attention": "posrf-orf", "n": 8192, "quantity": "memory", "peak_mib": 60.0},
     ]
     (tmp_path / "measure.json").write_text(json.dumps({"results": points}))
     (tmp_path / "decode.json").write_text(json.dumps([{"attention": "posrf-orf", "decode_step": 30}]))

@@ -1,13 +1,14 @@
 """Attention scaling: forward+backward time and peak memory against the sequence length.
 
-Each attention runs in a fresh process (``--isolation point``: one per attention and N) that builds
-``q, k, v`` of shape ``(B, H, N, Dh)`` (float32, ``requires_grad``), runs one forward+backward at N = 256
-first (code pages and allocator pools touched on first use are not the attention's memory), then, for each
-N in increasing order, one forward+backward to measure the peak memory it adds (CPU: the resident high-water
-mark ``VmHWM``, reset through ``/proc/self/clear_refs`` just before, minus the resident size ``VmRSS`` then,
-with glibc's mmap threshold fixed so that it counts live tensors and a freed tensor's pages go back at
-once; CUDA: ``torch.cuda.max_memory_allocated`` minus the allocated bytes before), then times ``--repeats``
-more runs (median; ``--repeats-at N=R`` sets another count at one length). Every number is reported next to
+Each attention runs in fresh processes (``--isolation point``: one per attention and N) that build
+``q, k, v`` of shape ``(B, H, N, Dh)`` (float32, ``requires_grad``) and run one forward+backward at N = 256
+first (code pages and allocator pools touched on first use are not the attention's memory). One process
+measures, for each N in increasing order, the peak memory one forward+backward adds (CPU: the resident
+high-water mark ``VmHWM``, reset through ``/proc/self/clear_refs`` just before, minus the resident size
+``VmRSS`` then, with glibc's mmap threshold fixed so that it counts live tensors and a freed tensor's pages
+go back at once; CUDA: ``torch.cuda.max_memory_allocated`` minus the allocated bytes before); another, with
+the allocator as users run it, times ``1 + --repeats`` runs (median; ``--repeats-at N=R`` sets another
+count at one length). Every number is reported next to
 ``softmax`` (``scaled_dot_product_attention``) measured in the same run, with the achieved GFLOP/s (from an
 analytic FLOP count) next to the machine's measured float32 matmul rate, and checked against the goals in
 ``GOALS``.
@@ -45,7 +46,15 @@ from typing import Any
 import torch
 
 import app_common as ac
-from spectraformer_benchmarks.common import expand_pairs, k, machine, matmul_rate, rf_pairs, run_json_lines
+from spectraformer_benchmarks.common import (
+    QUANTITIES,
+    expand_pairs,
+    k,
+    machine,
+    matmul_rate,
+    rf_pairs,
+    run_json_lines,
+)
 
 DEFAULT_ATTENTIONS = [
     "softmax",
@@ -144,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tables and plots of an earlier run's --out (no measuring)",
     )
     parser.add_argument("--points", nargs="+", metavar="ATTENTION:N", help=argparse.SUPPRESS)
+    parser.add_argument("--quantity", choices=QUANTITIES, default="time", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.attentions = expand_pairs(args.attentions, ALL_PAIRS)
     return args
@@ -203,31 +213,33 @@ def flops(name: str, n: int, args: argparse.Namespace) -> float:
 
 
 def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
-    """Peak memory and time of a forward+backward at ``n``: time the median of it and ``repeats_at(n)`` more.
+    """``args.quantity`` of a forward+backward at ``n``: the peak memory of one, or the median time of some.
 
-    Runs in a process that made one forward+backward at ``WARMUP_LENGTH`` first (`measure_points`).
+    Time: the median of ``1 + repeats_at(n)`` runs. Runs in a process that made one forward+backward at
+    ``WARMUP_LENGTH`` first (`measure_points`).
     """
     torch.manual_seed(0)
     device = torch.device(args.device)
     attend = build(name, n, args)
     shape = (args.batch, args.heads, n, args.head_dim)
     q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
+    if args.quantity == "memory":
+        with ac.PeakMemoryMeter(device) as meter:
+            attend(q, k, v).sum().backward()
+        return {"attention": name, "n": n, "peak_mib": meter.added / 2**20}
     samples = []
-    for run in range(1 + repeats_at(n, args)):
+    for _ in range(1 + repeats_at(n, args)):
         for t in (q, k, v):
             t.grad = None
-        with ac.PeakMemoryMeter(device) as meter, ac.Timer(device) as timer:
+        with ac.Timer(device) as timer:
             attend(q, k, v).sum().backward()
         samples.append(timer.elapsed)
-        if run == 0:
-            peak_mib = meter.added / 2**20
     seconds = statistics.median(samples)
     return {
         "attention": name,
         "n": n,
         "seconds": seconds,
         "samples": len(samples),
-        "peak_mib": peak_mib,
         "gflops": flops(name, n, args) / seconds / 1e9,
     }
 
@@ -288,19 +300,37 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
                 for _ in "qkv"
             ]
             warm(*(t.requires_grad_() for t in small)).sum().backward()
-            rate = matmul_rate(LOCAL_MATMUL_SIZE, repeats=3, device=device)
-        print(json.dumps({**measure_point(name, n, args), "matmul_gflops": rate}), flush=True)
+            if args.quantity == "time":
+                rate = matmul_rate(LOCAL_MATMUL_SIZE, repeats=3, device=device)
+        extra = {"matmul_gflops": rate} if args.quantity == "time" else {}
+        print(json.dumps({**measure_point(name, n, args), **extra}), flush=True)
 
 
 def run_process(points: list[tuple[str, int]], args: argparse.Namespace) -> list[dict]:
-    """``points`` measured in one fresh interpreter (`common.run_json_lines`), ``--timeout`` s per point."""
+    """``points`` measured in fresh interpreters (`common.run_json_lines`), ``--timeout`` s per point.
+
+    One interpreter measures the peak memory, another the time (their allocator settings differ:
+    `common.point_environment`); the compile comparison is timed only.
+    """
     command = [sys.executable, "-m", __spec__.name, "--points", *(f"{name}:{n}" for name, n in points)]
     for flag in ("batch", "heads", "head_dim", "features", "repeats", "device", "threads"):
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     command += [f"--repeats-at={n}={r}" for n, r in args.repeats_at] + (["--compile"] if args.compile else [])
-    results = run_json_lines(command, args.timeout * len(points), lambda r: (r["attention"], r["n"]), points)
-    return [{"attention": name, "n": n, **r} for (name, n), r in zip(points, results, strict=True)]
+    merged: list[dict] = [{"attention": name, "n": n} for name, n in points]
+    for quantity in ("time",) if args.compile else QUANTITIES:
+        results = run_json_lines(
+            [*command, "--quantity", quantity],
+            args.timeout * len(points),
+            lambda r: (r["attention"], r["n"]),
+            points,
+            quantity,
+        )
+        for point, result in zip(merged, results, strict=True):
+            if "error" in result:
+                point.setdefault("error", result["error"])
+            point.update({key: value for key, value in result.items() if key != "error"})
+    return merged
 
 
 def process_groups(args: argparse.Namespace) -> list[list[tuple[str, int]]]:

@@ -5,13 +5,13 @@ Shape: ``q, k, v`` of ``(1, 4, N, 64)`` (a language model's head size), float32,
 ``--part measure``: forward+backward of ``rf_attention.rf_attention(q, k, v, feature_map, causal=True)``
 (the pair's feature map with running statistics, as a causal module builds it) and of
 ``scaled_dot_product_attention(q, k, v, is_causal=True)`` (the ``softmax`` row), a fresh process per point
-(one attention at one N), each with one forward+backward at N = 256 first (code pages and allocator pools
-touched on first use are not the attention's). The first measured forward+backward gives the peak memory
-(``app_common.PeakMemoryMeter``: the resident high-water mark above the resident size just before, glibc's
-mmap threshold fixed at 128 KiB so that it counts the tensors alive at once; on CUDA the allocator's peak)
-and the first time sample; ``--repeats`` more samples follow (``--repeats-at N=R`` at one length), the time
-is their median. Ratios are SDPA's time over the pair's (speed) and the pair's peak over SDPA's (memory), at
-the same N, in the same run.
+(one attention at one N, time or memory), each with one forward+backward at N = 256 first (code pages and
+allocator pools touched on first use are not the attention's). At ``--memory-lengths`` one forward+backward
+gives the peak memory (``app_common.PeakMemoryMeter``: the resident high-water mark above the resident size
+just before, glibc's mmap threshold fixed at 128 KiB so that it counts the tensors alive at once; on CUDA the
+allocator's peak); at ``--lengths`` a process with the allocator as users run it times ``1 + --repeats``
+of them (``--repeats-at N=R`` at one length), the time is their median. Ratios are SDPA's time over the
+pair's (speed) and the pair's peak over SDPA's (memory), at the same N, in the same run.
 
 ``--part flops``: matmul FLOPs of one forward+backward (``torch.utils.flop_counter.FlopCounterMode``) per
 token, causal and not, every pair and SDPA, at each of ``--flop-lengths``. The inputs are fake tensors
@@ -21,7 +21,8 @@ real values is counted on real tensors instead. The count is deterministic.
 ``--table DIR``: the Performance page's causal table from the JSON files the parts (and
 ``operation_counts --out``) wrote under DIR. ``benchmarks/run_causal_table.sh`` runs every part.
 
-    python -m spectraformer_benchmarks.causal --part measure --lengths 1024 8192 --out results/bench/causal
+    python -m spectraformer_benchmarks.causal --part measure --lengths 1024 8192 --memory-lengths 8192 \
+        --out results/bench/causal
     python -m spectraformer_benchmarks.causal --part flops --attentions pairs --out results/bench/causal
     python -m spectraformer_benchmarks.causal --table results/bench/causal
 """
@@ -49,7 +50,7 @@ import app_common as ac
 import rf_attention
 import rf_features
 from spectraformer_benchmarks.attention_scaling import parse_repeats_at
-from spectraformer_benchmarks.common import command_line, expand_pairs, k, machine, run_json_lines
+from spectraformer_benchmarks.common import QUANTITIES, command_line, expand_pairs, k, machine, run_json_lines
 from spectraformer_benchmarks.counting import matmul_flops
 
 #: The representative pairs of the timed part: one per component family, different matrices.
@@ -62,7 +63,6 @@ DEFAULT_ATTENTIONS = [
     "posrf-hyp-orf",
     "trigrf-sorf",
 ]
-DEFAULT_LENGTHS = [1024, 8192, 16384, 32768]
 #: Lengths of the speed columns and of the memory columns of the table.
 SPEED_LENGTHS = (1024, 8192, 16384)
 MEMORY_LENGTHS = (8192, 32768)
@@ -83,7 +83,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--attentions", nargs="+", default=None, help="'pairs': every RF pair (default per part: see --help)"
     )
-    parser.add_argument("--lengths", type=int, nargs="+", default=DEFAULT_LENGTHS, help="--part measure")
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=list(SPEED_LENGTHS), help="--part measure: timed lengths"
+    )
+    parser.add_argument(
+        "--memory-lengths",
+        type=int,
+        nargs="+",
+        default=list(MEMORY_LENGTHS),
+        help="--part measure: lengths whose peak memory is measured",
+    )
     parser.add_argument("--flop-lengths", type=int, nargs="+", default=FLOP_LENGTHS, help="--part flops")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per point after the measured one")
     parser.add_argument(
@@ -99,6 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
     parser.add_argument("--out", type=Path, default=Path("results/bench/causal"), help="folder of the JSON")
     parser.add_argument("--points", nargs="+", metavar="ATTENTION:N", help=argparse.SUPPRESS)
+    parser.add_argument("--quantity", choices=QUANTITIES, default="time", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.part is None and args.table is None and not args.points:
         parser.error("give --part measure, --part flops or --table DIR")
@@ -157,7 +167,10 @@ def flops_per_token(name: str, n: int, *, causal: bool) -> float:
 
 
 def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> None:
-    """In a fresh process: a warm-up forward+backward, then each point's memory and time, printed as JSON."""
+    """In a fresh process: a warm-up forward+backward, then each point's ``args.quantity``, printed as JSON.
+
+    Memory: the peak of one forward+backward; time: the median of ``1 + repeats`` of them.
+    """
     device = torch.device(args.device)
     warmed: set[str] = set()
     repeats = dict(args.repeats_at)
@@ -167,23 +180,30 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
             attention_step(name, WARMUP_LENGTH, device=device)()
         torch.manual_seed(0)
         step = attention_step(name, n, device=device)
+        if args.quantity == "memory":
+            with ac.PeakMemoryMeter(device) as meter:
+                step()
+            print(json.dumps({"attention": name, "n": n, "peak_mib": meter.added / 2**20}), flush=True)
+            continue
         samples = []
-        for run in range(1 + repeats.get(n, args.repeats)):
-            with ac.PeakMemoryMeter(device) as meter, ac.Timer(device) as timer:
+        for _ in range(1 + repeats.get(n, args.repeats)):
+            with ac.Timer(device) as timer:
                 step()
             samples.append(timer.elapsed)
-            if run == 0:
-                peak_mib = meter.added / 2**20
         result = {"attention": name, "n": n, "seconds": statistics.median(samples), "samples": len(samples)}
-        print(json.dumps({**result, "peak_mib": peak_mib}), flush=True)
+        print(json.dumps(result), flush=True)
 
 
 def measure_main(args: argparse.Namespace) -> dict:
-    """Every (attention, N) point in its own process, the lengths in increasing order."""
+    """Every (attention, N, quantity) point in its own process, the lengths in increasing order.
+
+    Time at ``--lengths``, memory at ``--memory-lengths`` (`common.point_environment` says why apart).
+    """
     results = []
-    for n in sorted(args.lengths):
+    wanted = [(n, "time") for n in args.lengths] + [(n, "memory") for n in args.memory_lengths]
+    for n, quantity in sorted(wanted):
         for name in args.attentions:
-            command = [sys.executable, "-m", __spec__.name, "--points", f"{name}:{n}"]
+            command = [sys.executable, "-m", __spec__.name, "--points", f"{name}:{n}", "--quantity", quantity]
             command += [
                 "--threads",
                 str(args.threads),
@@ -193,8 +213,10 @@ def measure_main(args: argparse.Namespace) -> dict:
                 str(args.repeats),
             ]
             command += [f"--repeats-at={length}={r}" for length, r in args.repeats_at]
-            (result,) = run_json_lines(command, args.timeout, lambda r: (r["attention"], r["n"]), [(name, n)])
-            results.append({"attention": name, "n": n, **result})
+            (result,) = run_json_lines(
+                command, args.timeout, lambda r: (r["attention"], r["n"]), [(name, n)], quantity
+            )
+            results.append({"attention": name, "n": n, "quantity": quantity, **result})
     return {"results": results}
 
 
@@ -232,7 +254,7 @@ def table(folder: Path) -> str:
 
     measure = _load(folder, "measure.json") or {"results": []}
     flops = _load(folder, "flops.json") or {"results": []}
-    points = {(r["attention"], r["n"]): r for r in measure["results"] if "error" not in r}
+    points = {(r["attention"], r["n"], r["quantity"]): r for r in measure["results"] if "error" not in r}
     per_token = {
         (r["attention"], r["causal"]): {int(n): f for n, f in r["flops_per_token"].items()}
         for r in flops["results"]
@@ -246,11 +268,11 @@ def table(folder: Path) -> str:
     decode = {r["attention"]: r["decode_step"] for r in _load(folder, "decode.json") or []}
 
     def speed(name: str, n: int) -> str:
-        point, sdpa = points.get((name, n)), points.get(("softmax", n))
+        point, sdpa = points.get((name, n, "time")), points.get(("softmax", n, "time"))
         return _ratio(sdpa["seconds"] / point["seconds"] if point and sdpa else None)
 
     def memory(name: str, n: int) -> str:
-        point, sdpa = points.get((name, n)), points.get(("softmax", n))
+        point, sdpa = points.get((name, n, "memory")), points.get(("softmax", n, "memory"))
         return _ratio(point["peak_mib"] / max(sdpa["peak_mib"], 0.1) if point and sdpa else None)
 
     def flop_cells(name: str, causal: bool) -> list[str]:
@@ -277,10 +299,17 @@ def table(folder: Path) -> str:
         row += flop_cells(name, True)
         row += [count(operations.get((name, n))) for n in OPERATION_COLUMNS] + [count(decode.get(name))]
         rows.append(row)
-    reference = [
-        points[("softmax", n)] for n in sorted({*SPEED_LENGTHS, *MEMORY_LENGTHS}) if ("softmax", n) in points
+    timed = [
+        f"{k(n)}: {points[('softmax', n, 'time')]['seconds'] * 1e3:,.0f} ms"
+        for n in SPEED_LENGTHS
+        if ("softmax", n, "time") in points
     ]
-    sdpa = ", ".join(f"{k(r['n'])}: {r['seconds'] * 1e3:,.0f} ms, {r['peak_mib']:.1f} MiB" for r in reference)
+    peaks = [
+        f"{k(n)}: {points[('softmax', n, 'memory')]['peak_mib']:.1f} MiB"
+        for n in MEMORY_LENGTHS
+        if ("softmax", n, "memory") in points
+    ]
+    sdpa = ", ".join(timed + peaks)
     lines = [
         f"Causal, q/k/v (1, 4, N, 64), {FEATURES} features, forward+backward; "
         f"machine: {measure.get('machine', '-')}",

@@ -57,19 +57,31 @@ def matmul_rate(size: int = 2048, repeats: int = 5, device: torch.device | None 
     return 2 * size**3 / ac.median_seconds(lambda: a @ b, repeats=repeats, device=device) / 1e9
 
 
-def point_environment() -> dict[str, str]:
-    """The environment of a measuring process: this one's, with glibc's malloc mmap threshold fixed.
+#: What a measuring process measures: the peak memory of one forward+backward, or the time of several.
+QUANTITIES = ("memory", "time")
 
-    At ``app_common.measure.MMAP_THRESHOLD_BYTES`` (128 KiB), so that the resident peak counts the tensors
-    alive at once. Every measuring process, SDPA's included, runs with it.
+
+def point_environment(quantity: str) -> dict[str, str]:
+    """The environment of a process measuring ``quantity``: this one's (memory: the mmap threshold fixed).
+
+    Memory: glibc's malloc mmap threshold at ``app_common.measure.MMAP_THRESHOLD_BYTES`` (128 KiB), so that
+    the resident peak counts the tensors alive at once. Time: the allocator as users run it (with the
+    threshold fixed, every block of 128 KiB or more is a fresh ``mmap`` whose pages fault in on first touch:
+    that slows a kernel by how many large temporaries it allocates, not by its arithmetic).
     """
+    if quantity not in QUANTITIES:
+        raise ValueError(f"quantity: expected one of {QUANTITIES}, got {quantity!r}")
+    if quantity == "time":
+        return dict(os.environ)
     return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), **os.environ}
 
 
 def run_json_lines(
-    command: list[str], timeout: float, key: Callable[[dict], tuple], keys: Sequence[tuple]
+    command: list[str], timeout: float, key: Callable[[dict], tuple], keys: Sequence[tuple], quantity: str
 ) -> list[dict]:
     """Run ``command`` in a fresh interpreter; its stdout's JSON lines, one per key of ``keys``, in order.
+
+    The interpreter's environment is `point_environment` ``(quantity)``.
 
     Each line is echoed to stderr as it comes. The process is killed after ``timeout`` seconds; a key without
     a line gets ``{"error": reason}`` (the timeout, or the last line the process wrote to stderr).
@@ -78,7 +90,7 @@ def run_json_lines(
     with (
         tempfile.TemporaryFile("w+") as errors,
         subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=errors, text=True, env=point_environment()
+            command, stdout=subprocess.PIPE, stderr=errors, text=True, env=point_environment(quantity)
         ) as process,
     ):
         timer = threading.Timer(timeout, process.kill)
