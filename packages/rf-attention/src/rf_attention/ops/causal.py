@@ -182,7 +182,8 @@ def chunked_products(
     magnitudes = scanned[..., m * w :] if tracked else None
     # queries: the state entering their chunk, weighed exp(E_{t-1} - R_i), and the keys j <= i of the chunk
     carry = torch.exp(entering[:, :-1].reshape(g * t, 1) - safe_refs).unsqueeze(-1)  # (g t, c, 1)
-    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).clamp_max(0).exp().tril()  # j <= i
+    # exp(c_j - R_i) <= 1 for j <= i; tril_ zeroes j > i, whose exponent may be positive (even inf)
+    weights = (scales.unsqueeze(-2) - safe_refs.unsqueeze(-1)).exp_().tril_()
     scores = torch.bmm(pq, pk.mT).mul_(weights)
     entering_states = states[:, :-1].reshape(g * t, m, w)
     y = bound = None
@@ -325,8 +326,10 @@ class _ClosedCausal(torch.autograd.Function):
         magnitude: torch.Tensor | None,
         reference: torch.Tensor | None,
         query_projection: torch.Tensor,
+        query_square: torch.Tensor,
         query_offset: torch.Tensor,
         key_projection: torch.Tensor,
+        key_square: torch.Tensor,
         key_offset: torch.Tensor,
         query_sign: torch.Tensor | None,
         trigonometric: bool,
@@ -334,8 +337,8 @@ class _ClosedCausal(torch.autograd.Function):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         ctx.set_materialize_grads(False)
-        qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
-        ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        qs = FeatureSide(query_projection, query_square, query_offset, query_sign, trigonometric)
+        ks = FeatureSide(key_projection, key_square, key_offset, None, trigonometric)
         fq, _ = closed_form_features(q, qs, None, "row")
         fk, scale = closed_form_features(k, ks, mask, "row")
         signed = trigonometric or query_sign is not None
@@ -348,8 +351,8 @@ class _ClosedCausal(torch.autograd.Function):
         out = (ch.y[..., :-1] / den).view(size, -1, v.shape[-1])[:, :n]
         den, free = den.view(size, -1, 1)[:, :n], ~guarded.view(size, -1, 1)[:, :n]
         ctx.save_for_backward(
-            q, k, v, mask, state, reference, query_projection, query_offset, key_projection, key_offset,
-            query_sign, out, den, free,
+            q, k, v, mask, state, reference, query_projection, query_square, query_offset, key_projection,
+            key_square, key_offset, query_sign, out, den, free,
         )  # fmt: skip
         ctx.config = (trigonometric, chunk)
         # copies: a view would keep the group's scan alive as long as the state
@@ -364,12 +367,12 @@ class _ClosedCausal(torch.autograd.Function):
         ctx: Any, grad_out: torch.Tensor | None, grad_state: torch.Tensor | None, *_unused: Any
     ) -> tuple[torch.Tensor | None, ...]:
         (
-            q, k, v, mask, state, reference, query_projection, query_offset, key_projection, key_offset,
-            query_sign, out, den, free,
+            q, k, v, mask, state, reference, query_projection, query_square, query_offset, key_projection,
+            key_square, key_offset, query_sign, out, den, free,
         ) = ctx.saved_tensors  # fmt: skip
         trigonometric, chunk = ctx.config
-        qs = FeatureSide(query_projection, query_offset, query_sign, trigonometric)
-        ks = FeatureSide(key_projection, key_offset, None, trigonometric)
+        qs = FeatureSide(query_projection, query_square, query_offset, query_sign, trigonometric)
+        ks = FeatureSide(key_projection, key_square, key_offset, None, trigonometric)
         fq, _ = closed_form_features(q, qs, None, "row")
         fk, key_scale = closed_form_features(k, ks, mask, "row")
         ch = chunked_products(
@@ -386,10 +389,15 @@ class _ClosedCausal(torch.autograd.Function):
         )
         del ch, gy  # the chunk products are freed before the features' VJPs allocate
         grad_v = grad_pv.view(size, -1, grad_pv.shape[-1])[:, :n, :-1]
-        grad_q, grad_qp, grad_qo = closed_form_vjp(grad_pq.view(size, -1, m)[:, :n], q, fq, qs)
-        grad_k, grad_kp, grad_ko = closed_form_vjp(grad_pk.view(size, -1, m)[:, :n], k, fk, ks)
+        needs = ctx.needs_input_grad
+        grad_q, *grad_query_side = closed_form_vjp(
+            grad_pq.view(size, -1, m)[:, :n], q, fq, qs, parameters=any(needs[7:10])
+        )
+        grad_k, *grad_key_side = closed_form_vjp(
+            grad_pk.view(size, -1, m)[:, :n], k, fk, ks, parameters=any(needs[10:13])
+        )
         return (
-            grad_q, grad_k, grad_v, None, grad_state_in, None, None, grad_qp, grad_qo, grad_kp, grad_ko,
+            grad_q, grad_k, grad_v, None, grad_state_in, None, None, *grad_query_side, *grad_key_side,
             None, None, None, None,
         )  # fmt: skip
 
@@ -408,8 +416,8 @@ def _group(
     if isinstance(features, ClosedForm):
         qs, ks = features.query, features.key
         out, *rest = _ClosedCausal.apply(
-            q, k, v, mask, *carried, qs.projection, qs.offset, ks.projection, ks.offset, qs.sign,
-            qs.trigonometric, chunk, eps,
+            q, k, v, mask, *carried, qs.projection, qs.square, qs.offset, ks.projection, ks.square,
+            ks.offset, qs.sign, qs.trigonometric, chunk, eps,
         )  # fmt: skip
     else:
         out, *rest = recomputed(causal_group, features, q, k, v, mask, *carried, chunk, eps)

@@ -1,8 +1,8 @@
 """Features inside the kernels: row/column stabilization, the closed forms and their hand-written VJPs.
 
 A closed form (``rf_features.ExponentialForm``, every component of Section 3.2) gives
-``phi(x) = exp([x, x * x] @ P + b) * sign [* (cos, sin) of phases]``; the kernels keep ``x`` and recompute
-the features in the backward pass, whose vector-Jacobian products are written here.
+``phi(x) = exp(x @ A^T + (x * x) @ g + b) * sign [* (cos, sin) of phases]``; the kernels keep ``x`` and
+recompute the features in the backward pass, whose vector-Jacobian products are written here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import math
 from typing import Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from rf_attention.ops.common import FeatureFn, finite_or_zero
 from rf_features import ExponentialForm
@@ -81,12 +80,14 @@ def row_stabilized_features(
 class FeatureSide(NamedTuple):
     """The closed-form features of one side (``rf_features.ExponentialForm``) laid out for the kernels.
 
-    ``projection`` ``(G, 2d, r)`` multiplies ``[x, x * x]``: positive features, ``r = m`` log-features;
-    trigonometric, ``r = m/2 + 1``: ``m / 2`` phases and, last, the row's ``g . (x * x)``. ``offset``
+    ``projection`` ``(G, d, r)`` multiplies ``x``: positive features, ``r = m`` log-features;
+    trigonometric, ``r = m/2`` phases. ``square`` ``(G, d, 1)`` multiplies ``x * x`` into one log-term per
+    row, shared by every feature (the ``-|x|^2 / 2``-like term of every component). ``offset``
     ``(G, 1, m)``, ``sign`` ``(m,)`` or None.
     """
 
     projection: torch.Tensor
+    square: torch.Tensor
     offset: torch.Tensor
     sign: torch.Tensor | None
     trigonometric: bool
@@ -95,44 +96,40 @@ class FeatureSide(NamedTuple):
 def feature_side(form: ExponentialForm, lead: torch.Size, dtype: torch.dtype) -> FeatureSide:
     """``form`` for inputs of leading shape ``lead`` (flattened to ``G``), in ``dtype``."""
     a, g = form.matrix.to(dtype), form.square_weight.to(dtype)
-    r, d = a.shape[-2:]
-    if form.trigonometric:
-        top = F.pad(a.mT, (0, 1))  # (..., d, r + 1): the phases, then a zero column
-        bottom = F.pad(g.unsqueeze(-1), (r, 0))  # (..., d, r + 1): zeros, then g
-        projection = torch.cat(torch.broadcast_tensors(top, bottom), dim=-2)
-    else:
-        projection = torch.cat(torch.broadcast_tensors(a, g.unsqueeze(-2).expand(*g.shape[:-1], r, d)), -1).mT
     size = math.prod(lead)
-    projection = projection.expand(*lead, *projection.shape[-2:]).reshape(size, *projection.shape[-2:])
+
+    def per_input(t: torch.Tensor) -> torch.Tensor:
+        return t.expand(*lead, *t.shape[-2:]).reshape(size, *t.shape[-2:])
+
     offset = form.offset.to(dtype)
     offset = offset.expand(*lead, offset.shape[-1]).reshape(size, 1, offset.shape[-1])
     sign = None if form.sign is None else form.sign.to(dtype)
-    return FeatureSide(projection, offset, sign, form.trigonometric)
+    return FeatureSide(per_input(a.mT), per_input(g.unsqueeze(-1)), offset, sign, form.trigonometric)
 
 
 class ClosedFeatures(NamedTuple):
     """One group's features and what their VJP needs."""
 
     phi: torch.Tensor  # (G, n, m)
-    squares: torch.Tensor  # (G, n, 2d): [x, x * x]
+    squares: torch.Tensor  # (G, n, d): x * x
 
 
 def closed_form_log_features(
     x: torch.Tensor, side: FeatureSide
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Log-features, multiplier (as a ``FeatureFn``'s) and ``[x, x * x]`` of ``x (G, n, d)``.
+    """Log-features, multiplier (as a ``FeatureFn``'s) and ``x * x`` of ``x (G, n, d)``.
 
-    Positive: ``[x, x * x] @ projection + offset`` and the sign. Trigonometric: the phases' waves
-    ``[cos, sin]`` as the multiplier and one log-magnitude per row plus the offset.
+    Positive: ``x @ projection + (x * x) @ square + offset`` and the sign. Trigonometric: the phases'
+    waves ``[cos, sin]`` of ``x @ projection`` as the multiplier and ``(x * x) @ square + offset``.
     """
-    squares = torch.cat((x, x * x), dim=-1)
+    squares = x * x
+    row = torch.bmm(squares, side.square)  # (G, n, 1)
     if not side.trigonometric:
-        return torch.baddbmm(side.offset, squares, side.projection), side.sign, squares
-    u = torch.bmm(squares, side.projection)
-    phases = u[..., :-1]
+        return torch.baddbmm(side.offset, x, side.projection).add_(row), side.sign, squares
+    phases = torch.bmm(x, side.projection)
     waves = torch.cat((phases.cos(), phases.sin()), dim=-1)
     mult = waves if side.sign is None else waves.mul_(side.sign)
-    return u[..., -1:] + side.offset, mult, squares
+    return row + side.offset, mult, squares
 
 
 def closed_form_features(
@@ -148,27 +145,35 @@ def closed_form_features(
     return ClosedFeatures(phi, squares), top
 
 
+#: Gradients of a side's ``x``, ``projection``, ``square`` and ``offset`` (the last three: None if not asked).
+SideGradients = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
 def closed_form_vjp(
-    grad_phi: torch.Tensor, x: torch.Tensor, f: ClosedFeatures, side: FeatureSide
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of ``x (G, n, d)``, the projection and the offset from ``grad_phi (G, n, m)`` (overwritten).
+    grad_phi: torch.Tensor, x: torch.Tensor, f: ClosedFeatures, side: FeatureSide, *, parameters: bool = True
+) -> SideGradients:
+    """Gradients of ``x (G, n, d)`` and the side's tensors from ``grad_phi (G, n, m)`` (overwritten).
 
     The stabilizers are constants (they cancel exactly in attention). Positive: ``dL = dphi * phi``.
     Trigonometric (``phi = M [cos theta, sin theta]``, one magnitude ``M`` per row and phase):
     ``dL = dphi * phi`` for the log-magnitude and ``dtheta = dphi_sin * phi_cos - dphi_cos * phi_sin``.
+    The row term's gradient is ``dL`` summed over the features. ``parameters=False``: the projection's,
+    square's and offset's are not computed (None; nothing asks for them).
     """
     if not side.trigonometric:
         grad_u = grad_log = grad_phi.mul_(f.phi)
     else:
         r = f.phi.shape[-1] // 2
-        grad_phase = grad_phi[..., r:] * f.phi[..., :r]
-        grad_phase = grad_phase.addcmul_(grad_phi[..., :r], f.phi[..., r:], value=-1.0)
+        grad_u = grad_phi[..., r:] * f.phi[..., :r]
+        grad_u = grad_u.addcmul_(grad_phi[..., :r], f.phi[..., r:], value=-1.0)
         grad_log = grad_phi.mul_(f.phi)
-        grad_u = torch.cat((grad_phase, grad_log.sum(dim=-1, keepdim=True)), dim=-1)
-    grad_squares = torch.bmm(grad_u, side.projection.mT)
-    d = x.shape[-1]
-    grad_x = torch.addcmul(grad_squares[..., :d], x, grad_squares[..., d:], value=2.0)
-    return grad_x, torch.bmm(f.squares.mT, grad_u), grad_log.sum(dim=-2, keepdim=True)
+    grad_row = grad_log.sum(dim=-1, keepdim=True)  # (G, n, 1)
+    grad_x = torch.bmm(grad_u, side.projection.mT).addcmul_(x * grad_row, side.square.mT, value=2.0)
+    if not parameters:
+        return grad_x, None, None, None
+    grad_projection = torch.bmm(x.mT, grad_u)
+    grad_square = torch.bmm(f.squares.mT, grad_row)
+    return grad_x, grad_projection, grad_square, grad_log.sum(dim=-2, keepdim=True)
 
 
 class ClosedForm(NamedTuple):

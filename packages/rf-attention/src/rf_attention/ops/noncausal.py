@@ -107,26 +107,27 @@ class _ClosedKeySums(torch.autograd.Function):
         v: torch.Tensor,
         mask: torch.Tensor | None,
         projection: torch.Tensor,
+        square: torch.Tensor,
         offset: torch.Tensor,
         trigonometric: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        side = FeatureSide(projection, offset, None, trigonometric)
+        side = FeatureSide(projection, square, offset, None, trigonometric)
         sums, magnitude, top = key_sums(ClosedForm(side, side).log_features, k, v, mask, in_place=True)
-        ctx.save_for_backward(k, v, mask, projection, offset, top)
+        ctx.save_for_backward(k, v, mask, projection, square, offset, top)
         ctx.trigonometric = trigonometric
         ctx.mark_non_differentiable(top, *([] if magnitude is None else [magnitude]))
         return sums, magnitude, top
 
     @staticmethod
     def backward(ctx: Any, grad_sums: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor | None, ...]:
-        k, v, mask, projection, offset, top = ctx.saved_tensors
-        side = FeatureSide(projection, offset, None, ctx.trigonometric)
+        k, v, mask, projection, square, offset, top = ctx.saved_tensors
+        side = FeatureSide(projection, square, offset, None, ctx.trigonometric)
         f, _ = closed_form_features(k, side, mask, top)
         grad_v = torch.bmm(f.phi, grad_sums[..., :-1])
-        grad_k, grad_projection, grad_offset = closed_form_vjp(
-            torch.bmm(with_ones(v), grad_sums.mT), k, f, side
+        grad_k, *grad_side = closed_form_vjp(
+            torch.bmm(with_ones(v), grad_sums.mT), k, f, side, parameters=any(ctx.needs_input_grad[3:6])
         )
-        return grad_k, grad_v, None, grad_projection, grad_offset, None
+        return grad_k, grad_v, None, *grad_side, None
 
 
 class _ClosedQueries(torch.autograd.Function):
@@ -142,28 +143,31 @@ class _ClosedQueries(torch.autograd.Function):
         state: torch.Tensor,
         magnitude: torch.Tensor | None,
         projection: torch.Tensor,
+        square: torch.Tensor,
         offset: torch.Tensor,
         sign: torch.Tensor | None,
         trigonometric: bool,
         eps: float,
     ) -> torch.Tensor:
-        side = FeatureSide(projection, offset, sign, trigonometric)
+        side = FeatureSide(projection, square, offset, sign, trigonometric)
         f, _ = closed_form_features(q, side, None, "row")
         out, den, guarded = read_state(f.phi, state, magnitude, sign is not None or trigonometric, eps)
-        ctx.save_for_backward(q, state, projection, offset, sign, den, guarded)
+        ctx.save_for_backward(q, state, projection, square, offset, sign, den, guarded)
         ctx.trigonometric = trigonometric
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, state, projection, offset, sign, den, guarded = ctx.saved_tensors
-        side = FeatureSide(projection, offset, sign, ctx.trigonometric)
+        q, state, projection, square, offset, sign, den, guarded = ctx.saved_tensors
+        side = FeatureSide(projection, square, offset, sign, ctx.trigonometric)
         f, _ = closed_form_features(q, side, None, "row")
         out = torch.bmm(f.phi, state[..., :-1]).div_(den)  # recomputed, not kept
         grad_y = guard_gradient(out, den, (~guarded).to(den.dtype), grad_out)
         grad_state = torch.bmm(f.phi.mT, grad_y)
-        grad_q, grad_projection, grad_offset = closed_form_vjp(torch.bmm(grad_y, state.mT), q, f, side)
-        return grad_q, grad_state, None, grad_projection, grad_offset, None, None, None
+        grad_q, *grad_side = closed_form_vjp(
+            torch.bmm(grad_y, state.mT), q, f, side, parameters=any(ctx.needs_input_grad[3:6])
+        )
+        return grad_q, grad_state, None, *grad_side, None, None, None
 
 
 def _key_group(
@@ -171,7 +175,7 @@ def _key_group(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     if isinstance(features, ClosedForm):
         side = features.key
-        return _ClosedKeySums.apply(k, v, mask, side.projection, side.offset, side.trigonometric)
+        return _ClosedKeySums.apply(k, v, mask, side.projection, side.square, side.offset, side.trigonometric)
     return recomputed(key_sums, features, k, v, mask)
 
 
@@ -187,7 +191,7 @@ def _query_group(
         side = features.query
         offset = side.offset + reference  # the keys' column scales, folded into the offset
         return _ClosedQueries.apply(
-            q, state, magnitude, side.projection, offset, side.sign, side.trigonometric, eps
+            q, state, magnitude, side.projection, side.square, offset, side.sign, side.trigonometric, eps
         )
     return recomputed(query_outputs, features, q, state, magnitude, reference, eps)
 
