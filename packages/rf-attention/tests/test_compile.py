@@ -71,8 +71,11 @@ def test_training_step_compiles_to_one_graph_and_never_recompiles(name, causal):
     assert len(gradients) == len(expected_gradients) > 0
     if causal and name.split("-")[0] in ("oprf", "saderf"):
         return  # gradients: see test_running_statistics_gradients_under_aot_autograd
+    # TrigRF's signed normalizer (8 features) amplifies float32 rounding, and aot's decompositions round
+    # differently from eager: their gradients differ by up to 2.5e-4 relative there
+    rtol = 1e-3 if name.startswith("trigrf") else 1e-4
     for a, b in zip(gradients, expected_gradients, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=rtol, atol=1e-5)
 
 
 def test_running_statistics_gradients_under_aot_autograd_equal_eager():

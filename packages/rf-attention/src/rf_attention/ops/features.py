@@ -41,7 +41,8 @@ def stabilized(
 
     ``M`` is the rows' maxima ``(..., n, 1)``, the columns' ``(..., 1, m)`` or the given tensor; ``-inf``
     where every entry is padding, and 0 is subtracted there. Padded rows (``mask (..., n)``) are 0.
-    ``in_place``: overwrite ``log_x`` (a fresh tensor that autograd does not record).
+    ``in_place``: overwrite ``log_x`` (a fresh tensor that autograd does not record), and ``mult`` too
+    where ``log_x`` has one column (then it must be such a tensor as well).
 
     Args:
         log_x: ``(..., n, r)`` log-features, ``r`` = ``m`` or 1 (one log-scale per row).
@@ -59,7 +60,10 @@ def stabilized(
         top = log_x.detach().amax(dim=-1 if stabilizer == "row" else -2, keepdim=True)
     if in_place:
         phi = log_x.sub_(finite_or_zero(top)).exp_()
-        return (phi if mult is None else phi.mul_(mult)), top
+        if mult is None:
+            return phi, top
+        # one log-scale per row: the multiplier (then a fresh tensor too) takes the row factors
+        return (mult.mul_(phi) if phi.shape[-1] == 1 else phi.mul_(mult)), top
     phi = torch.exp(log_x - finite_or_zero(top))
     return (phi if mult is None else phi * mult), top
 
@@ -119,17 +123,20 @@ def closed_form_log_features(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Log-features, multiplier (as a ``FeatureFn``'s) and ``x * x`` of ``x (G, n, d)``.
 
-    Positive: ``x @ projection + (x * x) @ square + offset`` and the sign. Trigonometric: the phases'
-    waves ``[cos, sin]`` of ``x @ projection`` as the multiplier and ``(x * x) @ square + offset``.
+    Positive: ``x @ projection + (x * x) @ square + offset`` and the sign. Trigonometric: one log-magnitude
+    per row, ``(x * x) @ square + max(offset)`` ``(G, n, 1)``, and as the multiplier the phases' waves
+    ``[cos, sin]`` of ``x @ projection`` times ``exp(offset - max(offset)) [* sign]`` (at most 1): the same
+    features, with no ``n x m`` log-magnitude to add and exponentiate.
     """
     squares = x * x
     row = torch.bmm(squares, side.square)  # (G, n, 1)
     if not side.trigonometric:
         return torch.baddbmm(side.offset, x, side.projection).add_(row), side.sign, squares
     phases = torch.bmm(x, side.projection)
+    top = side.offset.amax(dim=-1, keepdim=True)  # (G, 1, 1)
+    factor = torch.exp(side.offset - top)
     waves = torch.cat((phases.cos(), phases.sin()), dim=-1)
-    mult = waves if side.sign is None else waves.mul_(side.sign)
-    return row + side.offset, mult, squares
+    return row + top, waves.mul_(factor if side.sign is None else factor * side.sign), squares
 
 
 def closed_form_features(
