@@ -332,16 +332,16 @@ class _ClosedCausal(torch.autograd.Function):
         key_square: torch.Tensor,
         key_offset: torch.Tensor,
         query_sign: torch.Tensor | None,
-        trigonometric: bool,
+        wave_shift: torch.Tensor | None,
         chunk: int,
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         ctx.set_materialize_grads(False)
-        qs = FeatureSide(query_projection, query_square, query_offset, query_sign, trigonometric)
-        ks = FeatureSide(key_projection, key_square, key_offset, None, trigonometric)
+        qs = FeatureSide(query_projection, query_square, query_offset, query_sign, wave_shift)
+        ks = FeatureSide(key_projection, key_square, key_offset, None, wave_shift)
         fq, _ = closed_form_features(q, qs, None, "row")
         fk, scale = closed_form_features(k, ks, mask, "row")
-        signed = trigonometric or query_sign is not None
+        signed = qs.trigonometric or query_sign is not None
         ch = chunked_products(
             fq.phi, fk.phi, scale.squeeze(-1), v, state, magnitude, reference, chunk, signed
         )
@@ -352,9 +352,9 @@ class _ClosedCausal(torch.autograd.Function):
         den, free = den.view(size, -1, 1)[:, :n], ~guarded.view(size, -1, 1)[:, :n]
         ctx.save_for_backward(
             q, k, v, mask, state, reference, query_projection, query_square, query_offset, key_projection,
-            key_square, key_offset, query_sign, out, den, free,
+            key_square, key_offset, query_sign, wave_shift, out, den, free,
         )  # fmt: skip
-        ctx.config = (trigonometric, chunk)
+        ctx.chunk = chunk
         # copies: a view would keep the group's scan alive as long as the state
         final_state = ch.states[:, -1].reshape(size, *ch.entering_states.shape[-2:]).clone()
         final_magnitude = None if ch.magnitudes is None else ch.magnitudes[:, -1].clone()
@@ -368,11 +368,11 @@ class _ClosedCausal(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         (
             q, k, v, mask, state, reference, query_projection, query_square, query_offset, key_projection,
-            key_square, key_offset, query_sign, out, den, free,
+            key_square, key_offset, query_sign, wave_shift, out, den, free,
         ) = ctx.saved_tensors  # fmt: skip
-        trigonometric, chunk = ctx.config
-        qs = FeatureSide(query_projection, query_square, query_offset, query_sign, trigonometric)
-        ks = FeatureSide(key_projection, key_square, key_offset, None, trigonometric)
+        chunk = ctx.chunk
+        qs = FeatureSide(query_projection, query_square, query_offset, query_sign, wave_shift)
+        ks = FeatureSide(key_projection, key_square, key_offset, None, wave_shift)
         fq, _ = closed_form_features(q, qs, None, "row")
         fk, key_scale = closed_form_features(k, ks, mask, "row")
         ch = chunked_products(
@@ -417,7 +417,7 @@ def _group(
         qs, ks = features.query, features.key
         out, *rest = _ClosedCausal.apply(
             q, k, v, mask, *carried, qs.projection, qs.square, qs.offset, ks.projection, ks.square,
-            ks.offset, qs.sign, qs.trigonometric, chunk, eps,
+            ks.offset, qs.sign, qs.wave_shift, chunk, eps,
         )  # fmt: skip
     else:
         out, *rest = recomputed(causal_group, features, q, k, v, mask, *carried, chunk, eps)

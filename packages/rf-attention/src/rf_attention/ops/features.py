@@ -11,6 +11,7 @@ import math
 from typing import Literal, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from rf_attention.ops.common import FeatureFn, finite_or_zero
 from rf_features import ExponentialForm
@@ -84,17 +85,23 @@ def row_stabilized_features(
 class FeatureSide(NamedTuple):
     """The closed-form features of one side (``rf_features.ExponentialForm``) laid out for the kernels.
 
-    ``projection`` ``(G, d, r)`` multiplies ``x``: positive features, ``r = m`` log-features;
-    trigonometric, ``r = m/2`` phases. ``square`` ``(G, d, 1)`` multiplies ``x * x`` into one log-term per
-    row, shared by every feature (the ``-|x|^2 / 2``-like term of every component). ``offset``
-    ``(G, 1, m)``, ``sign`` ``(m,)`` or None.
+    ``projection`` ``(G, d, m)`` multiplies ``x``: positive features, into ``m`` log-features;
+    trigonometric, into the phases, each of the ``m/2`` twice (``[A^T, A^T]``: one ``cos`` of the phases
+    shifted by ``wave_shift`` ``(1, 1, m)``, 0 then ``-pi/2``, gives ``[cos, sin]``; None when positive).
+    ``square`` ``(G, d, 1)`` multiplies ``x * x`` into one log-term per row, shared by every feature (the
+    ``-|x|^2 / 2``-like term of every component). ``offset`` ``(G, 1, m)``, ``sign`` ``(m,)`` or None.
     """
 
     projection: torch.Tensor
     square: torch.Tensor
     offset: torch.Tensor
     sign: torch.Tensor | None
-    trigonometric: bool
+    wave_shift: torch.Tensor | None
+
+    @property
+    def trigonometric(self) -> bool:
+        """Whether the features are waves (``[cos, sin]`` of the phases)."""
+        return self.wave_shift is not None
 
 
 def feature_side(form: ExponentialForm, lead: torch.Size, dtype: torch.dtype) -> FeatureSide:
@@ -106,9 +113,14 @@ def feature_side(form: ExponentialForm, lead: torch.Size, dtype: torch.dtype) ->
         return t.expand(*lead, *t.shape[-2:]).reshape(size, *t.shape[-2:])
 
     offset = form.offset.to(dtype)
-    offset = offset.expand(*lead, offset.shape[-1]).reshape(size, 1, offset.shape[-1])
+    m = offset.shape[-1]
+    offset = offset.expand(*lead, m).reshape(size, 1, m)
     sign = None if form.sign is None else form.sign.to(dtype)
-    return FeatureSide(per_input(a.mT), per_input(g.unsqueeze(-1)), offset, sign, form.trigonometric)
+    projection, shift = a.mT, None
+    if form.trigonometric:
+        projection = torch.cat((projection, projection), dim=-1)
+        shift = F.pad(offset.new_full((1, 1, m // 2), -math.pi / 2), (m // 2, 0))
+    return FeatureSide(per_input(projection), per_input(g.unsqueeze(-1)), offset, sign, shift)
 
 
 class ClosedFeatures(NamedTuple):
@@ -124,18 +136,18 @@ def closed_form_log_features(
     """Log-features, multiplier (as a ``FeatureFn``'s) and ``x * x`` of ``x (G, n, d)``.
 
     Positive: ``x @ projection + (x * x) @ square + offset`` and the sign. Trigonometric: one log-magnitude
-    per row, ``(x * x) @ square + max(offset)`` ``(G, n, 1)``, and as the multiplier the phases' waves
-    ``[cos, sin]`` of ``x @ projection`` times ``exp(offset - max(offset)) [* sign]`` (at most 1): the same
-    features, with no ``n x m`` log-magnitude to add and exponentiate.
+    per row, ``(x * x) @ square + max(offset)`` ``(G, n, 1)``, and as the multiplier the waves
+    ``cos(x @ projection + wave_shift)`` (``[cos, sin]`` of the phases) times
+    ``exp(offset - max(offset)) [* sign]`` (at most 1): the same features, with no ``n x m``
+    log-magnitude to add and exponentiate.
     """
     squares = x * x
     row = torch.bmm(squares, side.square)  # (G, n, 1)
-    if not side.trigonometric:
+    if side.wave_shift is None:
         return torch.baddbmm(side.offset, x, side.projection).add_(row), side.sign, squares
-    phases = torch.bmm(x, side.projection)
     top = side.offset.amax(dim=-1, keepdim=True)  # (G, 1, 1)
     factor = torch.exp(side.offset - top)
-    waves = torch.cat((phases.cos(), phases.sin()), dim=-1)
+    waves = torch.baddbmm(side.wave_shift, x, side.projection).cos_()
     return row + top, waves.mul_(factor if side.sign is None else factor * side.sign), squares
 
 
@@ -162,8 +174,9 @@ def closed_form_vjp(
     """Gradients of ``x (G, n, d)`` and the side's tensors from ``grad_phi (G, n, m)`` (overwritten).
 
     The stabilizers are constants (they cancel exactly in attention). Positive: ``dL = dphi * phi``.
-    Trigonometric (``phi = M [cos theta, sin theta]``, one magnitude ``M`` per row and phase):
-    ``dL = dphi * phi`` for the log-magnitude and ``dtheta = dphi_sin * phi_cos - dphi_cos * phi_sin``.
+    Trigonometric (``phi = M [cos theta, sin theta] = M cos(theta')``, ``theta' = [theta, theta - pi/2]``,
+    one magnitude ``M`` per row and phase): ``dL = dphi * phi`` for the log-magnitude and
+    ``dtheta' = dphi * [-phi_sin, phi_cos]``.
     The row term's gradient is ``dL`` summed over the features. ``parameters=False``: the projection's,
     square's and offset's are not computed (None; nothing asks for them).
     """
@@ -171,8 +184,9 @@ def closed_form_vjp(
         grad_u = grad_log = grad_phi.mul_(f.phi)
     else:
         r = f.phi.shape[-1] // 2
-        grad_u = grad_phi[..., r:] * f.phi[..., :r]
-        grad_u = grad_u.addcmul_(grad_phi[..., :r], f.phi[..., r:], value=-1.0)
+        swapped = f.phi.roll(r, dims=-1)  # [phi_sin, phi_cos]
+        swapped[..., :r].neg_()
+        grad_u = swapped.mul_(grad_phi)
         grad_log = grad_phi.mul_(f.phi)
     grad_row = grad_log.sum(dim=-1, keepdim=True)  # (G, n, 1)
     grad_x = torch.bmm(grad_u, side.projection.mT).addcmul_(x * grad_row, side.square.mT, value=2.0)

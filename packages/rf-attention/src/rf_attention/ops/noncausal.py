@@ -109,19 +109,18 @@ class _ClosedKeySums(torch.autograd.Function):
         projection: torch.Tensor,
         square: torch.Tensor,
         offset: torch.Tensor,
-        trigonometric: bool,
+        wave_shift: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        side = FeatureSide(projection, square, offset, None, trigonometric)
+        side = FeatureSide(projection, square, offset, None, wave_shift)
         sums, magnitude, top = key_sums(ClosedForm(side, side).log_features, k, v, mask, in_place=True)
-        ctx.save_for_backward(k, v, mask, projection, square, offset, top)
-        ctx.trigonometric = trigonometric
+        ctx.save_for_backward(k, v, mask, projection, square, offset, wave_shift, top)
         ctx.mark_non_differentiable(top, *([] if magnitude is None else [magnitude]))
         return sums, magnitude, top
 
     @staticmethod
     def backward(ctx: Any, grad_sums: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor | None, ...]:
-        k, v, mask, projection, square, offset, top = ctx.saved_tensors
-        side = FeatureSide(projection, square, offset, None, ctx.trigonometric)
+        k, v, mask, projection, square, offset, wave_shift, top = ctx.saved_tensors
+        side = FeatureSide(projection, square, offset, None, wave_shift)
         f, _ = closed_form_features(k, side, mask, top)
         grad_v = torch.bmm(f.phi, grad_sums[..., :-1])
         grad_k, *grad_side = closed_form_vjp(
@@ -146,20 +145,19 @@ class _ClosedQueries(torch.autograd.Function):
         square: torch.Tensor,
         offset: torch.Tensor,
         sign: torch.Tensor | None,
-        trigonometric: bool,
+        wave_shift: torch.Tensor | None,
         eps: float,
     ) -> torch.Tensor:
-        side = FeatureSide(projection, square, offset, sign, trigonometric)
+        side = FeatureSide(projection, square, offset, sign, wave_shift)
         f, _ = closed_form_features(q, side, None, "row")
-        out, den, guarded = read_state(f.phi, state, magnitude, sign is not None or trigonometric, eps)
-        ctx.save_for_backward(q, state, projection, square, offset, sign, den, guarded)
-        ctx.trigonometric = trigonometric
+        out, den, guarded = read_state(f.phi, state, magnitude, sign is not None or side.trigonometric, eps)
+        ctx.save_for_backward(q, state, projection, square, offset, sign, wave_shift, den, guarded)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, state, projection, square, offset, sign, den, guarded = ctx.saved_tensors
-        side = FeatureSide(projection, square, offset, sign, ctx.trigonometric)
+        q, state, projection, square, offset, sign, wave_shift, den, guarded = ctx.saved_tensors
+        side = FeatureSide(projection, square, offset, sign, wave_shift)
         f, _ = closed_form_features(q, side, None, "row")
         out = torch.bmm(f.phi, state[..., :-1]).div_(den)  # recomputed, not kept
         grad_y = guard_gradient(out, den, (~guarded).to(den.dtype), grad_out)
@@ -175,7 +173,7 @@ def _key_group(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     if isinstance(features, ClosedForm):
         side = features.key
-        return _ClosedKeySums.apply(k, v, mask, side.projection, side.square, side.offset, side.trigonometric)
+        return _ClosedKeySums.apply(k, v, mask, side.projection, side.square, side.offset, side.wave_shift)
     return recomputed(key_sums, features, k, v, mask)
 
 
@@ -191,7 +189,7 @@ def _query_group(
         side = features.query
         offset = side.offset + reference  # the keys' column scales, folded into the offset
         return _ClosedQueries.apply(
-            q, state, magnitude, side.projection, side.square, offset, side.sign, side.trigonometric, eps
+            q, state, magnitude, side.projection, side.square, offset, side.sign, side.wave_shift, eps
         )
     return recomputed(query_outputs, features, q, state, magnitude, reference, eps)
 
