@@ -46,11 +46,10 @@ def guarded_denominator(
     """
     if bound is None:
         guarded = den == 0
-        return torch.where(guarded, torch.ones_like(den), den), guarded
+        return den.masked_fill(guarded, 1.0), guarded
     floor = eps * bound.detach()
     guarded = den.abs() <= floor
-    sign = torch.where(den < 0, -1.0, 1.0).to(den.dtype)
-    safe = torch.where(floor > 0, sign * floor, torch.ones_like(floor))
+    safe = torch.where(den < 0, -floor, floor).masked_fill_(floor == 0, 1.0)
     return torch.where(guarded, safe, den), guarded
 
 
