@@ -1,14 +1,14 @@
 """What linear attention buys at long sequences: one attention layer's time and memory against softmax.
 
 ``lra-bench quick`` trains at 100 tokens, where softmax attention is the fastest; this table, printed beside
-its Table 1, shows the same attentions at 1K, 4K and 8K tokens. Each point is one forward+backward of
+its Table 1, shows the same attentions at 1K, 4K, 8K and 16K tokens. Each point is one forward+backward of
 ``rf_attention.create(name, dim, heads, num_features=...)`` (the Table 6 model's layer width and heads)
 on ``x (1, N, dim)`` on the CPU, timed (``app_common.Timer``) and with its peak memory
 (``app_common.PeakMemoryMeter``, glibc's mmap threshold fixed so that the resident peak counts the tensors
 alive at once), after one forward+backward at the shortest length. One run per point, so the ratios move
-with the machine's load (the Performance page has the careful measurement); softmax's quadratic cost sets
-the table's time: its forward+backward at 16K (2e11 FLOPs) took 42 s on the Performance page's 2-core
-machine, so the table stops at 8K, a quarter of that work.
+with the machine's load (the Performance page has the careful measurement, with the time measured apart
+from the memory). Softmax's quadratic cost sets the table's time: about 8 s in all on a 2-core machine at
+one thread, 5 s of it softmax's forward+backward at 16K.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lra_bench.config import ModelConfig
 from spectraformer_core import markdown_table
 
 #: Where the table's time goes is softmax's forward+backward at the longest length (quadratic).
-LENGTHS = (1024, 4096, 8192)
+LENGTHS = (1024, 4096, 8192, 16384)
 
 
 def measure(

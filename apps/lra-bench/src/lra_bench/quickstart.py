@@ -7,7 +7,7 @@
    early stopping on validation accuracy, the best checkpoint evaluated on test, results in
    ``OUT/results.jsonl``, checkpoints in ``OUT/runs`` (finished runs are skipped on a second call).
 4. Write the report to ``OUT/report`` and return its Table 1, followed by the same attentions' time and
-   memory against softmax at 1K-8K tokens (`long_sequences`: what linear attention buys).
+   memory against softmax at 1K-16K tokens (`long_sequences`: what linear attention buys).
 """
 
 from __future__ import annotations
