@@ -421,8 +421,8 @@ def test_the_exponent_bound_is_the_largest_input_and_weight_row_aligned():
     assert float(layer.exponent_bound(u, freqs)) == pytest.approx(expected, rel=1e-12)
 
 
-def test_from_linear_calibrates_the_pretrained_weights_once(monkeypatch, small_layer_data):
-    # the choice of J and the layer's own fit share one calibration of the linear's weights on the sample
+def test_from_linear_calibrates_once_and_only_the_pretrained_weights(monkeypatch, small_layer_data):
+    # the choice of J and the layer's own fit share one calibration; the random init is never calibrated
     linear, x = small_layer_data
     calibrated = []
     original = ralimp.layer.calibrate
@@ -433,4 +433,13 @@ def test_from_linear_calibrates_the_pretrained_weights_once(monkeypatch, small_l
 
     monkeypatch.setattr(ralimp.layer, "calibrate", spy)
     RaLiMP.from_linear(linear, "gelu", sample=x, seed=0, num_atoms=2)
-    assert calibrated.count(True) == 1
+    assert calibrated == [True]
+
+
+def test_from_linear_keeps_the_single_calibration_of_the_pretrained_weights(small_layer_data):
+    linear, x = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", sample=x, seed=0, num_atoms=2, tau="auto")
+    once = RaLiMP.calibrate(linear.weight.detach(), linear.bias.detach(), x, layer.options)
+    assert (layer.calibration.tau, layer.calibration.balance) == (once.tau, once.balance)
+    assert torch.equal(layer.calibration.t, once.t)
+    assert float(layer.tau) == pytest.approx(once.tau, rel=1e-12)
