@@ -15,6 +15,7 @@ import torch
 import rf_features
 from rf_attention import rf_attention, softmax_attention
 from rf_attention.naive import naive_rf_attention, naive_softmax_attention
+from spectraformer_core.testing import relative_error
 
 DEVICES = [
     "cpu",
@@ -24,12 +25,6 @@ DEVICES = [
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 6e-2}
 PAIRS = [f"{c}-{m}" for c in rf_features.names() for m in ("orf", "fastfoodl")]
 N = 24
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||actual - expected|| / ||expected||`` in float64 on the CPU."""
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    return float((actual - expected).norm() / expected.norm())
 
 
 def padding() -> torch.Tensor:

@@ -61,6 +61,7 @@ import ralimp
 from ralimp import analysis
 from ralimp.base import ridge_readout
 from spectraformer_benchmarks.common import command_line
+from spectraformer_core.testing import relative_error
 
 KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 
@@ -89,9 +90,9 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 count = ac.count_parameters
 
 
-def relative(error: torch.Tensor, target: torch.Tensor) -> float:
-    """``||error||^2 / ||target||^2``."""
-    return float(error.double().pow(2).sum() / target.double().pow(2).sum())
+def relative(actual: torch.Tensor, target: torch.Tensor) -> float:
+    """The relative MSE ``||actual - target||^2 / ||target||^2``."""
+    return relative_error(actual, target) ** 2
 
 
 def scientific(log_value: float) -> str:
@@ -105,7 +106,7 @@ def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tens
     """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.analysis`` has it."""
     layer = ralimp.create(kind, fc1, "gelu", budget=budget, seed=0)
     if kind == "lowrank":
-        return f"{relative(layer(x) - target, target):.3g}", layer
+        return f"{relative(layer(x), target):.3g}", layer
     if kind in ("ralimp", "eugen"):
         t = fc1(x).double()
         if kind == "ralimp":
@@ -114,8 +115,7 @@ def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tens
             mean, log_var = layer.fit(t), analysis.eugen_variance(layer, fc1, x).log()
         return scientific(analysis.expected_relative_mse(mean, log_var, target, log=True)), layer
     sampled = [
-        relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x) - target, target)
-        for s in range(seeds)
+        relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x), target) for s in range(seeds)
     ]
     if not all(math.isfinite(v) for v in sampled):  # the float32 output itself overflowed
         return "output not finite", layer
@@ -193,11 +193,11 @@ def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[li
                 layer = ralimp.create(
                     kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0, **options
                 )
-                row.append(f"{relative(layer(x_eval) - target, target):.3g}")
+                row.append(f"{relative(layer(x_eval), target):.3g}")
             if kind == "eugen":
                 row.append(row[-1])
             phi = layer.feature_map(x_eval)
-            floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT - target, target)
+            floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT, target)
             width = layer.feature_dim
             eckart_young = float(energy[width:].sum() / energy.sum())
             rows.append([*row[:3], str(width), psi, *row[3:], f"{floor:.3g}", f"{eckart_young:.3g}"])
@@ -232,9 +232,7 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
             layer.expected_output(t), analysis.ralimp_log_variance(layer, x), target, log=True
         )
         try:
-            sampled = (
-                f"{statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds)):.3g}"
-            )
+            sampled = f"{statistics.median(relative(build(s)(x), target) for s in range(args.seeds)):.3g}"
         except ValueError as error:  # the overflow guard: float32 cannot hold these features
             sampled = guard_cell(error)
         q = min(atom[3] for atom in layer.fit.atoms)
@@ -289,7 +287,7 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
             )
             with torch.no_grad():
                 cell, atoms = (
-                    f"{relative(layer(test) - F.gelu(wide(test)), F.gelu(wide(test))):.3g}",
+                    f"{relative(layer(test), F.gelu(wide(test))):.3g}",
                     str(layer.num_atoms),
                 )
         except ValueError as error:

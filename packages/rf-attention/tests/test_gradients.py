@@ -20,17 +20,11 @@ from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend
 from rf_attention.naive import naive_linear_attention, naive_rf_attention, naive_softmax_attention
 from rf_attention.ops.causal import CausalState, causal_attention, chunk_prefix
+from spectraformer_core.testing import assert_rel_close, relative_error
 
 SHAPES = [(1, 1, 9, 4, 3), (2, 3, 13, 8, 6)]  # (B, H, N, Dh, s)
 NAMES = ["posrf-orf", "trigrf-sorf", "oprf-fastfoodl", "saderf-qmc", "posrf-hyp-base", "gerf-orf"]
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-4}
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||actual - expected|| / ||expected||`` in float64 (0 when both are 0)."""
-    actual, expected = actual.detach().double(), expected.detach().double()
-    scale = expected.norm()
-    return float((actual - expected).norm() / scale) if scale > 0 else float(actual.norm())
 
 
 def make_feature_map(name: str, dim: int, s: int, causal: bool, dtype: torch.dtype):
@@ -114,7 +108,7 @@ def test_outputs_and_gradients_equal_the_naive_reference(
     for label, g, e in zip(labels, got, expected, strict=True):
         assert (g is None) == (e is None), label
         if e is not None:
-            assert relative_error(g, e) < tolerance, (label, relative_error(g, e))
+            assert_rel_close(label, e, g, tolerance)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])

@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import rf_attention.hf as rf_hf  # noqa: E402  (registers the names)
 from rf_attention import rf_attention, softmax_attention  # noqa: E402
+from spectraformer_core.testing import assert_rel_close  # noqa: E402
 
 AttentionInterface = transformers.AttentionInterface
 VOCAB = 61
@@ -187,7 +188,7 @@ def test_many_features_approach_the_models_softmax_attention(recorder):
         for call in calls:
             k, v = (t.repeat_interleave(2, dim=1) for t in (call["k"], call["v"]))
             exact = softmax_attention(call["q"], k, v, causal=True).transpose(1, 2)
-            assert float((call["out"] - exact).norm() / exact.norm()) < 0.05
+            assert_rel_close("layer output", exact, call["out"], 0.05)
     finally:
         rf_hf.register(["posrf-orf"])
 

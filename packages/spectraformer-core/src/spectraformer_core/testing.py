@@ -14,7 +14,7 @@ def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     """``||actual - reference|| / ||reference||`` in float64 (Frobenius norms over all elements).
 
     Args:
-        actual: the result, any shape.
+        actual: the result, any shape, on any device (it is compared on the reference's device).
         reference: what it should be, the same shape.
 
     Returns:
@@ -28,7 +28,8 @@ def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
         raise ValueError(
             f"actual: expected the shape of reference {tuple(reference.shape)}, got {tuple(actual.shape)}"
         )
-    actual, reference = actual.detach().double(), reference.detach().double()
+    reference = reference.detach().double()
+    actual = actual.detach().to(device=reference.device, dtype=torch.float64)
     scale = torch.linalg.vector_norm(reference)
     difference = torch.linalg.vector_norm(actual - reference)
     return float(difference / scale) if scale > 0 else float(torch.linalg.vector_norm(actual))
