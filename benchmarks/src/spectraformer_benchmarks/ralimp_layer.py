@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +70,7 @@ KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=("speed", "init", "variance", "goals"), default="speed")
+    parser.add_argument("--table", choices=tuple(TABLES), default="speed")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 768, 1280])
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 128, 512], help="--table init")
     parser.add_argument("--tokens", type=int, default=512, help="rows of the timed input batch")
@@ -322,59 +323,53 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
     return rows
 
 
+Rows = Callable[[argparse.Namespace, torch.device], list[list[str]]]
+
+
+def per_width(rows: Callable[[int, argparse.Namespace, torch.device], list[list[str]]]) -> Rows:
+    """The rows of ``rows(d, args, device)`` for each ``d`` of ``--widths``, in order."""
+    return lambda args, device: [row for d in args.widths for row in rows(d, args, device)]
+
+
+#: ``--table``: each table's Markdown header row and its rows.
+TABLES: dict[str, tuple[str, Rows]] = {
+    "speed": (
+        "| d | method | budget | train fwd / dense | eval fwd / dense | compressed / dense pair "
+        "| params / fc1 | compressed params / fc1+fc2 | rel. MSE at init (exact; >= sampled) |",
+        per_width(speed_rows),
+    ),
+    "init": (
+        "| d | budget | method | F | Psi(W) | lstsq, balance 1 | lstsq, balance auto | info floor (auto) "
+        "| Eckart-Young floor |",
+        per_width(init_rows),
+    ),
+    "variance": (
+        "| d | balance | exact rel. MSE | sampled (lower bound) | median cos | median bound s_max |",
+        per_width(variance_rows),
+    ),
+    "goals": (
+        "| layer | fit | atoms | relative MSE (or outputs) |",
+        lambda args, device: goal_rows(args),
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the Markdown table with the machine and the command."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = ac.resolve_device(args.device)
-    if args.table == "speed":
-        header = [
-            "d",
-            "method",
-            "budget",
-            "train fwd / dense",
-            "eval fwd / dense",
-            "compressed / dense pair",
-            "params / fc1",
-            "compressed params / fc1+fc2",
-            "rel. MSE at init (exact; >= sampled)",
-        ]
-        rows = [row for d in args.widths for row in speed_rows(d, args, device)]
-    elif args.table == "init":
-        header = [
-            "d",
-            "budget",
-            "method",
-            "F",
-            "Psi(W)",
-            "lstsq, balance 1",
-            "lstsq, balance auto",
-            "info floor (auto)",
-            "Eckart-Young floor",
-        ]
-        rows = [row for d in args.widths for row in init_rows(d, args, device)]
-    elif args.table == "goals":
-        header = ["layer", "fit", "atoms", "relative MSE (or outputs)"]
-        rows = goal_rows(args)
-    else:
-        header = [
-            "d",
-            "balance",
-            "exact rel. MSE",
-            "sampled (lower bound)",
-            "median cos",
-            "median bound s_max",
-        ]
-        rows = [row for d in args.widths for row in variance_rows(d, args, device)]
+    header, table_rows = TABLES[args.table]
+    rows = table_rows(args, device)
     machine = ac.device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
         f"tokens {args.tokens}; eval rows {args.eval_rows}; calibration rows {args.calibration_rows}"
     )
     print(f"Command: `{command_line()}`\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    print(header)
+    print("|" + "---|" * header.count(" | ") + "---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
 
