@@ -9,6 +9,7 @@ import torch
 
 import rf_attention
 from spectraformer_benchmarks.counting import OperationCounter
+from spectraformer_core.testing import torch_threads
 
 #: At most this many aten operations in one ``step()`` of ``create(pair, 256, 4, num_features=128,
 #: causal=True)`` and in its ``decode`` call, by feature kind (softmax's KV-cache step issues 21 here).
@@ -18,10 +19,8 @@ STEP_OPERATIONS = {"positive": (28, 19), "trigonometric": (45, 36)}
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Loops of tiny operations: one thread is fastest."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def step_counts(name, context):

@@ -8,13 +8,16 @@ float64 on the CPU with the same feature map. N = 24 is not a multiple of any ch
 """
 
 import copy
+import shutil
 
 import pytest
 import torch
 
+import rf_attention as rfa
 import rf_features
 from rf_attention import rf_attention, softmax_attention
 from rf_attention.naive import naive_rf_attention, naive_softmax_attention
+from spectraformer_core.testing import assert_rel_close, relative_error, seeded_randn
 
 DEVICES = [
     "cpu",
@@ -24,12 +27,6 @@ DEVICES = [
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 6e-2}
 PAIRS = [f"{c}-{m}" for c in rf_features.names() for m in ("orf", "fastfoodl")]
 N = 24
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||actual - expected|| / ||expected||`` in float64 on the CPU."""
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    return float((actual - expected).norm() / expected.norm())
 
 
 def padding() -> torch.Tensor:
@@ -44,7 +41,7 @@ def padding() -> torch.Tensor:
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("pair", PAIRS)
 def test_outputs_and_gradients_equal_the_float64_reference(pair, causal, dtype, device):
-    component, matrix = pair.rsplit("-", 1)
+    component, matrix = rfa.split_pair(pair)
     fm = rf_features.create(
         component,
         weight_matrix=matrix,
@@ -87,3 +84,34 @@ def test_sdpa_with_key_padding_equals_the_float64_softmax(causal, dtype, device)
     )
     exact = naive_softmax_attention(q, k, v, causal=causal, key_padding_mask=mask)
     assert relative_error(out, exact) < TOLERANCE[dtype]
+
+
+#: ``torch.compile`` per device: inductor on the CPU needs a C compiler and minutes (``slow``, the tests-all
+#: session; rf-attention's test_compile.py checks it there too), Triton on CUDA.
+COMPILE_DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=[
+            pytest.mark.slow,
+            pytest.mark.skipif(
+                shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs cc or gcc"
+            ),
+        ],
+    ),
+    DEVICES[1],
+]
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("device", COMPILE_DEVICES)
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_a_compiled_training_step_never_recompiles_and_equals_eager(causal, device):
+    torch._dynamo.reset()
+    module = rfa.create("posrf-orf", 64, 8, num_features=128, causal=causal, seed=0).to(device).eval()
+    eager = copy.deepcopy(module)  # eval: fixed statistics, so eager and compiled see the same ones
+    compiled = torch.compile(module, fullgraph=True)
+    x = seeded_randn(2, 256, 64).to(device)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):  # the first call compiles; the second must not recompile
+            compiled(x).square().sum().backward()
+        assert_rel_close("compiled output", eager(x), compiled(x), 1e-4)

@@ -46,12 +46,15 @@ from typing import Any
 import torch
 
 import app_common as ac
+import rf_attention
 from spectraformer_benchmarks.common import (
     QUANTITIES,
+    add_repeats_arguments,
     expand_pairs,
     k,
     machine,
     matmul_rate,
+    repeats_at,
     rf_pairs,
     run_json_lines,
 )
@@ -90,17 +93,6 @@ DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 WARMUP_LENGTH = 256
 
 
-def parse_repeats_at(text: str) -> tuple[int, int]:
-    """``"N=R"`` -> ``(N, R)``: ``R`` timed runs at length ``N``."""
-    try:
-        n, repeats = (int(part) for part in text.split("="))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--repeats-at: expected N=R (two integers), got {text!r}") from None
-    if repeats < 0:
-        raise argparse.ArgumentTypeError(f"--repeats-at: expected R >= 0 repeats, got {text!r}")
-    return n, repeats
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (``--help`` lists them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,17 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--features", type=int, default=128)
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per point after the measured one (median of all)"
-    )
-    parser.add_argument(
-        "--repeats-at",
-        type=parse_repeats_at,
-        action="append",
-        default=[],
-        metavar="N=R",
-        help="R timed runs at length N instead of --repeats (repeatable)",
-    )
+    add_repeats_arguments(parser, 5, "timed runs per point after the measured one (median of all)")
     parser.add_argument(
         "--isolation",
         choices=["point", "attention", "run"],
@@ -159,11 +141,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def repeats_at(n: int, args: argparse.Namespace) -> int:
-    """Timed runs at length ``n``: ``--repeats-at`` if it names ``n``, else ``--repeats``."""
-    return dict(args.repeats_at).get(n, args.repeats)
-
-
 def build(name: str, n: int, args: argparse.Namespace):
     """``fn(q, k, v) -> out`` for an attention name at length ``n``, on ``(B, H, N, Dh)`` tensors."""
     if name == "performer-pytorch":
@@ -177,8 +154,6 @@ def build(name: str, n: int, args: argparse.Namespace):
 
 def build_module(name: str, n: int, args: argparse.Namespace) -> torch.nn.Module:
     """``rf_attention.create(name, H * Dh, H, ...)`` at length ``n``, seeded, on the device."""
-    import rf_attention
-
     return rf_attention.create(
         name,
         args.heads * args.head_dim,
@@ -191,8 +166,6 @@ def build_module(name: str, n: int, args: argparse.Namespace) -> torch.nn.Module
 
 def feature_map_of(name: str):
     """The ``rf_features`` feature map an RF attention name builds (None for softmax and the baselines)."""
-    import rf_attention
-
     if name == "performer-pytorch":  # its FastAttention computes FAVOR+, the features of our performer
         name = "performer"
     module = rf_attention.create(name, 8, 1, num_features=32, seed=0, **baseline_options(name, 64))
@@ -383,7 +356,7 @@ GOALS = [
         8192,
         _matmul_share,
         0.3,
-        applies=lambda name: name.rsplit("-", 1)[0] == "posrf",
+        applies=lambda name: family(name) == "posrf",
     ),
 ]
 
@@ -549,8 +522,8 @@ def compile_table(results: list[dict], args: argparse.Namespace) -> str:
 
 def family(name: str) -> str:
     """The component of a ``"<component>-<matrix>"`` pair; ``"baselines"`` for every other name."""
-    component = name.rsplit("-", 1)[0]
-    return component if name in set(rf_pairs()) else "baselines"
+    pair = rf_attention.split_pair(name)
+    return "baselines" if pair is None else pair[0]
 
 
 def plot(results: list[dict], path: Path) -> None:

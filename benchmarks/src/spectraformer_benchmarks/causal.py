@@ -49,8 +49,16 @@ from torch._subclasses.fake_tensor import (
 import app_common as ac
 import rf_attention
 import rf_features
-from spectraformer_benchmarks.attention_scaling import parse_repeats_at
-from spectraformer_benchmarks.common import QUANTITIES, command_line, expand_pairs, k, machine, run_json_lines
+from spectraformer_benchmarks.common import (
+    QUANTITIES,
+    add_repeats_arguments,
+    command_line,
+    expand_pairs,
+    k,
+    machine,
+    repeats_at,
+    run_json_lines,
+)
 from spectraformer_benchmarks.counting import matmul_flops
 
 #: The representative pairs of the timed part: one per component family, different matrices.
@@ -94,15 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--part measure: lengths whose peak memory is measured",
     )
     parser.add_argument("--flop-lengths", type=int, nargs="+", default=FLOP_LENGTHS, help="--part flops")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per point after the measured one")
-    parser.add_argument(
-        "--repeats-at",
-        type=parse_repeats_at,
-        action="append",
-        default=[],
-        metavar="N=R",
-        help="R timed runs at length N instead of --repeats (repeatable)",
-    )
+    add_repeats_arguments(parser, 3, "timed runs per point after the first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
@@ -173,7 +173,6 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
     """
     device = torch.device(args.device)
     warmed: set[str] = set()
-    repeats = dict(args.repeats_at)
     for name, n in points:
         if name not in warmed:
             warmed.add(name)
@@ -186,7 +185,7 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
             print(json.dumps({"attention": name, "n": n, "peak_mib": meter.added / 2**20}), flush=True)
             continue
         samples = []
-        for _ in range(1 + repeats.get(n, args.repeats)):
+        for _ in range(1 + repeats_at(n, args)):
             with ac.Timer(device) as timer:
                 step()
             samples.append(timer.elapsed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -30,6 +31,35 @@ def expand_pairs(names: Sequence[str], keyword: str = "pairs") -> list[str]:
     for name in names:
         expanded += rf_pairs() if name == keyword else [name]
     return list(dict.fromkeys(expanded))
+
+
+def parse_repeats_at(text: str) -> tuple[int, int]:
+    """``"N=R"`` -> ``(N, R)``: ``R`` timed runs at length ``N``."""
+    try:
+        n, repeats = (int(part) for part in text.split("="))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--repeats-at: expected N=R (two integers), got {text!r}") from None
+    if repeats < 0:
+        raise argparse.ArgumentTypeError(f"--repeats-at: expected R >= 0 repeats, got {text!r}")
+    return n, repeats
+
+
+def add_repeats_arguments(parser: argparse.ArgumentParser, default: int, help: str) -> None:
+    """``--repeats`` (``default``, described by ``help``) and ``--repeats-at N=R`` (repeatable)."""
+    parser.add_argument("--repeats", type=int, default=default, help=help)
+    parser.add_argument(
+        "--repeats-at",
+        type=parse_repeats_at,
+        action="append",
+        default=[],
+        metavar="N=R",
+        help="R timed runs at length N instead of --repeats (repeatable)",
+    )
+
+
+def repeats_at(n: int, args: argparse.Namespace) -> int:
+    """Timed runs at length ``n``: ``--repeats-at`` if it names ``n``, else ``--repeats``."""
+    return dict(args.repeats_at).get(n, args.repeats)
 
 
 def machine(device: str = "cpu") -> str:

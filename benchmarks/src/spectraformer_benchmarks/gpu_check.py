@@ -8,13 +8,15 @@ Parts, one command, a Markdown report under ``--out``:
 3. operations: aten calls per training forward+backward (`counting.training_step`) of a few pairs at two
    lengths: the kernel launches a step issues, which must not grow with N;
 4. compile: ``torch.compile(module, fullgraph=True)`` training steps on the device (inductor; Triton on
-   CUDA): no recompilation over repeated steps, outputs equal to eager, median step time against eager;
+   CUDA): no recompilation over repeated steps (one stops the run), the largest difference from eager,
+   median step time against eager;
 5. flash: forward+backward of ``rf_attention`` against ``scaled_dot_product_attention`` (flash on CUDA) at
    ``B = 8, H = 8, Dh = 64``, N = 4K to 64K, non-causal against SDPA and causal against SDPA with
    ``is_causal=True``, time and peak memory, in one process.
 
-Correctness on the device (outputs and gradients against the float64 references, float32 and bfloat16)
-is the benchmarks' test ``tests/test_devices.py``, whose ``cuda`` cases run where a GPU is:
+Correctness on the device (outputs and gradients against the float64 references, float32 and bfloat16;
+compiled steps against eager) is the benchmarks' test ``tests/test_devices.py``, whose ``cuda`` cases run
+where a GPU is:
 ``pytest benchmarks/tests/test_devices.py -k cuda``.
 
     python -m spectraformer_benchmarks.gpu_check                          # on a CUDA machine
@@ -98,11 +100,10 @@ def _train_step(module: torch.nn.Module, x: torch.Tensor) -> None:
     module(x).square().sum().backward()
 
 
-def compiled_steps(device: torch.device, quick: bool) -> tuple[list[str], bool]:
-    """Markdown rows: compiled (fullgraph) against eager training steps, and whether all outputs agree."""
+def compiled_steps(device: torch.device, quick: bool) -> list[str]:
+    """Markdown rows: compiled (fullgraph) against eager training steps, and their largest difference."""
     b, n, dim = (2, 256, 64) if quick else (8, 4096, 512)
     rows = ["| attention | eager ms | compiled ms | speed-up | max abs difference |", "|---|---|---|---|---|"]
-    ok = True
     cases = [(KERNEL_PAIRS[0], True)] if quick else [(n, c) for n in KERNEL_PAIRS for c in (False, True)]
     for name, causal in cases:
         torch._dynamo.reset()
@@ -120,13 +121,12 @@ def compiled_steps(device: torch.device, quick: bool) -> tuple[list[str], bool]:
             repeats = 3 if quick else 10
             t_compiled = _seconds(functools.partial(_train_step, compiled, x), device, repeats)
         t_eager = _seconds(functools.partial(_train_step, eager, x), device, repeats)
-        ok &= difference < 1e-3
         label = f"{name} causal" if causal else name
         rows.append(
             f"| {label} | {t_eager * 1e3:.1f} | {t_compiled * 1e3:.1f} | {t_eager / t_compiled:.2f}x | "
             f"{difference:.1e} |"
         )
-    return rows, ok
+    return rows
 
 
 def _sdpa_step(name: str, causal: bool, n: int, shape: tuple[int, int, int], device: torch.device) -> Any:
@@ -237,9 +237,8 @@ def main(argv: list[str] | None = None) -> None:
         report += ["## Operations per training forward+backward (B = 1, dim 512, 8 heads)", ""]
         report += [*operations(device, args.quick), ""]
     if "compile" not in args.skip:
-        rows, ok = compiled_steps(device, args.quick)
-        failed |= not ok
-        report += ["## torch.compile(fullgraph=True) training step against eager", "", *rows, ""]
+        report += ["## torch.compile(fullgraph=True) training step against eager", ""]
+        report += [*compiled_steps(device, args.quick), ""]
     if "flash" not in args.skip:
         report += [
             "## Forward+backward against SDPA",

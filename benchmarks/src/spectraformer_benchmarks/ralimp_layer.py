@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,7 @@ import ralimp
 from ralimp import analysis
 from ralimp.base import ridge_readout
 from spectraformer_benchmarks.common import command_line
+from spectraformer_core.testing import relative_error
 
 KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 
@@ -68,7 +70,7 @@ KINDS = ("ralimp", "eugen", "snnk", "lowrank")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=("speed", "init", "variance", "goals"), default="speed")
+    parser.add_argument("--table", choices=tuple(TABLES), default="speed")
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 768, 1280])
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 128, 512], help="--table init")
     parser.add_argument("--tokens", type=int, default=512, help="rows of the timed input batch")
@@ -89,9 +91,9 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 count = ac.count_parameters
 
 
-def relative(error: torch.Tensor, target: torch.Tensor) -> float:
-    """``||error||^2 / ||target||^2``."""
-    return float(error.double().pow(2).sum() / target.double().pow(2).sum())
+def relative(actual: torch.Tensor, target: torch.Tensor) -> float:
+    """The relative MSE ``||actual - target||^2 / ||target||^2``."""
+    return relative_error(actual, target) ** 2
 
 
 def scientific(log_value: float) -> str:
@@ -105,7 +107,7 @@ def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tens
     """``(text, value)``: relative MSE of the ``Psi(W)`` start, exact where ``ralimp.analysis`` has it."""
     layer = ralimp.create(kind, fc1, "gelu", budget=budget, seed=0)
     if kind == "lowrank":
-        return f"{relative(layer(x) - target, target):.3g}", layer
+        return f"{relative(layer(x), target):.3g}", layer
     if kind in ("ralimp", "eugen"):
         t = fc1(x).double()
         if kind == "ralimp":
@@ -114,8 +116,7 @@ def psi_start_mse(kind: str, fc1: nn.Linear, x: torch.Tensor, target: torch.Tens
             mean, log_var = layer.fit(t), analysis.eugen_variance(layer, fc1, x).log()
         return scientific(analysis.expected_relative_mse(mean, log_var, target, log=True)), layer
     sampled = [
-        relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x) - target, target)
-        for s in range(seeds)
+        relative(ralimp.create(kind, fc1, "gelu", budget=budget, seed=s)(x), target) for s in range(seeds)
     ]
     if not all(math.isfinite(v) for v in sampled):  # the float32 output itself overflowed
         return "output not finite", layer
@@ -193,11 +194,11 @@ def init_rows(d: int, args: argparse.Namespace, device: torch.device) -> list[li
                 layer = ralimp.create(
                     kind, fc1, "gelu", budget=budget, sample=x_cal, init="lstsq", seed=0, **options
                 )
-                row.append(f"{relative(layer(x_eval) - target, target):.3g}")
+                row.append(f"{relative(layer(x_eval), target):.3g}")
             if kind == "eugen":
                 row.append(row[-1])
             phi = layer.feature_map(x_eval)
-            floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT - target, target)
+            floor = relative(phi.double() @ ridge_readout(phi, target, 0.0).mT, target)
             width = layer.feature_dim
             eckart_young = float(energy[width:].sum() / energy.sum())
             rows.append([*row[:3], str(width), psi, *row[3:], f"{floor:.3g}", f"{eckart_young:.3g}"])
@@ -232,9 +233,7 @@ def variance_rows(d: int, args: argparse.Namespace, device: torch.device) -> lis
             layer.expected_output(t), analysis.ralimp_log_variance(layer, x), target, log=True
         )
         try:
-            sampled = (
-                f"{statistics.median(relative(build(s)(x) - target, target) for s in range(args.seeds)):.3g}"
-            )
+            sampled = f"{statistics.median(relative(build(s)(x), target) for s in range(args.seeds)):.3g}"
         except ValueError as error:  # the overflow guard: float32 cannot hold these features
             sampled = guard_cell(error)
         q = min(atom[3] for atom in layer.fit.atoms)
@@ -289,7 +288,7 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
             )
             with torch.no_grad():
                 cell, atoms = (
-                    f"{relative(layer(test) - F.gelu(wide(test)), F.gelu(wide(test))):.3g}",
+                    f"{relative(layer(test), F.gelu(wide(test))):.3g}",
                     str(layer.num_atoms),
                 )
         except ValueError as error:
@@ -324,59 +323,53 @@ def goal_rows(args: argparse.Namespace) -> list[list[str]]:
     return rows
 
 
+Rows = Callable[[argparse.Namespace, torch.device], list[list[str]]]
+
+
+def per_width(rows: Callable[[int, argparse.Namespace, torch.device], list[list[str]]]) -> Rows:
+    """The rows of ``rows(d, args, device)`` for each ``d`` of ``--widths``, in order."""
+    return lambda args, device: [row for d in args.widths for row in rows(d, args, device)]
+
+
+#: ``--table``: each table's Markdown header row and its rows.
+TABLES: dict[str, tuple[str, Rows]] = {
+    "speed": (
+        "| d | method | budget | train fwd / dense | eval fwd / dense | compressed / dense pair "
+        "| params / fc1 | compressed params / fc1+fc2 | rel. MSE at init (exact; >= sampled) |",
+        per_width(speed_rows),
+    ),
+    "init": (
+        "| d | budget | method | F | Psi(W) | lstsq, balance 1 | lstsq, balance auto | info floor (auto) "
+        "| Eckart-Young floor |",
+        per_width(init_rows),
+    ),
+    "variance": (
+        "| d | balance | exact rel. MSE | sampled (lower bound) | median cos | median bound s_max |",
+        per_width(variance_rows),
+    ),
+    "goals": (
+        "| layer | fit | atoms | relative MSE (or outputs) |",
+        lambda args, device: goal_rows(args),
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the Markdown table with the machine and the command."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = ac.resolve_device(args.device)
-    if args.table == "speed":
-        header = [
-            "d",
-            "method",
-            "budget",
-            "train fwd / dense",
-            "eval fwd / dense",
-            "compressed / dense pair",
-            "params / fc1",
-            "compressed params / fc1+fc2",
-            "rel. MSE at init (exact; >= sampled)",
-        ]
-        rows = [row for d in args.widths for row in speed_rows(d, args, device)]
-    elif args.table == "init":
-        header = [
-            "d",
-            "budget",
-            "method",
-            "F",
-            "Psi(W)",
-            "lstsq, balance 1",
-            "lstsq, balance auto",
-            "info floor (auto)",
-            "Eckart-Young floor",
-        ]
-        rows = [row for d in args.widths for row in init_rows(d, args, device)]
-    elif args.table == "goals":
-        header = ["layer", "fit", "atoms", "relative MSE (or outputs)"]
-        rows = goal_rows(args)
-    else:
-        header = [
-            "d",
-            "balance",
-            "exact rel. MSE",
-            "sampled (lower bound)",
-            "median cos",
-            "median bound s_max",
-        ]
-        rows = [row for d in args.widths for row in variance_rows(d, args, device)]
+    header, table_rows = TABLES[args.table]
+    rows = table_rows(args, device)
     machine = ac.device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
         f"tokens {args.tokens}; eval rows {args.eval_rows}; calibration rows {args.calibration_rows}"
     )
     print(f"Command: `{command_line()}`\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    print(header)
+    print("|" + "---|" * header.count(" | ") + "---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
 

@@ -8,6 +8,12 @@ from lra_data import load
 from lra_data.cli import main
 
 
+def generate_short_listops(out, n):
+    """``lra-data generate`` of ``n`` ListOps training examples of 3 to 30 tokens under ``out``."""
+    args = ["--n", str(n), "--out", str(out), "--min-length", "3", "--max-length", "30"]
+    assert main(["generate", "--task", "listops", *args]) == 0
+
+
 def test_help_lists_the_three_subcommands(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
@@ -60,21 +66,7 @@ def test_generate_then_info_prints_the_manifest_as_json(tmp_path, capsys):
 
 def test_info_on_a_root_prints_every_task_cache(tmp_path, capsys):
     main(["generate", "--task", "pathfinder", "--n", "2", "--out", str(tmp_path), "--num-distractors", "0"])
-    main(
-        [
-            "generate",
-            "--task",
-            "listops",
-            "--n",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--min-length",
-            "3",
-            "--max-length",
-            "30",
-        ]
-    )
+    generate_short_listops(tmp_path, 2)
     capsys.readouterr()
     main(["info", str(tmp_path)])
     manifests = json.loads(capsys.readouterr().out)
@@ -111,21 +103,7 @@ def test_prepare_refuses_a_crafted_cifar_batch_without_running_it(tmp_path, cifa
 
 
 def test_corrupted_cache_fails_info_verify(tmp_path, capsys):
-    main(
-        [
-            "generate",
-            "--task",
-            "listops",
-            "--n",
-            "3",
-            "--out",
-            str(tmp_path),
-            "--min-length",
-            "3",
-            "--max-length",
-            "30",
-        ]
-    )
+    generate_short_listops(tmp_path, 3)
     path = tmp_path / "listops" / "val.tokens_0.bin"
     data = bytearray(path.read_bytes())
     data[0] ^= 2

@@ -28,17 +28,25 @@ def test_listops_reader_returns_tokens_and_labels_of_every_line(listops_release,
     assert examples[0][0].tolist() == tokenize_listops("[MAX 2 9 ]").tolist()
 
 
-def test_listops_reader_refuses_a_missing_header(tmp_path):
-    path = tmp_path / "basic_train.tsv"
-    path.write_text("( [MAX 2 ] )\t2\n")
-    with pytest.raises(DataFormatError, match=r"basic_train.tsv:1: expected the header 'Source\\tTarget'"):
-        list(read_listops_tsv(path))
-
-
-def test_listops_reader_names_file_and_line_of_a_truncated_line(tmp_path):
-    path = tmp_path / "basic_val.tsv"
-    path.write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n( ( ( [MAX 2 ) 9\n")
-    with pytest.raises(DataFormatError, match=r"basic_val.tsv:3: expected 2 tab-separated fields .* got 1"):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("( [MAX 2 ] )\t2\n", r"basic_test.tsv:1: expected the header 'Source\\tTarget'"),
+        (
+            "Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n( ( ( [MAX 2 ) 9\n",
+            r"basic_test.tsv:3: expected 2 tab-separated fields .* got 1",
+        ),
+        (
+            "Source\tTarget\n( [FIRST 2 ] )\t2\n",
+            r"basic_test.tsv:2: Source: unknown ListOps symbol '\[FIRST'",
+        ),
+    ],
+    ids=["missing-header", "truncated-line", "unknown-symbol"],
+)
+def test_listops_reader_refuses_a_malformed_file_naming_file_and_line(tmp_path, text, message):
+    path = tmp_path / "basic_test.tsv"
+    path.write_text(text)
+    with pytest.raises(DataFormatError, match=message):
         list(read_listops_tsv(path))
 
 
@@ -49,13 +57,6 @@ def test_listops_reader_refuses_labels_out_of_range(tmp_path, label):
     with pytest.raises(
         DataFormatError, match=rf"basic_test.tsv:2: label '{label}': expected an integer in \[0, 10\)"
     ):
-        list(read_listops_tsv(path))
-
-
-def test_listops_reader_refuses_unknown_symbols_with_line(tmp_path):
-    path = tmp_path / "basic_test.tsv"
-    path.write_text("Source\tTarget\n( [FIRST 2 ] )\t2\n")
-    with pytest.raises(DataFormatError, match=r"basic_test.tsv:2: Source: unknown ListOps symbol '\[FIRST'"):
         list(read_listops_tsv(path))
 
 

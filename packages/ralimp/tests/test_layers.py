@@ -8,10 +8,7 @@ import ralimp
 import rf_matrices
 from ralimp import SNNK, EUGen, LowRank, RaLiMP
 from ralimp.features import complex_exponential_features
-
-
-def relative_mse(y, target):
-    return float((y - target).pow(2).mean() / target.pow(2).mean())
+from spectraformer_core.testing import relative_error
 
 
 def test_ralimp_at_a_large_budget_approximates_gelu_and_the_error_falls_with_the_budget(small_layer_data):
@@ -25,7 +22,7 @@ def test_ralimp_at_a_large_budget_approximates_gelu_and_the_error_falls_with_the
                 linear, "gelu", poly_features=m, freq_features=m, seed=seed, sample=x, tau=1.0
             )
             with torch.no_grad():
-                runs.append(relative_mse(layer(x), target))
+                runs.append(relative_error(layer(x), target) ** 2)
         errors.append(sum(runs) / len(runs))
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 0.1
@@ -79,10 +76,10 @@ def test_many_features_and_small_preactivations_reach_the_fits_accuracy():
         )
         with torch.no_grad():
             runs.append(layer(x))
-    fit_error = relative_mse(layer.fit(t), target)
+    fit_error = relative_error(layer.fit(t), target) ** 2
     noise = float(ralimp.analysis.ralimp_log_variance(layer, x).exp().mean() / target.pow(2).mean()) / layers
     assert noise < fit_error  # enough features for the fit's bias to show
-    error = relative_mse(sum(runs) / layers, target)
+    error = relative_error(sum(runs) / layers, target) ** 2
     cross = 4 * (fit_error * noise) ** 0.5  # |2 <bias, noise>| at 4 standard deviations
     assert fit_error - cross <= error <= fit_error + 4 * noise + cross
 
@@ -127,7 +124,7 @@ def test_the_fit_covers_the_range_the_sample_has(small_layer_data):
         # the fit is accurate where the data is, at every scale (relative to the activation's size there)
         with torch.no_grad():
             expected = layer.expected_output(t)
-        error = float((expected - F.gelu(t)).pow(2).mean() / F.gelu(t).pow(2).mean())
+        error = relative_error(expected, F.gelu(t)) ** 2
         assert error < 2e-3, (scale, error)
 
 
@@ -265,7 +262,7 @@ def test_eugen_starts_unbiased_for_the_polynomial_fit(small_layer_data):
         with torch.no_grad():
             runs.append(layer(x))
     poly = ralimp.activation_fit("gelu", poly_degree=2, num_atoms=0)
-    assert relative_mse(sum(runs) / 4, poly(t)) < 0.02
+    assert relative_error(sum(runs) / 4, poly(t)) ** 2 < 0.02
     assert isinstance(layer.psi_weight, torch.nn.Parameter)
 
 
@@ -279,7 +276,7 @@ def test_eugen_with_a_sample_fits_its_polynomial_on_the_samples_range(small_laye
     poly = torch.tensor(layer.fit.poly, dtype=t.dtype)
     on_range = sum(c * t**n for n, c in enumerate(poly))
     fixed = ralimp.activation_fit("gelu", poly_degree=2, num_atoms=0)  # [-4, 4], without a sample
-    assert relative_mse(on_range, F.gelu(t)) < 2e-3 < relative_mse(fixed(t), F.gelu(t))
+    assert relative_error(on_range, F.gelu(t)) ** 2 < 2e-3 < relative_error(fixed(t), F.gelu(t)) ** 2
     # an interval given by the caller still wins over the sample's range
     given = EUGen.from_linear(linear, "gelu", num_features=8, sample=x, seed=0, interval=(-4.0, 4.0))
     assert given.fit.interval == (-4.0, 4.0)
@@ -297,7 +294,7 @@ def test_a_ralimp_without_atoms_is_its_polynomial_fit_in_expectation(small_layer
             runs.append(layer(x))
     poly = torch.tensor(layer.fit.poly, dtype=t.dtype)
     expected = sum(c * t**n for n, c in enumerate(poly))
-    assert relative_mse(sum(runs) / 4, expected) < 0.02
+    assert relative_error(sum(runs) / 4, expected) ** 2 < 0.02
 
 
 def test_snnk_fourier_variant_is_unbiased_for_the_activations_fourier_series(small_layer_data):
@@ -314,7 +311,7 @@ def test_snnk_fourier_variant_is_unbiased_for_the_activations_fourier_series(sma
         layer = SNNK.from_linear(linear, "gelu", num_features=8192, num_terms=3, seed=seed, sample=x)
         with torch.no_grad():
             runs.append(layer(x))
-    assert relative_mse(sum(runs) / 4, target) < 0.05
+    assert relative_error(sum(runs) / 4, target) ** 2 < 0.05
 
 
 def test_snnk_relu_variant_has_width_m_and_a_trainable_psi(small_layer_data):
@@ -421,8 +418,8 @@ def test_the_exponent_bound_is_the_largest_input_and_weight_row_aligned():
     assert float(layer.exponent_bound(u, freqs)) == pytest.approx(expected, rel=1e-12)
 
 
-def test_from_linear_calibrates_the_pretrained_weights_once(monkeypatch, small_layer_data):
-    # the choice of J and the layer's own fit share one calibration of the linear's weights on the sample
+def test_from_linear_calibrates_once_and_only_the_pretrained_weights(monkeypatch, small_layer_data):
+    # the choice of J and the layer's own fit share one calibration; the random init is never calibrated
     linear, x = small_layer_data
     calibrated = []
     original = ralimp.layer.calibrate
@@ -433,4 +430,13 @@ def test_from_linear_calibrates_the_pretrained_weights_once(monkeypatch, small_l
 
     monkeypatch.setattr(ralimp.layer, "calibrate", spy)
     RaLiMP.from_linear(linear, "gelu", sample=x, seed=0, num_atoms=2)
-    assert calibrated.count(True) == 1
+    assert calibrated == [True]
+
+
+def test_from_linear_keeps_the_single_calibration_of_the_pretrained_weights(small_layer_data):
+    linear, x = small_layer_data
+    layer = RaLiMP.from_linear(linear, "gelu", sample=x, seed=0, num_atoms=2, tau="auto")
+    once = RaLiMP.calibrate(linear.weight.detach(), linear.bias.detach(), x, layer.options)
+    assert (layer.calibration.tau, layer.calibration.balance) == (once.tau, once.balance)
+    assert torch.equal(layer.calibration.t, once.t)
+    assert float(layer.tau) == pytest.approx(once.tau, rel=1e-12)

@@ -3,11 +3,39 @@
 import pytest
 import torch
 
+from spectraformer_core.testing import torch_threads
+
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """One torch thread for the module's tests (tiny models: threads only add overhead)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    """One torch thread for the module's tests (tiny models and token loops: threads only add overhead)."""
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture
+def tiny_llama():
+    """``build(attn_implementation, **config)``: a Llama built from a config (no download), in train mode.
+
+    Two layers of width 32, 4 query and 2 key/value heads (grouped-query attention), 64 positions, vocabulary
+    64 unless ``config`` says otherwise; the global torch seed is set to 0 first, so equal arguments give
+    equal weights.
+    """
+    transformers = pytest.importorskip("transformers")
+
+    def build(name, **config):
+        torch.manual_seed(0)
+        options = {
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+        }
+        llama_config = transformers.LlamaConfig(**{**options, **config})
+        llama_config._attn_implementation = name
+        return transformers.LlamaForCausalLM(llama_config)
+
+    return build

@@ -25,6 +25,14 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`"),
 ]
 
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test starts from an empty Dynamo cache (its own compilations only) and torch seed 0."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+
+
 #: One pair per component family, learnable FastFood_L included; causal and not.
 PAIRS = [
     ("trigrf-sorf", False),
@@ -56,8 +64,6 @@ def train_steps(
     ("name", "causal"), PAIRS, ids=[f"{n}-{'causal' if c else 'full'}" for n, c in PAIRS]
 )
 def test_training_step_compiles_to_one_graph_and_never_recompiles(name, causal):
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     module = rf_attention.create(name, 32, 2, num_features=8, causal=causal, seed=0).train()
     eager = copy.deepcopy(module)
     compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
@@ -80,8 +86,6 @@ def test_training_step_compiles_to_one_graph_and_never_recompiles(name, causal):
 
 def test_running_statistics_gradients_under_aot_autograd_equal_eager():
     # the running statistics (SADERF's Psi, OPRF's A) are updated in place during the step
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     module = rf_attention.create("saderf-orf", 32, 2, num_features=8, causal=True, seed=0).train()
     eager = copy.deepcopy(module)
     x = torch.randn(2, 40, 32)
@@ -93,8 +97,6 @@ def test_running_statistics_gradients_under_aot_autograd_equal_eager():
 @needs_compiler
 @pytest.mark.parametrize("name", ["oprf-fastfoodl", "nystromformer"])
 def test_compiled_module_equals_eager(name):
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     attn = rf_attention.create(name, 32, 2, num_features=16, seed=0).eval()
     x = torch.randn(2, 40, 32)
     mask = torch.zeros(2, 40, dtype=torch.bool)
@@ -107,8 +109,6 @@ def test_compiled_module_equals_eager(name):
 
 @needs_compiler
 def test_inductor_training_step_equals_eager():
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     module = rf_attention.create("posrf-orf", 32, 2, num_features=8, causal=True, seed=0).train()
     eager = copy.deepcopy(module)
     x = torch.randn(2, 40, 32)
@@ -130,8 +130,6 @@ def matrix_after_each_step(module: torch.nn.Module, x: torch.Tensor, steps: int)
 
 @pytest.mark.parametrize("name", ["posrf-orf", "trigrf-sorf", "saderf-qmc"])
 def test_training_with_periodic_redraws_compiles_to_one_graph_and_redraws_as_eager(name):
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     module = rf_attention.create(name, 32, 2, num_features=16, seed=0, redraw_interval=2).train()
     eager = copy.deepcopy(module)
     compiled = torch.compile(module, fullgraph=True, backend="aot_eager")

@@ -7,23 +7,13 @@ import rf_attention
 import rf_features
 from rf_attention import naive
 from rf_attention.decoding import KVCache, RecurrentState
+from spectraformer_core.testing import seeded_randn as randn
 
 DIM, HEADS, FEATURES = 32, 2, 32
 RF_NAMES = [f"{c}-{m}" for c in rf_features.names() for m in ("orf", "fastfoodl")]
 NAMES = ["softmax", *RF_NAMES]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Token-by-token loops of tiny ops: one thread is fastest, and robust on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def randn(*shape, seed=0, scale=1.0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def trained(name, *, logit_gain=1.0):

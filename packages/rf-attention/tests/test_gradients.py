@@ -20,17 +20,11 @@ from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend
 from rf_attention.naive import naive_linear_attention, naive_rf_attention, naive_softmax_attention
 from rf_attention.ops.causal import CausalState, causal_attention, chunk_prefix
+from spectraformer_core.testing import assert_rel_close, relative_error
 
 SHAPES = [(1, 1, 9, 4, 3), (2, 3, 13, 8, 6)]  # (B, H, N, Dh, s)
 NAMES = ["posrf-orf", "trigrf-sorf", "oprf-fastfoodl", "saderf-qmc", "posrf-hyp-base", "gerf-orf"]
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-4}
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||actual - expected|| / ||expected||`` in float64 (0 when both are 0)."""
-    actual, expected = actual.detach().double(), expected.detach().double()
-    scale = expected.norm()
-    return float((actual - expected).norm() / scale) if scale > 0 else float(actual.norm())
 
 
 def make_feature_map(name: str, dim: int, s: int, causal: bool, dtype: torch.dtype):
@@ -72,6 +66,32 @@ def grads(out, weights, tensors):
     return torch.autograd.grad((out * weights).sum(), tensors, allow_unused=True)
 
 
+def assert_equals_naive(fm, reference_map, qkv, mask, weights, *, causal, chunk_size, tolerance):
+    """``rf_attention`` through ``fm`` against ``naive_rf_attention`` through ``reference_map`` (float64).
+
+    The output (in the inputs' dtype) and the gradients of ``sum(out * weights)`` in q, k, v and the map's
+    parameters, each within relative error ``tolerance``; q, k, v ``(B, H, N, Dh)``, ``mask`` ``(B, N)`` pads
+    keys and queries.
+    """
+    q, k, v = qkv
+    out = rf_attend(
+        q, k, v, fm, causal=causal, key_padding_mask=mask, query_padding_mask=mask, chunk_size=chunk_size
+    )
+    got = grads(out, weights, [q, k, v, *fm.parameters()])
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in qkv)
+    expected_out = naive_rf_attention(
+        q64, k64, v64, reference_map, causal=causal, key_padding_mask=mask, query_padding_mask=mask
+    )
+    expected = grads(expected_out, weights.double(), [q64, k64, v64, *reference_map.parameters()])
+    assert out.dtype == q.dtype
+    assert_rel_close("output", expected_out, out, tolerance)
+    labels = ["dq", "dk", "dv", *(f"d{p}" for p, _ in fm.named_parameters())]
+    for label, g, e in zip(labels, got, expected, strict=True):
+        assert (g is None) == (e is None), label
+        if e is not None:
+            assert_rel_close(label, e, g, tolerance)
+
+
 def without_closed_form(fm):
     """``fm`` as a feature map with no closed form: the kernels run their generic (autograd) path."""
     fm.exponential_form = lambda *args, **kwargs: None
@@ -93,28 +113,14 @@ def test_outputs_and_gradients_equal_the_naive_reference(
     reference_map = copy.deepcopy(fm).double()
     if strategy == "generic":
         fm = without_closed_form(fm)
-    (q, k, v), mask, weights = inputs(b, h, n, d, dtype, masked, causal)
-    out = rf_attend(
-        q, k, v, fm, causal=causal, key_padding_mask=mask, query_padding_mask=mask, chunk_size=chunk_size
-    )
-    params = list(fm.parameters())
-    got = grads(out, weights, [q, k, v, *params])
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected_out = naive_rf_attention(
-        q64, k64, v64, reference_map, causal=causal, key_padding_mask=mask, query_padding_mask=mask
-    )
-    expected = grads(expected_out, weights.double(), [q64, k64, v64, *reference_map.parameters()])
     tolerance = TOLERANCE[dtype]
     if name.startswith("trigrf") and dtype == torch.float32:
         # signed features: D cancels, float32 rounding grows by |phi_q| . sum |phi_k| / |D| (about 10 here)
         tolerance *= 10
-    assert out.dtype == dtype
-    assert relative_error(out, expected_out) < tolerance
-    labels = ["dq", "dk", "dv", *(f"d{p}" for p, _ in fm.named_parameters())]
-    for label, g, e in zip(labels, got, expected, strict=True):
-        assert (g is None) == (e is None), label
-        if e is not None:
-            assert relative_error(g, e) < tolerance, (label, relative_error(g, e))
+    qkv, mask, weights = inputs(b, h, n, d, dtype, masked, causal)
+    assert_equals_naive(
+        fm, reference_map, qkv, mask, weights, causal=causal, chunk_size=chunk_size, tolerance=tolerance
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -212,18 +218,10 @@ def test_many_groups_equal_the_naive_reference(small_groups, name, causal, maske
     else:
         rows = kernels.group_rows(n, d, width, batch=b * h)
     assert -(-n // rows) >= 3, "several groups"
-    reference_map = copy.deepcopy(fm)
-    (q, k, v), mask, weights = inputs(b, h, n, d, torch.float64, masked, causal)
-    out = rf_attend(q, k, v, fm, causal=causal, key_padding_mask=mask, query_padding_mask=mask, chunk_size=4)
-    got = grads(out, weights, [q, k, v, *fm.parameters()])
-    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    expected_out = naive_rf_attention(
-        q64, k64, v64, reference_map, causal=causal, key_padding_mask=mask, query_padding_mask=mask
+    qkv, mask, weights = inputs(b, h, n, d, torch.float64, masked, causal)
+    assert_equals_naive(
+        fm, copy.deepcopy(fm), qkv, mask, weights, causal=causal, chunk_size=4, tolerance=1e-10
     )
-    expected = grads(expected_out, weights, [q64, k64, v64, *reference_map.parameters()])
-    assert relative_error(out, expected_out) < 1e-10
-    for g, e in zip(got, expected, strict=True):
-        assert relative_error(g, e) < 1e-10
 
 
 def dense_prefix(x, log_ref):
@@ -271,20 +269,10 @@ def test_causal_many_chunks_and_groups_equal_the_naive_quadratic_form(small_caus
     assert n // chunk >= 30, "many chunks"
     assert -(-n // rows) >= 4, "several groups"
     fm = make_feature_map(name, d, s, True, torch.float64)
-    reference_map = copy.deepcopy(fm)
-    (q, k, v), mask, weights = inputs(b, h, n, d, torch.float64, True, True)
-    out = rf_attend(
-        q, k, v, fm, causal=True, key_padding_mask=mask, query_padding_mask=mask, chunk_size=chunk
+    qkv, mask, weights = inputs(b, h, n, d, torch.float64, True, True)
+    assert_equals_naive(
+        fm, copy.deepcopy(fm), qkv, mask, weights, causal=True, chunk_size=chunk, tolerance=1e-10
     )
-    got = grads(out, weights, [q, k, v, *fm.parameters()])
-    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    expected_out = naive_rf_attention(
-        q64, k64, v64, reference_map, causal=True, key_padding_mask=mask, query_padding_mask=mask
-    )
-    expected = grads(expected_out, weights, [q64, k64, v64, *reference_map.parameters()])
-    assert relative_error(out, expected_out) < 1e-10
-    for g, e in zip(got, expected, strict=True):
-        assert relative_error(g, e) < 1e-10
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])

@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import rf_attention.hf as rf_hf  # noqa: E402  (registers the names)
 from rf_attention import rf_attention, softmax_attention  # noqa: E402
+from spectraformer_core.testing import assert_rel_close  # noqa: E402
 
 AttentionInterface = transformers.AttentionInterface
 VOCAB = 61
@@ -17,20 +18,10 @@ VOCAB = 61
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def llama(name, **overrides):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # grouped-query attention
-        max_position_embeddings=64,
-        **overrides,
-    )
-    config._attn_implementation = name
-    return transformers.LlamaForCausalLM(config).eval()
+@pytest.fixture
+def llama(tiny_llama):
+    """``llama(attn_implementation, **config)``: the tiny Llama over ``VOCAB`` tokens, in eval mode."""
+    return lambda name, **overrides: tiny_llama(name, vocab_size=VOCAB, **overrides).eval()
 
 
 def gpt2(name):
@@ -99,9 +90,9 @@ def expected_causal(call, padding):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize(("build", "name"), [(llama, "rf-posrf-orf"), (gpt2, "rf-oprf-fastfoodl")])
-def test_causal_model_with_padding_runs_our_attention_on_its_q_k_v(build, name, recorder):
-    model = build(name)
+@pytest.mark.parametrize(("family", "name"), [("llama", "rf-posrf-orf"), ("gpt2", "rf-oprf-fastfoodl")])
+def test_causal_model_with_padding_runs_our_attention_on_its_q_k_v(llama, family, name, recorder):
+    model = (llama if family == "llama" else gpt2)(name)
     calls = recorder(name)
     ids, mask = left_padded_batch()
     with torch.no_grad():
@@ -123,7 +114,7 @@ def positions(mask):
     return (mask.cumsum(-1) - 1).clamp_min(0)
 
 
-def test_padding_changes_nothing_for_the_real_tokens():
+def test_padding_changes_nothing_for_the_real_tokens(llama):
     model = llama("rf-saderf-orf")
     ids, mask = left_padded_batch()
     with torch.no_grad():
@@ -133,7 +124,7 @@ def test_padding_changes_nothing_for_the_real_tokens():
 
 
 @pytest.mark.parametrize("name", ["rf-posrf-orf", "rf-oprf-orf", "rf-trigrf-orf"])
-def test_cached_generation_equals_the_full_forward(name):
+def test_cached_generation_equals_the_full_forward(llama, name):
     model = llama(name)
     ids, mask = left_padded_batch(seed=1)
     with torch.no_grad():
@@ -176,7 +167,7 @@ def test_vit_runs_our_non_causal_attention(recorder):
         torch.testing.assert_close(call["out"], expected.transpose(1, 2))
 
 
-def test_many_features_approach_the_models_softmax_attention(recorder):
+def test_many_features_approach_the_models_softmax_attention(llama, recorder):
     rf_hf.register(["posrf-orf"], num_features=4096, seed=0)
     try:
         model = llama("rf-posrf-orf")
@@ -187,12 +178,12 @@ def test_many_features_approach_the_models_softmax_attention(recorder):
         for call in calls:
             k, v = (t.repeat_interleave(2, dim=1) for t in (call["k"], call["v"]))
             exact = softmax_attention(call["q"], k, v, causal=True).transpose(1, 2)
-            assert float((call["out"] - exact).norm() / exact.norm()) < 0.05
+            assert_rel_close("layer output", exact, call["out"], 0.05)
     finally:
         rf_hf.register(["posrf-orf"])
 
 
-def test_uptraining_recipe_keeps_the_pretrained_weights_and_adds_feature_maps(tmp_path):
+def test_uptraining_recipe_keeps_the_pretrained_weights_and_adds_feature_maps(llama, tmp_path):
     pretrained = llama("sdpa")
     pretrained.save_pretrained(tmp_path)
     with pytest.warns(UserWarning, match=r"drew fresh ones \(seed 0 \+ layer index, 128 features\)"):
@@ -228,7 +219,7 @@ def tensors(model):
     return {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
 
 
-def test_from_pretrained_without_a_name_gives_the_saved_rf_model(tmp_path):
+def test_from_pretrained_without_a_name_gives_the_saved_rf_model(llama, tmp_path):
     rf_hf.register(["oprf-fastfoodl"], num_features=16, seed=5)
     try:
         model = trained_maps(llama("rf-oprf-fastfoodl"))
@@ -243,7 +234,7 @@ def test_from_pretrained_without_a_name_gives_the_saved_rf_model(tmp_path):
         assert torch.equal(reloaded.state_dict()[key], value), key
 
 
-def test_maps_saved_elsewhere_load_with_one_call(tmp_path):
+def test_maps_saved_elsewhere_load_with_one_call(llama, tmp_path):
     model = trained_maps(llama("rf-oprf-fastfoodl"))
     model.save_pretrained(tmp_path)
     twin = llama("rf-oprf-fastfoodl")
@@ -252,7 +243,7 @@ def test_maps_saved_elsewhere_load_with_one_call(tmp_path):
         assert torch.equal(twin.state_dict()[key], value), key
 
 
-def test_a_lazily_switched_model_refuses_to_draw_over_saved_maps(tmp_path):
+def test_a_lazily_switched_model_refuses_to_draw_over_saved_maps(llama, tmp_path):
     trained_maps(llama("rf-oprf-fastfoodl")).save_pretrained(tmp_path)
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
     model.config._attn_implementation = "rf-oprf-fastfoodl"  # no hook sees this: the first call would draw
@@ -272,17 +263,23 @@ def test_masks_of_other_patterns_are_refused():
     assert padding.tolist() == [[False] * n, [True, True] + [False] * (n - 2)]
 
 
-def test_unknown_names_are_refused():
+def test_unknown_names_are_refused(llama):
     with pytest.raises(ValueError, match="names: expected random-feature attention names"):
         rf_hf.register(["softmax"])
     with pytest.raises(ValueError, match="attn_implementation: expected a registered rf-"):
         rf_hf.attach_feature_maps(llama("sdpa"))
 
 
-def attached(name, **overrides):
-    model = llama(name, **overrides)
-    rf_hf.attach_feature_maps(model)
-    return model
+@pytest.fixture
+def attached(llama):
+    """``attached(attn_implementation, **config)``: a `llama` with its feature maps attached."""
+
+    def build(name, **overrides):
+        model = llama(name, **overrides)
+        rf_hf.attach_feature_maps(model)
+        return model
+
+    return build
 
 
 def greedy(model, ids, mask, **kw):
@@ -292,7 +289,7 @@ def greedy(model, ids, mask, **kw):
 
 
 @pytest.mark.parametrize("name", ["rf-performer", "rf-oprf-orf", "rf-trigrf-orf", "rf-saderf-fastfoodl"])
-def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens(name):
+def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens(attached, name):
     model = attached(name)  # GQA: 4 query heads, 2 KV heads
     ids, mask = left_padded_batch(seed=1)
     out = greedy(model, ids, mask, return_dict_in_generate=True)
@@ -306,7 +303,7 @@ def test_generate_keeps_the_recurrent_state_and_gives_the_uncached_greedy_tokens
     assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
 
 
-def test_generate_with_hf_key_cache_gives_the_uncached_greedy_tokens():
+def test_generate_with_hf_key_cache_gives_the_uncached_greedy_tokens(attached):
     model = attached("rf-oprf-orf")
     ids, mask = left_padded_batch(seed=5)
     cache = transformers.DynamicCache(config=model.config)
@@ -324,7 +321,7 @@ def test_gpt2_generate_keeps_the_recurrent_state_too():
     assert torch.equal(out.sequences, greedy(model, ids, mask, use_cache=False))
 
 
-def test_an_attached_model_still_copies_and_pickles(tmp_path):
+def test_an_attached_model_still_copies_and_pickles(attached, tmp_path):
     model = attached("rf-performer")
     ids, mask = left_padded_batch(seed=9)
     torch.save(model, tmp_path / "model.pt")
@@ -334,7 +331,7 @@ def test_an_attached_model_still_copies_and_pickles(tmp_path):
     assert torch.equal(out.sequences, greedy(model, ids, mask))
 
 
-def test_generate_state_has_the_same_size_for_any_prompt():
+def test_generate_state_has_the_same_size_for_any_prompt(attached):
     model = attached("rf-performer")
     sizes = []
     for length in (3, 40):
@@ -347,14 +344,14 @@ def test_generate_state_has_the_same_size_for_any_prompt():
     assert sizes[0] == sizes[1]
 
 
-def test_beam_search_reorders_the_states():
+def test_beam_search_reorders_the_states(attached):
     model = attached("rf-oprf-orf")
     ids, mask = left_padded_batch(seed=2)
     beams = greedy(model, ids, mask, num_beams=3, num_return_sequences=2)
     assert torch.equal(beams, greedy(model, ids, mask, num_beams=3, num_return_sequences=2, use_cache=False))
 
 
-def test_softmax_layers_mixed_with_rf_layers_keep_their_keys():
+def test_softmax_layers_mixed_with_rf_layers_keep_their_keys(llama):
     model = llama("rf-performer")
     first = model.model.layers[0].self_attn
     first.config = copy.copy(model.config)  # layer 0 runs HF's sdpa, layer 1 RF attention
@@ -368,7 +365,7 @@ def test_softmax_layers_mixed_with_rf_layers_keep_their_keys():
     assert torch.equal(out.sequences, greedy(model, ids, mask, max_new_tokens=6, use_cache=False))
 
 
-def test_own_decoding_loop_with_the_exported_cache_equals_the_full_forward():
+def test_own_decoding_loop_with_the_exported_cache_equals_the_full_forward(attached):
     model = attached("rf-saderf-orf")
     ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
     cache = rf_hf.RandomFeatureCache(model)
@@ -381,7 +378,7 @@ def test_own_decoding_loop_with_the_exported_cache_equals_the_full_forward():
         cache.crop(-1)
 
 
-def test_a_cache_layer_given_to_a_softmax_attention_is_refused():
+def test_a_cache_layer_given_to_a_softmax_attention_is_refused(attached):
     model = attached("rf-performer")
     cache = rf_hf.RandomFeatureCache(model)
     model.config._attn_implementation = "sdpa"  # every layer now runs sdpa on the RF layers' cache
@@ -394,7 +391,7 @@ def test_a_cache_layer_given_to_a_softmax_attention_is_refused():
         model.config._attn_implementation = "rf-performer"
 
 
-def test_refusals_name_the_attention_the_user_typed():
+def test_refusals_name_the_attention_the_user_typed(attached):
     model = attached("rf-performer")
     calls = rf_hf.registered("rf-performer")
     q = torch.randn(1, 4, 3, 8)
@@ -408,7 +405,7 @@ def documents(lengths, seed=5):
 
 
 @pytest.mark.parametrize("name", ["rf-performer", "rf-saderf-orf"])
-def test_a_flattened_batch_gives_each_document_its_own_logits(name):
+def test_a_flattened_batch_gives_each_document_its_own_logits(attached, name):
     model = attached(name)
     docs = documents([5, 9, 4])
     collator = transformers.DataCollatorWithFlattening(return_tensors="pt")
@@ -424,7 +421,7 @@ def test_a_flattened_batch_gives_each_document_its_own_logits(name):
     assert torch.isfinite(loss)
 
 
-def test_one_left_padded_prompt_is_not_taken_for_packed_documents():
+def test_one_left_padded_prompt_is_not_taken_for_packed_documents(attached):
     model = attached("rf-performer")
     ids, mask = left_padded_batch(seed=8)
     row = slice(1, 2)  # 3 padding tokens: generate's position ids are [1, 1, 1, 0, 1, ...]
@@ -432,7 +429,7 @@ def test_one_left_padded_prompt_is_not_taken_for_packed_documents():
     assert torch.equal(greedy(model, ids[row], mask[row])[:, 3:], alone)
 
 
-def test_flash_attention_kwargs_of_the_collator_are_used():
+def test_flash_attention_kwargs_of_the_collator_are_used(attached):
     model = attached("rf-performer")
     docs = documents([6, 3], seed=6)
     collator = transformers.DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=True)

@@ -1,5 +1,7 @@
 """``rf_attention.ops.recurrent.decode`` against the plain quadratic formula and the causal forward pass."""
 
+import functools
+
 import pytest
 import torch
 
@@ -8,24 +10,15 @@ from rf_attention import naive
 from rf_attention import rf_attention as attention
 from rf_attention.ops import common
 from rf_attention.ops.recurrent import decode
+from spectraformer_core.testing import seeded_randn
 
 B, H, N, DH, FEATURES = 2, 2, 40, 8, 16
 COMPONENTS = rf_features.names()
 MATRICES = ("orf", "fastfoodl")
 PAIRS = [f"{c}-{m}" for c in COMPONENTS for m in MATRICES]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Loops of tiny operations: one thread is fastest, and robust on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def randn(*shape, seed=0, scale=1.0, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale
+pytestmark = pytest.mark.usefixtures("one_thread")
+randn = functools.partial(seeded_randn, dtype=torch.float64)
 
 
 def feature_map(pair, dtype=torch.float64):

@@ -17,24 +17,20 @@ def learnable_saderf():
     rf_hf.register(["saderf-orf"])
 
 
-def tiny_llama() -> "transformers.PreTrainedModel":
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(4)
-            layer.self_attn.k_proj.weight.mul_(4)
-    model.set_attn_implementation("rf-saderf-orf")
-    return model
+@pytest.fixture
+def llama(tiny_llama):
+    """The tiny Llama with 4x query and key projections (logits large enough to need transfer), on RF."""
+
+    def build():
+        model = tiny_llama("sdpa")
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(4)
+                layer.self_attn.k_proj.weight.mul_(4)
+        model.set_attn_implementation("rf-saderf-orf")
+        return model
+
+    return build
 
 
 def llama_batches() -> list[dict[str, torch.Tensor]]:
@@ -45,8 +41,8 @@ def llama_batches() -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": ids, "attention_mask": mask}]
 
 
-def test_hf_llama_transfer_lowers_every_layers_mse_and_changes_only_the_feature_maps():
-    model = tiny_llama()
+def test_hf_llama_transfer_lowers_every_layers_mse_and_changes_only_the_feature_maps(llama):
+    model = llama()
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "rf_feature_map" not in n}
     report = attention_transfer(model, llama_batches(), steps=30, lr=3e-2)
     assert report.layers == ("model.layers.0.self_attn", "model.layers.1.self_attn")
@@ -57,11 +53,11 @@ def test_hf_llama_transfer_lowers_every_layers_mse_and_changes_only_the_feature_
 
 # peft 0.21 reads a transformers attribute that transformers 5 deprecates
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_lora_stage_trains_adapters_on_the_attention_projections_with_trainer(tmp_path):
+def test_lora_stage_trains_adapters_on_the_attention_projections_with_trainer(llama, tmp_path):
     peft = pytest.importorskip("peft")
     from rf_attention.transfer import lora_config
 
-    model = tiny_llama()
+    model = llama()
     attention_transfer(model, llama_batches(), steps=2)
     maps = {n: p.detach().clone() for n, p in model.named_parameters() if "rf_feature_map" in n}
     freeze_statistics(model)
@@ -81,8 +77,8 @@ def test_lora_stage_trains_adapters_on_the_attention_projections_with_trainer(tm
     assert all(torch.equal(after[n], p) for n, p in maps.items())
 
 
-def test_teacher_forcing_after_transfer_keeps_the_trained_maps_of_a_reloaded_model(tmp_path):
-    saved = tiny_llama()
+def test_teacher_forcing_after_transfer_keeps_the_trained_maps_of_a_reloaded_model(llama, tmp_path):
+    saved = llama()
     rf_hf.attach_feature_maps(saved)  # the folder holds feature maps
     saved.save_pretrained(tmp_path)
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="rf-saderf-orf")

@@ -69,21 +69,35 @@ def test_folded_rule_gives_the_antipodal_rules_estimate_for_even_components():
         torch.testing.assert_close(phi_q @ phi_k.mT, phi_q2 @ phi_k2.mT)
 
 
+def positive_over_smolyak(name):
+    """``name`` over the signed Smolyak rule (whose weights can be negative), d = 8, 17 rows."""
+    return rf_features.create(
+        name,
+        weight_matrix="sgq",
+        num_features=17,
+        dim=8,
+        matrix_options={"rule": "smolyak"},
+        **POSITIVE[name],
+    )
+
+
 @pytest.mark.parametrize("name", list(POSITIVE))
 def test_positive_component_over_a_signed_rule_warns_once_at_construction(name):
-    q, k = attention_inputs(1.0, dim=8, n=4)
     with pytest.warns(UserWarning, match=r"weight_matrix: .*can be negative.*rule='stiefel'") as record:
-        fm = rf_features.create(
-            name,
-            weight_matrix="sgq",
-            num_features=17,
-            dim=8,
-            matrix_options={"rule": "smolyak"},
-            **POSITIVE[name],
-        )
+        positive_over_smolyak(name)
     assert len(record) == 1
-    fm(q.float(), k.float())  # no further warning (the test configuration turns warnings into errors)
-    fm(q.float(), k.float())
+
+
+@pytest.mark.parametrize("name", list(POSITIVE))
+def test_positive_component_over_a_signed_rule_does_not_warn_again_in_forward(name):
+    q, k = attention_inputs(1.0, dim=8, n=4)
+    with pytest.warns(UserWarning, match="can be negative"):
+        fm = positive_over_smolyak(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fm(q.float(), k.float())
+        fm(q.float(), k.float())
+    assert [str(w.message) for w in caught] == []
 
 
 def test_signed_rules_do_not_warn_for_signed_components():

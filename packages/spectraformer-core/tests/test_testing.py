@@ -1,11 +1,11 @@
-"""`relative_error` and `assert_rel_close`: the relative-error comparison the tests share."""
+"""`relative_error`, `assert_rel_close`, `seeded_randn` and `torch_threads`: what the tests share."""
 
 import math
 
 import pytest
 import torch
 
-from spectraformer_core.testing import assert_rel_close, relative_error
+from spectraformer_core.testing import assert_rel_close, relative_error, seeded_randn, torch_threads
 
 REFERENCE = torch.tensor([[3.0, 0.0], [0.0, 4.0]], dtype=torch.float64)  # norm 5
 OFF_BY_A_TENTH = REFERENCE + torch.tensor([[0.0, 0.3], [0.4, 0.0]], dtype=torch.float64)  # norm 0.5 off
@@ -50,3 +50,29 @@ def test_assert_rel_close_names_the_error_the_tolerance_and_the_reference():
 def test_assert_rel_close_fails_on_a_nan():
     with pytest.raises(AssertionError, match=r"relative error nan > tolerance"):
         assert_rel_close("output", torch.ones(2), torch.tensor([1.0, math.nan]), 1.0)
+
+
+def test_seeded_randn_depends_only_on_its_seed():
+    first = seeded_randn(3, 4, seed=7, dtype=torch.float64)
+    torch.randn(10)  # the global RNG moves; the draw does not
+    assert torch.equal(seeded_randn(3, 4, seed=7, dtype=torch.float64), first)
+
+
+def test_seeded_randn_scales_the_standard_normal_draw():
+    unit = seeded_randn(5, seed=1)
+    assert torch.equal(seeded_randn(5, seed=1, scale=2.5), unit * 2.5)
+
+
+def test_torch_threads_sets_the_count_inside_and_restores_it_after():
+    before = torch.get_num_threads()
+    target = 2 if before == 1 else 1
+    with torch_threads(target):
+        inside = torch.get_num_threads()
+    assert (inside, torch.get_num_threads()) == (target, before)
+
+
+def test_torch_threads_restores_the_count_after_an_exception():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError), torch_threads(2 if before == 1 else 1):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before

@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lra_data.cache import MANIFEST, LRADataset, read_manifest
 from lra_data.datasets import GENERATORS, GenerateConfig, PrepareConfig, generate, prepare
@@ -105,18 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_Config = TypeVar("_Config")
+
+
+def _config_from_args(cls: type[_Config], args: argparse.Namespace, **given: Any) -> _Config:
+    """``cls`` (a dataclass) with each field from the flag of its name; ``given`` fields as they are."""
+    fields = [f.name for f in dataclasses.fields(cls) if f.name not in given]  # type: ignore[arg-type]
+    return cls(**{name: getattr(args, name) for name in fields}, **given)
+
+
 def _prepare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    config = PrepareConfig(
-        task=args.task,
-        source=args.source,
-        out=args.out,
-        format=args.format,
-        pickle_prefix=args.pickle_prefix,
-        difficulty=args.difficulty,
-        split_seed=args.split_seed,
-        image_size=args.image_size,
-        overwrite=args.overwrite,
-    )
+    config = _config_from_args(PrepareConfig, args)
     _report(prepare(config), config.out / config.task)
 
 
@@ -130,16 +129,7 @@ def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
                 f"{', '.join(map(_flag, given))}: options of the {task} generator, not of {args.task}"
             )
         settings[task] = generator(**given)
-    config = GenerateConfig(
-        task=args.task,
-        n=args.n,
-        out=args.out,
-        val=args.val,
-        test=args.test,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        **settings,
-    )
+    config = _config_from_args(GenerateConfig, args, **settings)
     _report(generate(config), config.out / config.task)
 
 

@@ -156,6 +156,21 @@ def _name_key(path: Path) -> tuple[tuple[int, int, str], ...]:
     )
 
 
+def _listed_files(directory: Path, pattern: str, what: str, expected: str) -> list[Path]:
+    """The ``pattern`` files of ``directory`` in numeric name order (``_name_key``).
+
+    Raises:
+        FileNotFoundError: ``directory`` is no folder (the message says ``expected``).
+        DataFormatError: no file matches (``no {pattern} {what} in this folder``).
+    """
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such folder (expected {expected})")
+    files = sorted(directory.glob(pattern), key=_name_key)
+    if not files:
+        raise DataFormatError(directory, f"no {pattern} {what} in this folder")
+    return files
+
+
 def read_imdb(folder: str | Path, split: str) -> Iterator[Example]:
     """Examples of the IMDb reviews (``aclImdb/{train,test}/{neg,pos}/*.txt``): label 0 = neg, 1 = pos.
 
@@ -166,14 +181,8 @@ def read_imdb(folder: str | Path, split: str) -> Iterator[Example]:
     folder = Path(folder)
     for label, polarity in enumerate(("neg", "pos")):
         directory = folder / split / polarity
-        if not directory.is_dir():
-            raise FileNotFoundError(
-                f"{directory}: no such folder (expected aclImdb/{split}/{polarity}/*.txt)"
-            )
-        files = sorted(directory.glob("*.txt"), key=_name_key)
-        if not files:
-            raise DataFormatError(directory, "no *.txt review in this folder")
-        for file in files:
+        expected = f"aclImdb/{split}/{polarity}/*.txt"
+        for file in _listed_files(directory, "*.txt", "review", expected):
             yield tokenize_bytes(file.read_bytes()), label
 
 
@@ -235,13 +244,8 @@ def pathfinder_metadata(folder: str | Path) -> list[tuple[Path, int, Path, int]]
     """
     folder = Path(folder)
     metadata = folder / "metadata"
-    if not metadata.is_dir():
-        raise FileNotFoundError(
-            f"{metadata}: no such folder (expected a Pathfinder folder with metadata/*.npy)"
-        )
-    files = sorted(metadata.glob("*.npy"), key=_name_key)
-    if not files:
-        raise DataFormatError(metadata, "no *.npy metadata file in this folder")
+    expected = "a Pathfinder folder with metadata/*.npy"
+    files = _listed_files(metadata, "*.npy", "metadata file", expected)
     entries = []
     for file in files:
         for number, line in _lines(file):

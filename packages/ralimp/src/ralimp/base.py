@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Self, TypedDict, cast
 
@@ -79,6 +80,19 @@ def default_linear(
     return linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
 
 
+_FROM_LINEAR: ContextVar[bool] = ContextVar("ralimp_from_linear", default=False)
+
+
+def building_from_linear() -> bool:
+    """True while `LinearReplacement.from_linear` constructs a layer.
+
+    A constructor whose default initialization is costly (RaLiMP's calibration and fit of its random
+    weights) skips it then: `LinearReplacement.initialize_from` sets every weight next, from the pretrained
+    ``linear``, so the layer is calibrated and fitted once.
+    """
+    return _FROM_LINEAR.get()
+
+
 @dataclass(frozen=True)
 class LinearSource:
     """What `LinearReplacement.from_linear` initializes a layer from: its arguments and the class's plan."""
@@ -132,9 +146,17 @@ class LinearReplacement(nn.Module, abc.ABC):
         kw, prepared = cls.plan_from_linear(linear, activation, sample, kw)
         kw.setdefault("device", linear.weight.device)
         kw.setdefault("dtype", linear.weight.dtype)
-        layer = cls(
-            linear.in_features, linear.out_features, activation=activation, bias=linear.bias is not None, **kw
-        )
+        token = _FROM_LINEAR.set(True)
+        try:
+            layer = cls(
+                linear.in_features,
+                linear.out_features,
+                activation=activation,
+                bias=linear.bias is not None,
+                **kw,
+            )
+        finally:
+            _FROM_LINEAR.reset(token)
         with torch.no_grad():
             layer.initialize_from(LinearSource(linear, activation, sample, init, ridge, prepared))
         return layer

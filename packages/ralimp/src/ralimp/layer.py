@@ -16,6 +16,7 @@ from ralimp.base import (
     Factory,
     FeatureLinearization,
     augmented,
+    building_from_linear,
     check_input,
     resolve_activation,
     seeds,
@@ -214,11 +215,12 @@ class RaLiMP(FeatureLinearization):
                 self.register_buffer(name, value)
         self.readout: nn.Parameter | None = None
         self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
-        self.load_linear(
-            self.weight.detach().clone(),
-            None if self.bias is None else self.bias.detach().clone(),
-            sample=sample,
-        )
+        if not building_from_linear():  # from_linear loads (calibrates and fits) its linear instead
+            self.load_linear(
+                self.weight.detach().clone(),
+                None if self.bias is None else self.bias.detach().clone(),
+                sample=sample,
+            )
 
     # ----------------------------------------------------------------------------------------------- init
     def _set_target(

@@ -1,11 +1,14 @@
-"""Comparing a result with its reference by relative error, the measure the tests of every package use.
+"""What the tests of every package share: the relative-error comparison, seeded draws, a thread count.
 
-The style of flash-linear-attention's tests: one number per comparison, the norm of the difference over
-the norm of the reference, so a tolerance means the same at every shape and scale, and a failure says how
-far off the result is.
+The comparison in the style of flash-linear-attention's tests: one number per comparison, the norm of the
+difference over the norm of the reference, so a tolerance means the same at every shape and scale, and a
+failure says how far off the result is.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -14,7 +17,7 @@ def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     """``||actual - reference|| / ||reference||`` in float64 (Frobenius norms over all elements).
 
     Args:
-        actual: the result, any shape.
+        actual: the result, any shape, on any device (it is compared on the reference's device).
         reference: what it should be, the same shape.
 
     Returns:
@@ -28,7 +31,8 @@ def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
         raise ValueError(
             f"actual: expected the shape of reference {tuple(reference.shape)}, got {tuple(actual.shape)}"
         )
-    actual, reference = actual.detach().double(), reference.detach().double()
+    reference = reference.detach().double()
+    actual = actual.detach().to(device=reference.device, dtype=torch.float64)
     scale = torch.linalg.vector_norm(reference)
     difference = torch.linalg.vector_norm(actual - reference)
     return float(difference / scale) if scale > 0 else float(torch.linalg.vector_norm(actual))
@@ -55,3 +59,27 @@ def assert_rel_close(name: str, reference: torch.Tensor, actual: torch.Tensor, r
             f"{name}: relative error {error:.1e} > tolerance {ratio:.1e} "
             f"(||reference|| = {scale:.3g}, shape {tuple(reference.shape)})"
         )
+
+
+def seeded_randn(
+    *shape: int, seed: int = 0, scale: float = 1.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``scale`` times standard-normal draws of ``shape`` from their own generator seeded by ``seed``.
+
+    The same ``seed`` gives the same tensor whatever ran before (the global RNG is not touched).
+    """
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(count)``; the previous count is restored after it.
+
+    Loops of tiny operations (token-by-token decoding, operation counts) are fastest on one thread.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
