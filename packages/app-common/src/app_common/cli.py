@@ -47,7 +47,7 @@ def app_parser(
         doc: the CLI module's docstring, plain text (its subcommand list shows in ``--help``).
 
     Returns:
-        ``(parser, commands)``; add subcommands with [`add_command`][app_common.add_command].
+        ``(parser, commands)``; add subcommands with [`add_command`][app_common.cli.add_command].
     """
     summary, _, rest = plain_text(doc).partition("\n\n")
     parser = argparse.ArgumentParser(
@@ -77,7 +77,8 @@ def add_command(
     """Register the subcommand ``name``: one flag per field of the dataclass ``config``, then ``run(args)``.
 
     The description is ``config``'s docstring (plain text); ``args.config_class`` is ``config``, so
-    [`command_config`][app_common.command_config] builds the configuration from the flags and the TOML file.
+    [`command_config`][app_common.cli.command_config] builds the configuration from the flags and the TOML
+    file.
 
     Args:
         commands: the app's subcommands (`app_parser`).
@@ -111,7 +112,7 @@ def add_command(
 
 
 def command_config(args: argparse.Namespace) -> Any:
-    """The configuration of an [`add_command`][app_common.add_command] subcommand: flags over TOML file."""
+    """The configuration of an `add_command` subcommand: flags over the TOML file."""
     return config_from(args.config_class, args, toml=read_config(args))
 
 
@@ -162,8 +163,8 @@ def add_list_command(
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line) and call the subcommand's ``run(args)``.
 
-    Subcommands ([`add_command`][app_common.add_command]) set ``run`` and are stored as ``args.command``. A
-    [`USER_ERRORS`][app_common.USER_ERRORS] exception exits with status 2 and
+    Subcommands ([`add_command`][app_common.cli.add_command]) set ``run`` and are stored as ``args.command``.
+    A [`USER_ERRORS`][app_common.cli.USER_ERRORS] exception exits with status 2 and
     ``"<prog> <command>: error: <message>"``.
 
     Returns:

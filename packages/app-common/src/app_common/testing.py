@@ -1,8 +1,8 @@
 """Test helpers the apps' test suites share: resume equality, the flag-vocabulary contract, no import cycle.
 
 Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
-with its own (small) run (the one resume policy of [`Trainer`][app_common.Trainer], checked in every app),
-[`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning) and
+with its own (small) run (the one resume policy of [`Trainer`][app_common.harness.Trainer], checked in every
+app), [`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning) and
 [`assert_no_import_cycle`][app_common.testing.assert_no_import_cycle] with its import name.
 """
 
@@ -31,7 +31,7 @@ class Killed(Exception):
 
 
 def kill_at(step: int) -> Callable[[int], None]:
-    """An ``on_save`` hook of [`Checkpointer`][app_common.Checkpointer] that raises `Killed`.
+    """An ``on_save`` hook of [`Checkpointer`][app_common.checkpoint.Checkpointer] that raises `Killed`.
 
     It raises once the checkpoint of ``step`` is on disk, leaving the run as a kill right after it would.
     """
