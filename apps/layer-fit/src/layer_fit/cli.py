@@ -17,7 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from app_common.cli import add_command, add_list_command, app_parser, command_config, run_cli
+from app_common.cli import (
+    add_command,
+    add_list_command,
+    add_report_command,
+    app_parser,
+    command_config,
+    run_cli,
+)
 from app_common.records import report_folder
 from layer_fit.config import FitConfig, QuickConfig, ReportConfig
 from layer_fit.methods import METHODS
@@ -31,15 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", FitConfig, "the protocol (or a selection), resumable"),
     ):
         add_command(commands, name, cls, _fit_and_report, help=text)
-    add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="tables and plots of a results file",
-        config_file=False,
-        positional=("results",),
-    )
+    add_report_command(commands, ReportConfig, _report, help="tables and plots of a results file")
     add_list_command(commands, {"methods": METHODS.names}, help="list the method names")
     return parser
 

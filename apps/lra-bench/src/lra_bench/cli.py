@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 
 import rf_attention
-from app_common.cli import add_command, add_list_command, app_parser, command_config, run_cli
+from app_common.cli import (
+    add_command,
+    add_list_command,
+    add_report_command,
+    app_parser,
+    command_config,
+    run_cli,
+)
 from app_common.config import config_from, leaf_fields, read_config, split_toml
 from app_common.records import report_folder
 from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
@@ -40,15 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
-    add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="paper-style tables and heatmaps",
-        config_file=False,
-        positional=("results",),
-    )
+    add_report_command(commands, ReportConfig, _report, help="paper-style tables and heatmaps")
     add_command(
         commands,
         "quick",

@@ -25,10 +25,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app_common.cli import add_command, add_list_command, app_parser, command_config, run_cli
+from app_common.cli import (
+    add_command,
+    add_list_command,
+    add_report_command,
+    app_parser,
+    command_config,
+    run_cli,
+)
 from app_common.config import (
-    add_config_argument,
-    add_dataclass_arguments,
     config_from,
     flag,
     leaf_fields,
@@ -39,6 +44,13 @@ from app_common.records import flat_record, report_folder
 from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
 from nerf_pinn.layers import KINDS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train and compare the variants of one family; its flags: nerf-pinn <family> --help."""
+
+    family: str = field(metadata={"help": "the experiment family", "choices": tuple(FAMILIES)})
 
 
 @dataclass(frozen=True)
@@ -90,13 +102,17 @@ def _family(name: str):
 def _run_family(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import compare
 
-    family = args.family
+    table = read_config(args)
+    # set by the family's own subcommand, or train's --family (a flag or a key of the --config file)
+    family = getattr(args, "family", None) or table.pop("family", None)
+    if family not in FAMILIES:
+        raise ValueError(f"--family: expected one of {', '.join(FAMILIES)}, got {family!r}")
     fields = leaf_fields(FAMILIES[family])
     foreign = sorted(k for k in vars(args) if k in _ALL_FIELDS and k not in fields)
     if foreign:
         flags = ", ".join(flag(k) for k in foreign)
         raise ValueError(f"{flags}: not a setting of the {family} family (see nerf-pinn {family} --help)")
-    config = config_from(FAMILIES[family], args, toml=read_config(args))
+    config = config_from(FAMILIES[family], args, toml=table)
     compare(_family(family)(config))
     print((Path(config.out) / "results.md").read_text())
     print(f"records: {Path(config.out) / 'results.jsonl'}; plots: {Path(config.out)}/*.png")
@@ -162,32 +178,21 @@ def _check(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``nerf-pinn`` and its subcommands (``--help`` on each)."""
     parser, commands = app_parser("nerf-pinn", __doc__)
-    train = commands.add_parser(
+    # every family's flags, once each; _run_family refuses those of another family
+    add_command(
+        commands,
         "train",
+        TrainConfig,
+        _run_family,
         help="train and compare the variants of one family",
-        description="Train and compare the variants of one family; its flags: nerf-pinn <family> --help.",
+        also=tuple(FAMILIES.values()),
     )
-    train.add_argument("--family", required=True, choices=tuple(FAMILIES), help="the experiment family")
-    add_config_argument(train)
-    added: set[str] = set()
-    for cls in FAMILIES.values():  # every family's flags, once each; the family's own are checked
-        add_dataclass_arguments(train, cls, exclude=tuple(added))
-        added.update(leaf_fields(cls))
-    train.set_defaults(run=_run_family)
     helps = {"pinn": "PINN for viscous Burgers", "siren": "SIREN image fit", "nerf": "NeRF on posed images"}
     for name, cls in FAMILIES.items():
         sub = add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
         sub.set_defaults(family=name)
     add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
-    add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="the table of a results file",
-        config_file=False,
-        positional=("results",),
-    )
+    add_report_command(commands, ReportConfig, _report, help="the table of a results file")
     add_list_command(
         commands,
         {"families": lambda: FAMILIES, "layers": lambda: KINDS},

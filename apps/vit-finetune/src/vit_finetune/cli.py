@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 
 import rf_attention
-from app_common.cli import add_command, add_list_command, app_parser, command_config, run_cli
+from app_common.cli import (
+    add_command,
+    add_list_command,
+    add_report_command,
+    app_parser,
+    command_config,
+    run_cli,
+)
 from app_common.config import config_from, read_config, split_toml
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
 from vit_finetune.surgery import layer_names
@@ -50,15 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
-    add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="table and plots of a results file",
-        config_file=False,
-        positional=("results",),
-    )
+    add_report_command(commands, ReportConfig, _report, help="table and plots of a results file")
     add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
     return parser
 
