@@ -178,7 +178,7 @@ def test_a_command_also_takes_the_flags_of_further_configs_each_once():
         steps: int = 3
         depth: int = 4
 
-    parser, commands = app_parser("tool", "A tool.")
+    _, commands = app_parser("tool", "A tool.")
     sub = add_command(commands, "train", Choice, lambda args: None, help="x", also=(A, B))
     flags = [option for action in sub._actions for option in action.option_strings]
     assert sorted(f for f in flags if f not in ("-h", "--help", "--config")) == [

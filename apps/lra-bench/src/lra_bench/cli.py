@@ -18,14 +18,7 @@ import sys
 from pathlib import Path
 
 import rf_attention
-from app_common.cli import (
-    add_command,
-    add_list_command,
-    add_report_command,
-    app_parser,
-    command_config,
-    run_cli,
-)
+from app_common import cli
 from app_common.config import config_from, leaf_fields, read_config, split_toml
 from app_common.records import report_folder
 from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
@@ -35,9 +28,9 @@ _TOML_HELP = "[table6.<task>] tables override Table 6"
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``lra-bench`` and its subcommands (``--help`` on each)."""
-    parser, commands = app_parser("lra-bench", __doc__)
-    add_command(commands, "train", TrainConfig, _train, help="one training run", config_file=_TOML_HELP)
-    add_command(
+    parser, commands = cli.app_parser("lra-bench", __doc__)
+    cli.add_command(commands, "train", TrainConfig, _train, help="one training run", config_file=_TOML_HELP)
+    cli.add_command(
         commands,
         "sweep",
         SweepConfig,
@@ -47,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
-    add_report_command(commands, ReportConfig, _report, help="paper-style tables and heatmaps")
-    add_command(
+    cli.add_report_command(commands, ReportConfig, _report, help="paper-style tables and heatmaps")
+    cli.add_command(
         commands,
         "quick",
         QuickConfig,
@@ -57,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         aliases=("quickstart",),
         config_file=False,
     )
-    add_list_command(commands, {"attentions": rf_attention.names}, help="list the attention names")
+    cli.add_list_command(commands, {"attentions": rf_attention.names}, help="list the attention names")
     return parser
 
 
@@ -87,7 +80,7 @@ def _sweep(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from lra_bench.report import report
 
-    config = command_config(args)
+    config = cli.command_config(args)
     tables = report(config)
     print(tables["table1"])
     out = report_folder(config.results, config.report_dir)
@@ -97,14 +90,14 @@ def _report(args: argparse.Namespace) -> None:
 def _quick(args: argparse.Namespace) -> None:
     from lra_bench.quickstart import quick
 
-    config = command_config(args)
+    config = cli.command_config(args)
     print(quick(config))
     print(f"\nfull report: {Path(config.out) / 'report'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``lra-bench`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

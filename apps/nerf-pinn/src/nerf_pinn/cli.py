@@ -25,14 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app_common.cli import (
-    add_command,
-    add_list_command,
-    add_report_command,
-    app_parser,
-    command_config,
-    run_cli,
-)
+from app_common import cli
 from app_common.config import (
     config_from,
     flag,
@@ -126,7 +119,7 @@ def _quick(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import compare
     from nerf_pinn.pinn import PinnFamily
 
-    quick = command_config(args)
+    quick = cli.command_config(args)
     config = PinnConfig(
         layer=("dense", "ralimp", "eugen"),
         steps=quick.steps,
@@ -145,7 +138,7 @@ def _quick(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import results_table, write_csv
 
-    config = command_config(args)
+    config = cli.command_config(args)
     records = [flat_record(r) for r in read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
@@ -161,7 +154,7 @@ def _report(args: argparse.Namespace) -> None:
 def _scene(args: argparse.Namespace) -> None:
     from nerf_pinn.scenes import render_synthetic_scene
 
-    config = command_config(args)
+    config = cli.command_config(args)
     path = render_synthetic_scene(
         config.scene, num_views=config.num_views, size=config.size, seed=config.seed
     )
@@ -171,15 +164,15 @@ def _scene(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     from nerf_pinn.burgers import compare_with_mat
 
-    config = command_config(args)
+    config = cli.command_config(args)
     print(json.dumps(compare_with_mat(config.mat, quadrature_nodes=config.quadrature_nodes)))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``nerf-pinn`` and its subcommands (``--help`` on each)."""
-    parser, commands = app_parser("nerf-pinn", __doc__)
+    parser, commands = cli.app_parser("nerf-pinn", __doc__)
     # every family's flags, once each; _run_family refuses those of another family
-    add_command(
+    cli.add_command(
         commands,
         "train",
         TrainConfig,
@@ -189,23 +182,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     helps = {"pinn": "PINN for viscous Burgers", "siren": "SIREN image fit", "nerf": "NeRF on posed images"}
     for name, cls in FAMILIES.items():
-        sub = add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
+        sub = cli.add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
         sub.set_defaults(family=name)
-    add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
-    add_report_command(commands, ReportConfig, _report, help="the table of a results file")
-    add_list_command(
+    cli.add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
+    cli.add_report_command(commands, ReportConfig, _report, help="the table of a results file")
+    cli.add_list_command(
         commands,
         {"families": lambda: FAMILIES, "layers": lambda: KINDS},
         help="list the families and layer kinds",
     )
-    add_command(commands, "scene", SceneConfig, _scene, help="render the synthetic scene", config_file=False)
-    add_command(commands, "burgers-check", CheckConfig, _check, help="check the reference", config_file=False)
+    cli.add_command(
+        commands, "scene", SceneConfig, _scene, help="render the synthetic scene", config_file=False
+    )
+    cli.add_command(
+        commands, "burgers-check", CheckConfig, _check, help="check the reference", config_file=False
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``nerf-pinn`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

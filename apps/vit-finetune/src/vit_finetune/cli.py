@@ -18,14 +18,7 @@ import sys
 from pathlib import Path
 
 import rf_attention
-from app_common.cli import (
-    add_command,
-    add_list_command,
-    add_report_command,
-    app_parser,
-    command_config,
-    run_cli,
-)
+from app_common import cli
 from app_common.config import config_from, read_config, split_toml
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
 from vit_finetune.surgery import layer_names
@@ -45,10 +38,10 @@ GRID = ("layer", "last_k")
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``vit-finetune`` and its subcommands (``--help`` on each)."""
-    parser, commands = app_parser("vit-finetune", __doc__)
-    add_command(commands, "quick", QuickConfig, _quick, help="offline demo on digits (CPU, minutes)")
-    add_command(commands, "train", TrainConfig, _train, help="one fine-tuning run")
-    add_command(
+    parser, commands = cli.app_parser("vit-finetune", __doc__)
+    cli.add_command(commands, "quick", QuickConfig, _quick, help="offline demo on digits (CPU, minutes)")
+    cli.add_command(commands, "train", TrainConfig, _train, help="one fine-tuning run")
+    cli.add_command(
         commands,
         "sweep",
         SweepConfig,
@@ -57,15 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
-    add_report_command(commands, ReportConfig, _report, help="table and plots of a results file")
-    add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
+    cli.add_report_command(commands, ReportConfig, _report, help="table and plots of a results file")
+    cli.add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
     return parser
 
 
 def _quick(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import quick
 
-    config = command_config(args)
+    config = cli.command_config(args)
     print(quick(config))
     print(f"\nreport (table, curves): {Path(config.out) / 'report'}")
 
@@ -73,7 +66,7 @@ def _quick(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from vit_finetune.train import train
 
-    train(command_config(args))
+    train(cli.command_config(args))
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -89,13 +82,13 @@ def _sweep(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from vit_finetune.report import report
 
-    config = command_config(args)
+    config = cli.command_config(args)
     print(report(config))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``vit-finetune`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":
