@@ -162,16 +162,6 @@ def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tm
         TrainConfig(init="exact")
 
 
-def test_help_is_plain_text_and_names_the_shared_flags(capsys):
-    for command in ("train", "sweep", "quick"):
-        with pytest.raises(SystemExit):
-            main([command, "--help"])
-        text = capsys.readouterr().out
-        for markup in ("``", ":data:", ":func:"):
-            assert markup not in text
-        assert "auto (CUDA when there is one), cpu, cuda or cuda:<index>" in " ".join(text.split())
-
-
 def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from app_common.testing import assert_vocabulary
     from vit_finetune.cli import build_parser

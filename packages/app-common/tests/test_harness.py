@@ -194,6 +194,16 @@ def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcom
         assert_vocabulary(bad)
 
 
+@pytest.mark.parametrize("markup", ["``steps``", ":func:`run`", "[`Trainer`][app_common.harness.Trainer]"])
+def test_the_vocabulary_contract_refuses_markup_in_help(markup):
+    from app_common.testing import vocabulary_problems
+
+    parser, commands = ac.app_parser("toy", "A toy app.")
+    commands.add_parser("train", description=f"Trains, see {markup}.")
+    problems = vocabulary_problems(parser)
+    assert any(p.startswith("toy train: --help shows markup") for p in problems)
+
+
 def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
     from dataclasses import dataclass
 

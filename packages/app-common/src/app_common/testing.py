@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -151,12 +152,18 @@ def _subcommands(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[s
 REQUIRED_COMMANDS = ("train", "quick", "report", "list")
 
 
+#: Markup that has no place in ``--help``: reST literals (````x````), roles (``:func:`x```) and
+#: cross-reference links (``[x][y]``); ``app_common.cli.plain_text`` removes them from docstrings.
+MARKUP = re.compile(r"``|:\w+:`|\]\[")
+
+
 def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
     """What an app's command line breaks of the shared vocabulary (empty when it keeps to it).
 
     Checks every subcommand: no flag is an alias of a vocabulary flag (`app_common.ALIASES`), every
     vocabulary flag's help starts with its one meaning (`app_common.FLAGS`, what `app_common.option`
-    writes), and the app has the subcommands of `REQUIRED_COMMANDS`.
+    writes), every subcommand's ``--help`` is plain text (no reST literals or roles, no cross-reference
+    links: `MARKUP`), and the app has the subcommands of `REQUIRED_COMMANDS`.
     """
     problems = []
     commands = dict(_subcommands(parser, parser.prog))
@@ -164,6 +171,9 @@ def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
     problems += [f"{parser.prog}: no {name!r} subcommand" for name in REQUIRED_COMMANDS if name not in top]
     meanings = {flag(name): text for name, text in FLAGS.items()}
     for path, sub in commands.items():
+        markup = MARKUP.search(sub.format_help())
+        if markup:
+            problems.append(f"{path}: --help shows markup {markup.group(0)!r}; expected plain text")
         for action in sub._actions:
             for option in action.option_strings:
                 if option in ALIASES:
