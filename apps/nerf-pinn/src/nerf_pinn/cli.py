@@ -32,7 +32,7 @@ from app_common.config import (
     leaf_fields,
     read_config,
 )
-from app_common.fields import OutputFields, RuntimeFields, option
+from app_common.fields import OutputFields, RuntimeFields, group_settings, option
 from app_common.records import flat_record, report_folder
 from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
@@ -127,9 +127,7 @@ def _quick(args: argparse.Namespace) -> None:
         seed=quick.seed,
         out=quick.out,
         resume=quick.resume,
-        device=quick.device,
-        dtype=quick.dtype,
-        threads=quick.threads,
+        **group_settings(quick, RuntimeFields),
     )
     compare(PinnFamily(config))
     print((Path(config.out) / "results.md").read_text())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from app_common.fields import RuntimeFields, group_settings
 from app_common.grid import run_grid
 from app_common.records import RESULTS
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig, run_name
@@ -55,9 +56,7 @@ def quick(config: QuickConfig) -> str:
         replaced_lr_scale=config.replaced_lr_scale,
         attention=config.attention,
         seed=config.seed,
-        device=config.device,
-        dtype=config.dtype,
-        threads=config.threads,
+        **group_settings(config, RuntimeFields),
         out=out,
         results=out / RESULTS,
     )

@@ -175,6 +175,15 @@ class OutputFields(Fields):
     resume: bool = option("resume", True)
 
 
+def group_settings(config: Any, group: type) -> dict[str, Any]:
+    """``config``'s values of the fields of field group ``group``, to pass on to another configuration.
+
+    ``group_settings(quick, RuntimeFields)`` is ``{"device": ..., "dtype": ..., "threads": ...}``: a demo's
+    runtime settings given to the runs it builds.
+    """
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(group)}
+
+
 def may_change_on_resume(config_or_class: Any) -> set[str]:
     """The settings of a configuration (class or instance) that may change on resume.
 
