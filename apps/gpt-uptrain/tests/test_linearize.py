@@ -9,8 +9,9 @@ pytest.importorskip("transformers")
 
 from transformers import GPT2Config, GPT2LMHeadModel
 
-import app_common as ac
 import rf_attention
+from app_common.records import finished_record
+from app_common.results import read_jsonl
 from gpt_uptrain import GPT, TokenData, build_model, prepare
 from gpt_uptrain import linearize as lin
 from gpt_uptrain.cli import main
@@ -48,7 +49,7 @@ def experiment(tmp_path_factory):
 
 
 def records(root):
-    return {r["pair"]: r for r in ac.read_jsonl(root / "out" / lin.RESULTS)}
+    return {r["pair"]: r for r in read_jsonl(root / "out" / lin.RESULTS)}
 
 
 def config_of(root):
@@ -88,7 +89,7 @@ def test_variants_take_equal_total_steps_transfer_included(experiment):
     taken = {}
     for variant in lin.VARIANTS[1:]:
         run = config.variant(PAIRS[0], variant, root / "data", root / "gpt2")
-        record = ac.finished_record(root / "out", run_name(run))
+        record = finished_record(root / "out", run_name(run))
         taken[variant] = record["steps"] + record["details"]["transfer"].get("steps", 0)
     assert record["details"]["transfer"]["steps"] == 2
     assert taken == {"swap_finetune": 5, "transfer_finetune": 5}
@@ -120,7 +121,7 @@ def test_a_rerun_reuses_finished_pairs(experiment, monkeypatch):
 
     monkeypatch.setattr(lin, "linearize_pair", refuse)
     assert main([*args, *FLAGS]) == 0
-    assert len(ac.read_jsonl(root / "out" / lin.RESULTS)) == len(PAIRS)
+    assert len(read_jsonl(root / "out" / lin.RESULTS)) == len(PAIRS)
 
 
 def test_transfer_steps_must_leave_fine_tuning_steps():

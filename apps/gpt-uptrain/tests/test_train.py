@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
-import app_common as ac
+from app_common.checkpoint import load_checkpoint, save_checkpoint
+from app_common.records import flat_record, run_dir
+from app_common.results import read_jsonl
+from app_common.seeding import CALIBRATION_SEED
 from app_common.testing import Killed, assert_resume_equals_unbroken, kill_at
 from gpt_uptrain import (
     SampleConfig,
@@ -24,17 +27,17 @@ from gpt_uptrain.train import run_name, training_memory
 
 
 def _dir(config):
-    return ac.run_dir(config.out, run_name(config))
+    return run_dir(config.out, run_name(config))
 
 
 def _log(config):
-    return ac.read_jsonl(_dir(config) / "log.jsonl")
+    return read_jsonl(_dir(config) / "log.jsonl")
 
 
 @pytest.mark.parametrize("layer", ["dense", "ralimp", "eugen", "snnk"])
 def test_a_tiny_run_lowers_the_loss(tmp_path, data, helpers, layer):
     config = helpers.tiny_config(tmp_path, data, layer=layer, last_k=1, steps=40, eval_every=40)
-    record = ac.flat_record(train(config))
+    record = flat_record(train(config))
     first = _log(config)[0]
     assert first["step"] == 1
     # from ln(vocab) ~ 3.4 to ~2.6 or below (SNNK, the slowest: 2.58 under the shared warm-up rule)
@@ -104,9 +107,9 @@ def test_a_finished_run_is_skipped_and_a_checkpoint_of_other_settings_is_refused
     with pytest.raises(Killed):
         train(dataclasses.replace(config, resume=False), on_checkpoint=kill_at(3))
     path = _dir(config) / "checkpoint.pt"
-    state = ac.load_checkpoint(path)
+    state = load_checkpoint(path)
     state["identity"]["lr"] = 0.002  # as if the folder held a run under another learning rate
-    ac.save_checkpoint(path, state)
+    save_checkpoint(path, state)
     with pytest.raises(ValueError, match=r"saved by a run with other settings \(lr: 0\.002 -> 0\.003\)"):
         train(config)
     assert train(dataclasses.replace(config, resume=False))["steps"] == 6  # --no-resume: over
@@ -239,11 +242,9 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
         command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (record,) = ac.read_jsonl(two / "results.jsonl")
+    (record,) = read_jsonl(two / "results.jsonl")
     assert record["world_size"] == 2
-    logs = [
-        ac.read_jsonl(ac.run_dir(out, run_name(config)) / "log.jsonl") for out in (config.out, two / "run")
-    ]
+    logs = [read_jsonl(run_dir(out, run_name(config)) / "log.jsonl") for out in (config.out, two / "run")]
     losses = [[r["train_loss"] for r in log if "train_loss" in r] for log in logs]
     assert len(losses[1]) == 4
     assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
@@ -260,7 +261,7 @@ def test_uptraining_from_an_hf_folder_starts_from_its_weights(tmp_path, helpers)
     config = helpers.tiny_config(
         tmp_path, data, weights=str(folder), layer="ralimp", last_k=1, steps=2, eval_every=2
     )
-    record = ac.flat_record(train(config))
+    record = flat_record(train(config))
     assert record["init"] == "lstsq"  # auto: the calibrated start for pretrained MLPs
     assert dataclasses.replace(config, weights="scratch").start == "psi"
     assert record["weights"] == str(folder)
@@ -347,6 +348,6 @@ def test_the_calibration_batch_is_ralimps_4096_rows_and_last_k_is_checked_agains
 
     train_module = importlib.import_module("gpt_uptrain.train")
     assert train_module.CALIBRATION_TOKENS == 4096
-    assert ac.CALIBRATION_SEED == 31_415_926
+    assert CALIBRATION_SEED == 31_415_926
     with pytest.raises(ValueError, match=r"last_k: expected an integer in \[1, 2\], got 3"):
         GPTConfig(n_layer=2, n_head=2, n_embd=8, vocab_size=11, block_size=8, layer="ralimp", last_k=3)

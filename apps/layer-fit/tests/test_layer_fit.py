@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-import app_common as ac
 import ralimp
+from app_common.records import flat_record
+from app_common.results import append_jsonl, read_jsonl
 from app_common.testing import assert_resume_equals_unbroken
 from layer_fit import (
     METHODS,
@@ -115,15 +116,11 @@ def test_records_carry_both_floors_and_the_trained_feature_methods_stay_above_th
     data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=30, **TINY)
     for method in ("eugen", "ralimp-psi"):
-        record = ac.flat_record(
-            fit_one(data, method, 8, 0, config, device=torch.device("cpu"), progress=False)
-        )
+        record = flat_record(fit_one(data, method, 8, 0, config, device=torch.device("cpu"), progress=False))
         assert record["feature_dim"] > 8
         assert record["mse"] >= record["information_floor"] * (1 - 1e-4)  # Psi alone cannot beat its features
         assert record["information_floor"] >= record["eckart_young_floor"] - 1e-9
-    lowrank = ac.flat_record(
-        fit_one(data, "lowrank", 8, 0, config, device=torch.device("cpu"), progress=False)
-    )
+    lowrank = flat_record(fit_one(data, "lowrank", 8, 0, config, device=torch.device("cpu"), progress=False))
     assert lowrank["information_floor"] is None
 
 
@@ -131,7 +128,7 @@ def test_records_carry_both_floors_and_the_trained_feature_methods_stay_above_th
 def test_each_method_loss_falls_on_a_tiny_run(method):
     data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=60, **TINY)
-    record = ac.flat_record(fit_one(data, method, 16, 0, config, device=torch.device("cpu"), progress=False))
+    record = flat_record(fit_one(data, method, 16, 0, config, device=torch.device("cpu"), progress=False))
     assert record["departures"] == config.departures()
     assert not record["diverged"]
     assert record["mse"] < 0.8 * record["mse_init"]
@@ -159,7 +156,7 @@ def test_a_killed_grid_resumes_bit_identical_to_an_unbroken_one(tmp_path):
 def test_a_diverging_run_stops_and_records_the_step(tmp_path):
     data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
     config = FitConfig(steps=10, lr=1e30, grad_clip=0.0, **TINY)
-    record = ac.flat_record(fit_one(data, "eugen", 8, 0, config, device=torch.device("cpu"), out=tmp_path))
+    record = flat_record(fit_one(data, "eugen", 8, 0, config, device=torch.device("cpu"), out=tmp_path))
     assert record["diverged"]
     assert record["mse"] is None
     assert record["diverged_at_step"] == record["diverged_at"] < 10
@@ -176,7 +173,7 @@ def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_p
         **TINY,
     )
     results = run_fit(config, progress=False)
-    records = [ac.flat_record(r) for r in ac.read_jsonl(results)]
+    records = [flat_record(r) for r in read_jsonl(results)]
     assert sorted((r["method"], r["seed"]) for r in records) == [
         ("eugen", 0),
         ("eugen", 1),
@@ -184,13 +181,13 @@ def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_p
         ("lowrank", 1),
     ]
     run_fit(config, progress=False)
-    assert len(ac.read_jsonl(results)) == 4
+    assert len(read_jsonl(results)) == 4
     run_fit(dataclasses.replace(config, seed=(0, 1, 2)), progress=False)
-    assert len(ac.read_jsonl(results)) == 6
+    assert len(read_jsonl(results)) == 6
     with pytest.raises(ValueError, match=r"holds runs of other settings \(steps: 5 -> 6\).*--no-resume"):
         run_fit(dataclasses.replace(config, steps=6), progress=False)
     run_fit(dataclasses.replace(config, steps=6, resume=False), progress=False)  # starts over
-    assert len(ac.read_jsonl(results)) == 4
+    assert len(read_jsonl(results)) == 4
 
 
 def _synthetic_records():
@@ -230,7 +227,7 @@ def _synthetic_records():
 def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     path = tmp_path / "results.jsonl"
     for record in _synthetic_records():
-        ac.append_jsonl(path, record)
+        append_jsonl(path, record)
     texts = report(ReportConfig(results=path, table_features=32))
     out = tmp_path / "report"
     table = (out / "table.md").read_text()
@@ -253,7 +250,7 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     assert float(lowrank16["mse_mean"]) == pytest.approx(0.8)
     assert (lowrank16["seeds"], lowrank16["diverged"]) == ("3", "1")
     assert "(1 diverged)" in (out / "sweep.md").read_text()
-    ac.append_jsonl(path, {**_synthetic_records()[0], "activation": "silu"})  # one budget: not in the sweep
+    append_jsonl(path, {**_synthetic_records()[0], "activation": "silu"})  # one budget: not in the sweep
     report(ReportConfig(results=path, table_features=32))
     assert "silu" not in (out / "sweep.md").read_text()
     floors = (out / "floors.md").read_text()
@@ -268,8 +265,8 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
 def test_report_refuses_mixed_protocols(tmp_path):
     path = tmp_path / "results.jsonl"
     records = _synthetic_records()
-    ac.append_jsonl(path, records[0])
-    ac.append_jsonl(path, {**records[1], "steps": 10})
+    append_jsonl(path, records[0])
+    append_jsonl(path, {**records[1], "steps": 10})
     with pytest.raises(ValueError, match="2 different protocols"):
         report(ReportConfig(results=path))
 
@@ -306,7 +303,7 @@ def test_cli_quick_reads_a_toml_config_and_prints_tables_with_floors(tmp_path, c
     assert "| tanh" in printed
     assert "(F=17)" in printed  # EUGen of degree 2 with 8 rows: 1 + 2 * 8 features
     assert "departure from the paper: balance='auto'" in printed
-    (record,) = ac.read_jsonl(tmp_path / "out" / "results.jsonl")
+    (record,) = read_jsonl(tmp_path / "out" / "results.jsonl")
     assert record["steps"] == 4
 
 

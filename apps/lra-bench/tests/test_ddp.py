@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-import app_common as ac
+from app_common.results import read_jsonl
 from lra_bench import train
 
 
@@ -29,11 +29,11 @@ def test_two_gloo_processes_follow_the_one_process_loss_trajectory(tmp_path, dat
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    (two,) = ac.read_jsonl(two_dir / "results.jsonl")
+    (two,) = read_jsonl(two_dir / "results.jsonl")
     assert two["world_size"] == 2
     assert two["name"] == one["name"]
     logs = [
-        ac.read_jsonl(helpers.run_dir(c) / "log.jsonl")
+        read_jsonl(helpers.run_dir(c) / "log.jsonl")
         for c in (config, dataclasses.replace(config, out=two_dir))
     ]
     losses = [[r["train_loss"] for r in log if "train_loss" in r] for log in logs]

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import app_common as ac
+from app_common.config import flat_settings
+from app_common.records import flat_record
+from app_common.results import append_jsonl, read_jsonl
 from lra_bench import ReportConfig, SweepConfig, grid, report, run_name, run_sweep
 from lra_bench.cli import main
 from lra_bench.config import GRID
@@ -24,7 +26,7 @@ def _synthetic_results(path):
         base.items(), ("listops", "text"), (64, 128), (0, 1)
     ):
         bonus = 10.0 if task == "text" else 0.0
-        ac.append_jsonl(
+        append_jsonl(
             path,
             {
                 "task": task,
@@ -98,13 +100,13 @@ def test_table1_takes_the_papers_128_features_or_else_the_largest_count_of_the_r
 
     results = tmp_path / "results.jsonl"
     _synthetic_results(results)
-    records = [ac.flat_record(r) for r in ac.read_jsonl(results)]
+    records = [flat_record(r) for r in read_jsonl(results)]
     assert table1_features(aggregate(records)) == 128
     assert table1_features(aggregate(records), 64) == 64
     only_64 = [r for r in records if r["features"] == 64]
     assert table1_features(aggregate(only_64)) == 64
     for record in only_64:
-        ac.append_jsonl(tmp_path / "quick" / "results.jsonl", record)
+        append_jsonl(tmp_path / "quick" / "results.jsonl", record)
     tables = report(ReportConfig(results=tmp_path / "quick" / "results.jsonl"))
     assert "| softmax" in tables["table1"]  # a quickstart's results (64 features) fill Table 1
 
@@ -125,7 +127,7 @@ def test_shards_split_the_grid_into_disjoint_parts_that_cover_it():
 
 def _settings(config):
     """The flat settings of a run, without the grid's fields."""
-    return {k: v for k, v in ac.flat_settings(config).items() if k not in GRID and k != "resume"}
+    return {k: v for k, v in flat_settings(config).items() if k not in GRID and k != "resume"}
 
 
 def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, data, helpers):
@@ -137,11 +139,11 @@ def test_sweep_shards_run_their_part_and_a_rerun_skips_finished_runs(tmp_path, d
     first = run_sweep(dataclasses.replace(sweep, shard="0/2"), settings)
     second = run_sweep(dataclasses.replace(sweep, shard="1/2"), settings)
     assert (len(first["ran"]), len(second["ran"]), first["failed"], second["failed"]) == (1, 1, [], [])
-    records = ac.read_jsonl(helpers.results(base))
+    records = read_jsonl(helpers.results(base))
     assert sorted(r["details"]["attention"] for r in records) == ["performer", "softmax"]
     again = run_sweep(sweep, settings)
     assert again == {"done": first["ran"] + second["ran"], "ran": [], "failed": []}
-    assert len(ac.read_jsonl(helpers.results(base))) == 2
+    assert len(read_jsonl(helpers.results(base))) == 2
 
 
 def test_sweep_checks_every_attention_before_the_first_run(tmp_path, data, helpers):

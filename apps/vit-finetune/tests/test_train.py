@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-import app_common as ac
+from app_common.records import CORE_KEYS
+from app_common.results import read_jsonl
+from app_common.seeding import CALIBRATION_SEED
 from app_common.testing import assert_resume_equals_unbroken
 from vit_finetune import TrainConfig
 from vit_finetune.cli import main
@@ -40,11 +42,11 @@ def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
 
     # The calibrated start, which --init auto takes for pretrained weights (this tiny model has none).
     record = train(config(tmp_path, steps=40, lr=1e-2, eval_every=20, init="lstsq"))
-    assert set(ac.CORE_KEYS) <= set(record)
+    assert set(CORE_KEYS) <= set(record)
     metrics, details = record["metrics"], record["details"]
     # The head starts at zero, so the loss before training is exactly ln(10) on any data.
     assert metrics["eval_loss"] < math.log(10) - 0.15
-    log = ac.read_jsonl(details["log"])
+    log = read_jsonl(details["log"])
     losses = [r["train_loss"] for r in log if "train_loss" in r]
     assert losses[-1] < losses[0]
     assert details["replaced"] == ["blocks.2.mlp", "blocks.3.mlp"]
@@ -55,7 +57,7 @@ def test_a_tiny_fine_tune_lowers_the_loss(tmp_path):
     assert details["parameters_compressed"] < details["parameters_dense"]
     assert details["throughput"] > 0
     assert details["throughput_dense"] > 0
-    assert ac.read_jsonl(tmp_path / "results.jsonl")[-1]["name"] == record["name"]
+    assert read_jsonl(tmp_path / "results.jsonl")[-1]["name"] == record["name"]
 
 
 @pytest.mark.parametrize("kill_step", [8, 24])
@@ -104,7 +106,7 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
         "8",
     ]
     assert main(args) == 0
-    records = ac.read_jsonl(tmp_path / "r.jsonl")
+    records = read_jsonl(tmp_path / "r.jsonl")
     pairs = sorted((r["details"]["layer"], r["details"]["last_k"]) for r in records)
     assert pairs == [("dense", 0), ("eugen", 1), ("eugen", 2)]
     table = report(ReportConfig(results=tmp_path / "r.jsonl"))
@@ -160,16 +162,6 @@ def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tm
         TrainConfig(init="exact")
 
 
-def test_help_is_plain_text_and_names_the_shared_flags(capsys):
-    for command in ("train", "sweep", "quick"):
-        with pytest.raises(SystemExit):
-            main([command, "--help"])
-        text = capsys.readouterr().out
-        for markup in ("``", ":data:", ":func:"):
-            assert markup not in text
-        assert "auto (CUDA when there is one), cpu, cuda or cuda:<index>" in " ".join(text.split())
-
-
 def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
     from app_common.testing import assert_vocabulary
     from vit_finetune.cli import build_parser
@@ -188,4 +180,4 @@ def test_the_calibration_batch_is_ralimps_4096_rows_drawn_with_the_apps_seed():
 
     train_module = importlib.import_module("vit_finetune.train")
     assert train_module.CALIBRATION_TOKENS == 4096
-    assert ac.CALIBRATION_SEED == 31_415_926
+    assert CALIBRATION_SEED == 31_415_926

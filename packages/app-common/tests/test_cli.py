@@ -134,3 +134,56 @@ def test_a_sweep_command_leaves_its_grid_fields_to_the_grid():
     sub = ac.add_command(commands, "sweep", Grid, print, help="x", each_run=Run, grid=("seed",))
     args = sub.parse_args(["--seed", "1", "2", "--steps", "4"])
     assert (args.seed, args.steps) == ([1, 2], 4)
+
+
+def test_a_report_command_takes_the_results_file_positional_and_no_config_flag(tmp_path):
+    from dataclasses import dataclass
+    from pathlib import Path
+
+    from app_common.cli import add_report_command, app_parser, command_config
+
+    @dataclass(frozen=True)
+    class ReportConfig:
+        """``tool report RESULTS``."""
+
+        results: Path
+
+    seen = []
+    parser, commands = app_parser("tool", "A tool.")
+    add_report_command(commands, ReportConfig, lambda args: seen.append(command_config(args)), help="x")
+    assert run_cli(parser, ["report", str(tmp_path / "r.jsonl")]) == 0
+    assert seen == [ReportConfig(results=tmp_path / "r.jsonl")]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["report", "r.jsonl", "--config", "x.toml"])
+
+
+def test_a_command_also_takes_the_flags_of_further_configs_each_once():
+    from dataclasses import dataclass, field
+
+    from app_common.cli import add_command, app_parser
+
+    @dataclass(frozen=True)
+    class Choice:
+        """``tool train``."""
+
+        family: str = field(default="a", metadata={"help": "which"})
+
+    @dataclass(frozen=True)
+    class A:
+        steps: int = 1
+        width: int = 2
+
+    @dataclass(frozen=True)
+    class B:
+        steps: int = 3
+        depth: int = 4
+
+    _, commands = app_parser("tool", "A tool.")
+    sub = add_command(commands, "train", Choice, lambda args: None, help="x", also=(A, B))
+    flags = [option for action in sub._actions for option in action.option_strings]
+    assert sorted(f for f in flags if f not in ("-h", "--help", "--config")) == [
+        "--depth",
+        "--family",
+        "--steps",
+        "--width",
+    ]

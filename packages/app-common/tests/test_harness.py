@@ -194,6 +194,16 @@ def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcom
         assert_vocabulary(bad)
 
 
+@pytest.mark.parametrize("markup", ["``steps``", ":func:`run`", "[`Trainer`][app_common.harness.Trainer]"])
+def test_the_vocabulary_contract_refuses_markup_in_help(markup):
+    from app_common.testing import vocabulary_problems
+
+    parser, commands = ac.app_parser("toy", "A toy app.")
+    commands.add_parser("train", description=f"Trains, see {markup}.")
+    problems = vocabulary_problems(parser)
+    assert any(p.startswith("toy train: --help shows markup") for p in problems)
+
+
 def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
     from dataclasses import dataclass
 
@@ -254,3 +264,16 @@ def test_run_unless_finished_runs_the_body_of_a_new_run(tmp_path):
 def test_run_unless_finished_skips_a_finished_run(tmp_path):
     _toy_run(tmp_path, None)
     assert _toy_trainer(tmp_path).run_unless_finished(lambda trainer: "ran") is None
+
+
+def test_group_settings_are_the_values_of_that_groups_fields_only():
+    from dataclasses import dataclass
+
+    from app_common.fields import OutputFields, RuntimeFields, group_settings
+
+    @dataclass(frozen=True, kw_only=True)
+    class Quick(RuntimeFields, OutputFields):
+        steps: int = 3
+
+    quick = Quick(device="cpu", dtype="bfloat16", threads=1, steps=5)
+    assert group_settings(quick, RuntimeFields) == {"device": "cpu", "dtype": "bfloat16", "threads": 1}

@@ -20,9 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import app_common as ac
 import ralimp
 import rf_attention
+from app_common.cli import add_command, add_list_command, app_parser, command_config, run_cli
 from gpt_uptrain.config import PrepareConfig, QuickConfig, ReportConfig, SampleConfig, TrainConfig
 from gpt_uptrain.linearize import LinearizeConfig
 
@@ -35,8 +35,8 @@ LISTS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``gpt-uptrain`` and its subcommands (``--help`` on each)."""
-    parser, commands = ac.app_parser("gpt-uptrain", __doc__)
-    prepare = ac.add_command(
+    parser, commands = app_parser("gpt-uptrain", __doc__)
+    prepare = add_command(
         commands,
         "prepare",
         PrepareConfig,
@@ -45,29 +45,27 @@ def build_parser() -> argparse.ArgumentParser:
         exclude=("files",),
     )
     prepare.add_argument("files", nargs="*", type=Path, help="UTF-8 text files (none: the stdlib corpus)")
-    ac.add_command(commands, "train", TrainConfig, _train, help="one training run", exclude=("vocab_size",))
-    ac.add_command(commands, "quick", QuickConfig, _quick, help="small offline comparison on CPU")
-    ac.add_command(
+    add_command(commands, "train", TrainConfig, _train, help="one training run", exclude=("vocab_size",))
+    add_command(commands, "quick", QuickConfig, _quick, help="small offline comparison on CPU")
+    add_command(
         commands,
         "linearize",
         LinearizeConfig,
         _linearize,
         help="convert a softmax teacher to RF attention pairs",
     )
-    ac.add_command(
-        commands, "sample", SampleConfig, _sample, help="generate text", positional=("checkpoint",)
-    )
-    ac.add_command(
+    add_command(commands, "sample", SampleConfig, _sample, help="generate text", positional=("checkpoint",))
+    add_command(
         commands, "report", ReportConfig, _report, help="table and loss curves", positional=("results",)
     )
-    ac.add_list_command(commands, LISTS, help="list the MLP replacement kinds or the attention names")
+    add_list_command(commands, LISTS, help="list the MLP replacement kinds or the attention names")
     return parser
 
 
 def _prepare(args: argparse.Namespace) -> None:
     from gpt_uptrain.data import prepare, stdlib_files
 
-    config = ac.command_config(args)
+    config = command_config(args)
     files = list(args.files) or list(config.files)
     extra = {}
     if not files:
@@ -84,13 +82,13 @@ def _prepare(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from gpt_uptrain.train import train
 
-    train(ac.command_config(args))
+    train(command_config(args))
 
 
 def _quick(args: argparse.Namespace) -> None:
     from gpt_uptrain.quick import quick
 
-    config = ac.command_config(args)
+    config = command_config(args)
     print(quick(config))
     print(f"\nreport (table.md, table.csv, loss_curves.png): {Path(config.out) / 'report'}")
 
@@ -98,26 +96,26 @@ def _quick(args: argparse.Namespace) -> None:
 def _linearize(args: argparse.Namespace) -> None:
     from gpt_uptrain.linearize import linearize
 
-    print(linearize(ac.command_config(args)))
+    print(linearize(command_config(args)))
 
 
 def _sample(args: argparse.Namespace) -> None:
     from gpt_uptrain.sample import sample
 
-    for index, text in enumerate(sample(ac.command_config(args))):
+    for index, text in enumerate(sample(command_config(args))):
         print(f"--- sample {index}\n{text}")
 
 
 def _report(args: argparse.Namespace) -> None:
     from gpt_uptrain.report import report
 
-    config = ac.command_config(args)
+    config = command_config(args)
     print(report(config.results, config.report_dir))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``gpt-uptrain`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return ac.run_cli(build_parser(), argv)
+    return run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import app_common as ac
+from app_common.fields import (
+    EvalFields,
+    OptimizerFields,
+    OutputFields,
+    RuntimeFields,
+    check_int_fields,
+    option,
+)
+from app_common.records import RESULTS
 from gpt_uptrain.model import INITS, GPTConfig, is_random_feature
 
 #: GPT-2 Large, the paper's model (its vocabulary comes from the data).
@@ -36,7 +44,7 @@ STARTS = ("auto", *INITS)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+class TrainConfig(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
     """One run: ``gpt-uptrain train`` (from scratch, or uptraining a local HF GPT-2 with ``--weights``).
 
     Its identity (what ``--resume`` compares) is every setting except ``device``, ``threads``,
@@ -48,12 +56,12 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     data: Path = field(
         default=Path("data/openwebtext"), metadata={"help": "folder with train.bin, val.bin, meta.json"}
     )
-    out: Path = ac.option("out", RUN)
-    results: Path = ac.option("results", Path("results/gpt-uptrain.jsonl"))
+    out: Path = option("out", RUN)
+    results: Path = option("results", Path("results/gpt-uptrain.jsonl"))
     name: str | None = field(
         default=None, metadata={"help": "label of the run in the results (default: its MLP kind)"}
     )
-    weights: str = ac.option("weights", "scratch", help="'scratch', or a local Hugging Face GPT-2 folder")
+    weights: str = option("weights", "scratch", help="'scratch', or a local Hugging Face GPT-2 folder")
     transfer_steps: int = field(
         default=0,
         metadata={
@@ -63,25 +71,25 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     )
     transfer_lr: float = field(default=1e-2, metadata={"help": "AdamW learning rate of attention transfer"})
     model: GPTConfig = field(default=GPT2_LARGE)
-    init: str = ac.option("init", "auto", choices=STARTS)
+    init: str = option("init", "auto", choices=STARTS)
     # Optimization.
     batch_size: int = field(default=24, metadata={"help": "sequences per micro-step (per process)"})
     gradient_accumulation_steps: int = field(
         default=30, metadata={"help": "micro-steps per optimizer step, over all processes together"}
     )
-    steps: int = ac.option("steps", 30_000, help="the fixed budget")
-    lr: float = ac.option("lr", 6e-4, help="AdamW")
+    steps: int = option("steps", 30_000, help="the fixed budget")
+    lr: float = option("lr", 6e-4, help="AdamW")
     min_lr: float = field(default=6e-5, metadata={"help": "learning rate at the end of the cosine"})
-    warmup_steps: int = ac.option("warmup_steps", 500)
+    warmup_steps: int = option("warmup_steps", 500)
     lr_decay_steps: int | None = field(
         default=None, metadata={"help": "end of the cosine (default: --steps)"}
     )
-    weight_decay: float = ac.option("weight_decay", 0.1)
+    weight_decay: float = option("weight_decay", 0.1)
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
     # Evaluation and bookkeeping.
-    eval_every: int = ac.option("eval_every", 1000, help="a checkpoint follows each")
-    eval_batches: int = ac.option("eval_batches", 200, help="validation batches, the same every time")
+    eval_every: int = option("eval_every", 1000, help="a checkpoint follows each")
+    eval_batches: int = option("eval_batches", 200, help="validation batches, the same every time")
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
     memory_check: bool = field(
         default=True,
@@ -92,8 +100,8 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
         super().__post_init__()
         if not isinstance(self.model, GPTConfig):
             raise ValueError(f"model: expected a GPTConfig, got {type(self.model).__name__}")
-        ac.check_int_fields(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
-        ac.check_int_fields(self, "warmup_steps", "transfer_steps", minimum=0)
+        check_int_fields(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
+        check_int_fields(self, "warmup_steps", "transfer_steps", minimum=0)
         if self.transfer_steps and not is_random_feature(self.model.attention):
             raise ValueError(
                 "--transfer-steps: attention transfer needs a random-feature --attention "
@@ -172,26 +180,26 @@ QUICK_RUN = TrainConfig(
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+class QuickConfig(RuntimeFields, OptimizerFields, OutputFields):
     """``gpt-uptrain quick``: a small character-level GPT on the stdlib corpus, dense and each replacement.
 
     The runs are `QUICK_RUN` with the flags given here (the warm-up stays 5% of ``--steps``, the
     final rate ``lr / 10``).
     """
 
-    out: Path = ac.option("out", Path("runs/gpt-uptrain-quick"), help="and of data/ and report/")
-    layer: tuple[str, ...] = ac.option(
+    out: Path = option("out", Path("runs/gpt-uptrain-quick"), help="and of data/ and report/")
+    layer: tuple[str, ...] = option(
         "layer", ("dense", "ralimp", "eugen", "snnk"), help="several values: a run each"
     )
     corpus_chars: int = field(default=1_000_000, metadata={"help": "characters of stdlib source"})
-    steps: int = ac.option("steps", QUICK_RUN.steps)
-    lr: float = ac.option("lr", QUICK_RUN.lr)
-    threads: int = ac.option("threads", 1, help="the models are small: more threads only contend")
-    last_k: int = ac.option("last_k", QUICK_RUN.model.last_k, help="of the 4 blocks")
-    features: int = ac.option("features", QUICK_RUN.model.features)
-    attention: str = ac.option("attention", "softmax", help="every block's, used causally")
-    init: str = ac.option("init", "auto", choices=STARTS)
-    seed: int = ac.option("seed", QUICK_RUN.seed)
+    steps: int = option("steps", QUICK_RUN.steps)
+    lr: float = option("lr", QUICK_RUN.lr)
+    threads: int = option("threads", 1, help="the models are small: more threads only contend")
+    last_k: int = option("last_k", QUICK_RUN.model.last_k, help="of the 4 blocks")
+    features: int = option("features", QUICK_RUN.model.features)
+    attention: str = option("attention", "softmax", help="every block's, used causally")
+    init: str = option("init", "auto", choices=STARTS)
+    seed: int = option("seed", QUICK_RUN.seed)
 
     def run(self, layer: str, data: Path) -> TrainConfig:
         """The `TrainConfig` of the run of MLP kind ``layer`` on the corpus in ``data``."""
@@ -207,7 +215,7 @@ class QuickConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
             QUICK_RUN,
             data=data,
             out=Path(self.out),
-            results=Path(self.out) / ac.RESULTS,
+            results=Path(self.out) / RESULTS,
             name=layer if layer == "dense" else f"{layer} (last {self.last_k})",
             resume=self.resume,
             model=model,
@@ -233,19 +241,19 @@ class SampleConfig:
     max_new_tokens: int = field(default=200, metadata={"help": "tokens per sample"})
     temperature: float = field(default=0.8, metadata={"help": "softmax temperature"})
     top_k: int | None = field(default=200, metadata={"help": "sample among the k likeliest tokens"})
-    attention: str | None = ac.option(
+    attention: str | None = option(
         "attention", None, help="HF folders only, causal (default softmax; checkpoints bring theirs)"
     )
     tokenizer: str = field(
         default="gpt2", metadata={"help": "HF folders only: the tokenizer (checkpoints bring theirs)"}
     )
-    seed: int = ac.option("seed", 1337, help="here: the sampling's (and an HF model's RF attention's)")
-    device: str = ac.option("device", "auto", metavar="auto|cpu|cuda[:i]")
+    seed: int = option("seed", 1337, help="here: the sampling's (and an HF model's RF attention's)")
+    device: str = option("device", "auto", metavar="auto|cpu|cuda[:i]")
 
     def __post_init__(self) -> None:
-        ac.check_int_fields(self, "num_samples", "max_new_tokens")
+        check_int_fields(self, "num_samples", "max_new_tokens")
         if self.top_k is not None:
-            ac.check_int_fields(self, "top_k")
+            check_int_fields(self, "top_k")
 
 
 @dataclass(frozen=True)
@@ -253,4 +261,4 @@ class ReportConfig:
     """``gpt-uptrain report RESULTS``: the Markdown/CSV table of validation perplexity and the loss curves."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/quick"})
-    report_dir: Path | None = ac.option("report_dir", None)
+    report_dir: Path | None = option("report_dir", None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from app_common import read_safetensors, write_safetensors
+from app_common.safetensors import read_safetensors, write_safetensors
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 

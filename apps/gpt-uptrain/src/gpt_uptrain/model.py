@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import app_common as ac
 import ralimp
 import rf_attention
+from app_common.fields import option
+from app_common.schedules import param_groups
 from gpt_uptrain import hf
 from spectraformer_core import check_int
 
@@ -98,23 +99,23 @@ class GPTConfig:
     n_layer: int = field(default=12, metadata={"help": "blocks"})
     n_head: int = field(default=12, metadata={"help": "attention heads"})
     n_embd: int = field(default=768, metadata={"help": "width"})
-    dropout: float = ac.option("dropout", 0.0)
+    dropout: float = option("dropout", 0.0)
     bias: bool = field(default=True, metadata={"help": "biases in linear layers and LayerNorms"})
     layer_norm_epsilon: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
-    attention: str = ac.option("attention", "softmax", help="every block's, used causally")
-    attention_features: int = ac.option("attention_features", 128)
+    attention: str = option("attention", "softmax", help="every block's, used causally")
+    attention_features: int = option("attention_features", 128)
     learnable_attention: bool = field(
         default=False, metadata={"help": "learned per-head feature maps of an RF attention"}
     )
-    layer: str = ac.option("layer", "dense")
-    last_k: int | None = ac.option("last_k", None, help="default: half of the blocks")
-    features: int = ac.option("features", 128)
-    weight_matrix: str | None = ac.option(
+    layer: str = option("layer", "dense")
+    last_k: int | None = option("last_k", None, help="default: half of the blocks")
+    features: int = option("features", 128)
+    weight_matrix: str | None = option(
         "weight_matrix",
         None,
         help="default: the layer's own",
     )
-    seed: int = ac.option("seed", 0)
+    seed: int = option("seed", 0)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "attention_features"):
@@ -335,7 +336,7 @@ class GPT(nn.Module):
         self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
     ) -> torch.optim.AdamW:
         """AdamW over ``app_common.param_groups``: decay on matrices, none on biases, norms, coefficients."""
-        groups = ac.param_groups(self, weight_decay)
+        groups = param_groups(self, weight_decay)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     # --------------------------------------------------------------------------------------- generation

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import app_common as ac
+from app_common.records import flat_record, report_folder
+from app_common.results import read_jsonl, write_table
 
 HEADER = [
     "Run",
@@ -55,7 +56,7 @@ def loss_curves(records: list[dict], path: Path) -> Path:
     figure, ax = plt.subplots(figsize=(7, 4.2))
     latest = {r["label"]: r for r in records}
     for index, record in enumerate(latest.values()):
-        log = ac.read_jsonl(record["log"], missing_ok=True)
+        log = read_jsonl(record["log"], missing_ok=True)
         color = f"C{index % 10}"
         train = [(r["step"], r["train_loss"]) for r in log if "train_loss" in r]
         val = [(r["step"], r["val_loss"]) for r in log if "val_loss" in r]
@@ -87,7 +88,7 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
         FileNotFoundError: no results file.
         ValueError: an empty file or a record without the fields of a ``train`` record.
     """
-    records = [ac.flat_record(r) for r in ac.read_jsonl(results)]
+    records = [flat_record(r) for r in read_jsonl(results)]
     if not records:
         raise ValueError(f"{results}: no results yet")
     needed = (
@@ -108,8 +109,8 @@ def report(results: str | Path, out: str | Path | None = None) -> str:
         missing = [k for k in needed if k not in record]
         if missing:
             raise ValueError(f"{results}: record {number} lacks {', '.join(missing)}")
-    out = ac.report_folder(results, out)
+    out = report_folder(results, out)
     out.mkdir(parents=True, exist_ok=True)
-    text = ac.write_table(out / "table", *table(records))
+    text = write_table(out / "table", *table(records))
     loss_curves(records, out / "loss_curves.png")
     return text

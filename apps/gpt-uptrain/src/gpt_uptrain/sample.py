@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-import app_common as ac
+from app_common.device import resolve_device
 from gpt_uptrain.config import SampleConfig
 from gpt_uptrain.data import TOKENIZERS
 from gpt_uptrain.model import GPT
@@ -47,7 +47,7 @@ def load_for_sampling(config: SampleConfig, device: torch.device) -> tuple[GPT, 
 
 def sample(config: SampleConfig) -> list[str]:
     """``num_samples`` continuations of ``prompt`` (the prompt included)."""
-    device = ac.resolve_device(config.device)
+    device = resolve_device(config.device)
     model, tokenizer = load_for_sampling(config, device)
     model.eval()
     ids = tokenizer.encode(config.prompt)

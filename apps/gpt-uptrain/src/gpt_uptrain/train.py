@@ -28,9 +28,14 @@ from typing import Any
 
 import torch
 
-import app_common as ac
 import ralimp
 import rf_attention
+from app_common.checkpoint import load_checkpoint
+from app_common.distributed import Distributed, evaluation_sums
+from app_common.fields import identity_digest
+from app_common.harness import Trainer
+from app_common.schedules import Schedule, schedule
+from app_common.seeding import CALIBRATION_SEED
 from gpt_uptrain import hf
 from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
@@ -81,13 +86,13 @@ def transfer_attention(
     return {"steps": report.steps, "mse_before": list(report.mse_before), "mse_after": list(report.mse_after)}
 
 
-def lr_schedule(config: TrainConfig) -> ac.Schedule:
+def lr_schedule(config: TrainConfig) -> Schedule:
     """NanoGPT's schedule as a factor of ``lr``: linear warm-up, cosine to ``min_lr`` at ``lr_decay_steps``.
 
     ``lr_decay_steps`` is ``steps`` when None; the rate stays at ``min_lr`` after it.
     """
     decay_steps = config.lr_decay_steps or config.steps
-    return ac.schedule("cosine", config.warmup_steps, decay_steps, final=config.min_lr / config.lr)
+    return schedule("cosine", config.warmup_steps, decay_steps, final=config.min_lr / config.lr)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -97,7 +102,7 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 def run_name(config: TrainConfig) -> str:
     """``ralimp-k1-softmax-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
-    digest = ac.identity_digest(config)
+    digest = identity_digest(config)
     m = config.model
     return f"{m.layer}-k{m.last_k or 'half'}-{m.attention}-s{config.seed}-{digest}"
 
@@ -202,7 +207,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
             "train",
             -(-CALIBRATION_TOKENS // block_size),
             block_size,
-            seed=(config.seed, ac.CALIBRATION_SEED),
+            seed=(config.seed, CALIBRATION_SEED),
             device=device,
         )
     replacement = {name: getattr(config.model, name) for name in REPLACEMENT_FIELDS}
@@ -211,7 +216,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: TokenData, config: TrainConfig, dist: ac.Distributed) -> float:
+def evaluate(model: torch.nn.Module, data: TokenData, config: TrainConfig, dist: Distributed) -> float:
     """Mean validation loss over batches ``0 .. eval_batches - 1`` (the same in every run), over the ranks."""
     block_size = model.config.block_size
 
@@ -221,7 +226,7 @@ def evaluate(model: torch.nn.Module, data: TokenData, config: TrainConfig, dist:
         return torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=dist.device)])
 
     ks = range(dist.rank, config.eval_batches, dist.world_size)
-    totals = ac.evaluation_sums(model, ks, loss_and_count, size=2, device=dist.device, dtype=config.dtype)
+    totals = evaluation_sums(model, ks, loss_and_count, size=2, device=dist.device, dtype=config.dtype)
     return (totals[0] / totals[1]).item()
 
 
@@ -246,11 +251,11 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             FileNotFoundError: no data or no pretrained folder; MemoryError: the run would not fit the
             device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
-    trainer = ac.Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    trainer = Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
     return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
 
 
-def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
+def _train(config: TrainConfig, trainer: Trainer) -> dict:
     dist, device = trainer.dist, trainer.device
     if config.gradient_accumulation_steps % dist.world_size:
         raise ValueError(
@@ -346,7 +351,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GP
     Raises:
         FileNotFoundError: no file at ``path``.
     """
-    checkpoint = ac.load_checkpoint(path, map_location=device)
+    checkpoint = load_checkpoint(path, map_location=device)
     if checkpoint is None:
         raise FileNotFoundError(f"checkpoint: no file at {path}")
     model = GPT(GPTConfig(**checkpoint["model_config"]))

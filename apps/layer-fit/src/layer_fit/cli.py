@@ -17,29 +17,22 @@ import argparse
 import sys
 from pathlib import Path
 
-import app_common as ac
+from app_common import cli
+from app_common.records import report_folder
 from layer_fit.config import FitConfig, QuickConfig, ReportConfig
 from layer_fit.methods import METHODS
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``layer-fit`` and its subcommands (``--help`` on each)."""
-    parser, commands = ac.app_parser("layer-fit", __doc__)
+    parser, commands = cli.app_parser("layer-fit", __doc__)
     for name, cls, text in (
         ("quick", QuickConfig, "reduced protocol on the CPU, then the report"),
         ("train", FitConfig, "the protocol (or a selection), resumable"),
     ):
-        ac.add_command(commands, name, cls, _fit_and_report, help=text)
-    ac.add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="tables and plots of a results file",
-        config_file=False,
-        positional=("results",),
-    )
-    ac.add_list_command(commands, {"methods": METHODS.names}, help="list the method names")
+        cli.add_command(commands, name, cls, _fit_and_report, help=text)
+    cli.add_report_command(commands, ReportConfig, _report, help="tables and plots of a results file")
+    cli.add_list_command(commands, {"methods": METHODS.names}, help="list the method names")
     return parser
 
 
@@ -53,7 +46,7 @@ def _fit_and_report(args: argparse.Namespace) -> None:
     from layer_fit.report import report
     from layer_fit.train import run_fit
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     results = run_fit(config)
     features = 32 if 32 in config.features else config.features[0]
     _print(report(ReportConfig(results=results, table_features=features)))
@@ -65,15 +58,15 @@ def _fit_and_report(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from layer_fit.report import report
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     _print(report(config))
-    out = ac.report_folder(config.results, config.report_dir)
+    out = report_folder(config.results, config.report_dir)
     print(f"tables (Markdown, CSV) and plots (PNG) written to {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``layer-fit`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return ac.run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import app_common as ac
+from app_common.fields import (
+    OptimizerFields,
+    OutputFields,
+    RuntimeFields,
+    check_int_fields,
+    option,
+    run_identity,
+)
+from app_common.grid import GridFields
 
 #: The activations of the paper's Fig. 2.
 ACTIVATIONS = ("gelu", "silu", "tanh", "sigmoid", "softsign")
@@ -26,7 +34,7 @@ GRID = ("activation", "layer", "features", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
-class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
     """The synthetic single-layer fit (RaLiMP paper, Fig. 2): every activation x layer x features x seed.
 
     Defaults are the paper's protocol: W (256 x 256) and X (8192 x 256) i.i.d. Unif[0, 1], the
@@ -36,7 +44,7 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     balance="auto" for RaLiMP and SNNK (features at x / lambda and lambda w; without it RaLiMP's features
     overflow float32 at step 0 at width 256). Finished runs found in the results file are skipped; a killed
     run resumes from its checkpoint. A run's identity is every setting except device, threads, out,
-    resume, checkpoint_every and log_every; resuming under another identity is refused.
+    resume, shard, isolation, checkpoint_every and log_every; resuming under another identity is refused.
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")
@@ -44,21 +52,21 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
     activation: tuple[str, ...] = field(
         default=ACTIVATIONS, metadata={"help": "target activations f (several: a grid)", "metavar": "NAME"}
     )
-    layer: tuple[str, ...] = ac.option(
+    layer: tuple[str, ...] = option(
         "layer",
         PAPER_METHODS,
         help="here the methods (several values: a grid): lowrank, eugen, snnk, ralimp, ralimp-psi, linear",
         metavar="NAME",
     )
-    features: tuple[int, ...] = ac.option(
+    features: tuple[int, ...] = option(
         "features",
         (32,),
         help="the rank for lowrank and linear; several values: a grid (the paper's sweep: 16 32 64 128 256)",
     )
-    seed: tuple[int, ...] = ac.option("seed", tuple(range(10)), help="several values: a grid")
-    steps: int = ac.option("steps", 3000, help="full-batch Adam, cosine decay")
-    lr: float = ac.option("lr", 1e-2)
-    grad_clip: float = ac.option("grad_clip", 10.0)
+    seed: tuple[int, ...] = option("seed", tuple(range(10)), help="several values: a grid")
+    steps: int = option("steps", 3000, help="full-batch Adam, cosine decay")
+    lr: float = option("lr", 1e-2)
+    grad_clip: float = option("grad_clip", 10.0)
     samples: int = field(default=8192, metadata={"help": "rows of X"})
     dim: int = field(default=256, metadata={"help": "input and output width (W is dim x dim)"})
     data_seed: int = field(default=0, metadata={"help": "seed of W and X (fixed across runs)"})
@@ -77,15 +85,15 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
         default=False,
         metadata={"help": "the paper's layers exactly: balance 1 and no output scale and shift"},
     )
-    out: Path = ac.option("out", Path("results/layer-fit"), help="and of report/")
-    checkpoint_every: int = ac.option("checkpoint_every", 500)
-    log_every: int = ac.option("log_every", 50, help="the points of the record's loss curve")
+    out: Path = option("out", Path("results/layer-fit"), help="and of report/")
+    checkpoint_every: int = option("checkpoint_every", 500)
+    log_every: int = option("log_every", 50, help="the points of the record's loss curve")
 
     def __post_init__(self) -> None:
         """Positive sizes and at least one value of every grid field."""
         super().__post_init__()
-        ac.check_int_fields(self, "samples", "dim", "log_every", "features")
-        ac.check_int_fields(self, "data_seed", "checkpoint_every", "seed", minimum=0)
+        check_int_fields(self, "samples", "dim", "log_every", "features")
+        check_int_fields(self, "data_seed", "checkpoint_every", "seed", minimum=0)
         for name in GRID:
             if not getattr(self, name):
                 raise ValueError(f"--{name}: expected at least one value")
@@ -113,7 +121,7 @@ class FitConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
 
     def protocol(self) -> dict:
         """The settings every run of the grid shares: a run's identity without its grid point."""
-        return {k: v for k, v in ac.run_identity(self).items() if k not in GRID}
+        return {k: v for k, v in run_identity(self).items() if k not in GRID}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,13 +132,13 @@ class QuickConfig(FitConfig):
     check of the whole pipeline (data, training, results, tables, plots), not the paper's measurement.
     """
 
-    seed: tuple[int, ...] = ac.option("seed", (0, 1))
-    steps: int = ac.option("steps", 200, help="full-batch Adam, cosine decay")
+    seed: tuple[int, ...] = option("seed", (0, 1))
+    steps: int = option("steps", 200, help="full-batch Adam, cosine decay")
     samples: int = field(default=512, metadata={"help": "rows of X"})
     dim: int = field(default=64, metadata={"help": "input and output width (W is dim x dim)"})
-    threads: int = ac.option("threads", 1)
-    checkpoint_every: int = ac.option("checkpoint_every", 0)
-    out: Path = ac.option("out", Path("results/layer-fit-quick"), help="and of report/")
+    threads: int = option("threads", 1)
+    checkpoint_every: int = option("checkpoint_every", 0)
+    out: Path = option("out", Path("results/layer-fit-quick"), help="and of report/")
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,7 @@ class ReportConfig:
     """Tables (Markdown, CSV) and plots (PNG) of a results file: mean +/- std of the train MSE over seeds."""
 
     results: Path = field(metadata={"help": "the results.jsonl written by layer-fit train"})
-    report_dir: Path | None = ac.option("report_dir", None)
+    report_dir: Path | None = option("report_dir", None)
     table_features: int = field(
         default=32, metadata={"help": "the budget of the main table and the bar plot"}
     )

@@ -24,7 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import app_common as ac
+from app_common.records import flat_record, report_folder
+from app_common.results import markdown_table, mean_and_std, read_jsonl, write_csv, write_table
 from layer_fit.config import ACTIVATIONS, PAPER_METHODS, FitConfig, ReportConfig
 
 #: The record fields that make two runs comparable.
@@ -67,7 +68,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
     cells = {}
     for key, runs in groups.items():
         ok = [r["mse"] for r in runs if not r.get("diverged") and r.get("mse") is not None]
-        mean, std = ac.mean_and_std(ok)
+        mean, std = mean_and_std(ok)
         cells[key] = Cell(
             mean=mean,
             std=std,
@@ -209,7 +210,7 @@ def sweep_floors_table(cells: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def write_csv(path: Path, cells: dict) -> None:
+def write_cells(path: Path, cells: dict) -> None:
     """Long format: activation, method, budget, mse mean and std, seeds, diverged, train seconds, floors."""
     activations, methods, budgets = _axes(cells)
     header = [
@@ -243,7 +244,7 @@ def write_csv(path: Path, cells: dict) -> None:
         for a, m, b, c in found
         if c is not None
     ]
-    ac.write_csv(path, header, rows)
+    write_csv(path, header, rows)
 
 
 def plot_bars(cells: dict, budget: int, path: Path) -> None:
@@ -318,23 +319,23 @@ def claim_line(cells: dict, budget: int, method: str = "ralimp") -> str:
 
 def report(config: ReportConfig) -> dict[str, str]:
     """Write the tables and plots of ``config.results``; returns the Markdown texts by name."""
-    cells = aggregate([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
-    out = ac.report_folder(config.results, config.report_dir)
+    cells = aggregate([flat_record(r) for r in read_jsonl(config.results)])
+    out = report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     _, _, budgets = _axes(cells)
     budget = config.table_features if config.table_features in budgets else budgets[0]
     _, methods, _ = _axes(cells)
     claims = [claim_line(cells, budget, m) for m in ("ralimp", "ralimp-psi") if m in methods]
-    texts = {"table": "\n\n".join([ac.markdown_table(*main_table(cells, budget)), *claims])}
+    texts = {"table": "\n\n".join([markdown_table(*main_table(cells, budget)), *claims])}
     (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
-    write_csv(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
-    floors = ac.write_table(out / "floors", *floors_table(cells, budget))
+    write_cells(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
+    floors = write_table(out / "floors", *floors_table(cells, budget))
     texts["floors"] = "\n\n".join([floors, *floor_lines(cells, budget)])
     plot_bars(cells, budget, out / "mse_bars.png")
     if _swept(cells):
-        texts["sweep"] = ac.markdown_table(*sweep_table(cells))
+        texts["sweep"] = markdown_table(*sweep_table(cells))
         (out / "sweep.md").write_text(texts["sweep"] + "\n", encoding="utf-8")
-        write_csv(out / "sweep.csv", cells)
-        texts["sweep_floors"] = ac.write_table(out / "sweep_floors", *sweep_floors_table(cells))
+        write_cells(out / "sweep.csv", cells)
+        texts["sweep_floors"] = write_table(out / "sweep_floors", *sweep_floors_table(cells))
         plot_budget(cells, out / "mse_vs_budget.png")
     return texts

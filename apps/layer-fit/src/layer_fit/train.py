@@ -16,13 +16,20 @@ import math
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import app_common as ac
 import ralimp
+from app_common.checkpoint import changed_settings
+from app_common.device import autocast, resolve_device
+from app_common.grid import run_grid
+from app_common.harness import Trainer
+from app_common.records import RESULTS, flat_record
+from app_common.results import read_jsonl
+from app_common.schedules import schedule
 from layer_fit.config import FitConfig
 from layer_fit.data import LayerData, make_data
 from layer_fit.floors import eckart_young_floor, fixed_features, information_floor, singular_values
@@ -73,7 +80,7 @@ def fit_one(
                 sigma=sigma, on_checkpoint=on_checkpoint,
             )  # fmt: skip
     name = run_name(data.activation, method, budget, seed)
-    trainer = ac.Trainer.from_config(
+    trainer = Trainer.from_config(
         config,
         name=name,
         on_save=on_checkpoint,
@@ -102,7 +109,7 @@ def fit_one(
     with torch.no_grad():
         initial = float(_loss(model, data, config, device))  # the built model: the same on every resume
     adam = torch.optim.Adam(model.parameters(), lr=config.lr)
-    trainer.setup(model, adam, schedule=ac.schedule("cosine", 0, config.steps))
+    trainer.setup(model, adam, schedule=schedule("cosine", 0, config.steps))
     trainer.fit(lambda step, batch: _loss(model, data, config, device))
     model.eval()
     final = math.nan
@@ -114,7 +121,7 @@ def fit_one(
     )
     curve = [
         [r["step"], r["train_loss"]]
-        for r in ac.read_jsonl(trainer.log_path, missing_ok=True)
+        for r in read_jsonl(trainer.log_path, missing_ok=True)
         if "train_loss" in r
     ]
     record = trainer.record(
@@ -142,7 +149,7 @@ def fit_one(
 
 
 def _loss(model: FitModel, data: LayerData, config: FitConfig, device: torch.device) -> torch.Tensor:
-    with ac.autocast(device, config.dtype):
+    with autocast(device, config.dtype):
         prediction = model(data.x)
     return F.mse_loss(prediction.float(), data.y.float())
 
@@ -176,10 +183,10 @@ def _check_results_protocol(results: Path, config: FitConfig) -> list[dict]:
         results.unlink(missing_ok=True)
         shutil.rmtree(results.parent / "runs", ignore_errors=True)
         return []
-    records = [ac.flat_record(r) for r in ac.read_jsonl(results, missing_ok=True)]
+    records = [flat_record(r) for r in read_jsonl(results, missing_ok=True)]
     wanted = config.protocol()
     for record in records:
-        changed = ac.changed_settings({k: record.get(k) for k in wanted}, wanted)
+        changed = changed_settings({k: record.get(k) for k in wanted}, wanted)
         if changed:
             raise ValueError(
                 f"{results}: holds runs of other settings ({'; '.join(changed)}); pass --no-resume to start "
@@ -188,28 +195,22 @@ def _check_results_protocol(results: Path, config: FitConfig) -> list[dict]:
     return records
 
 
-def run_fit(
-    config: FitConfig, *, progress: bool = True, on_checkpoint: Callable[[int], None] | None = None
-) -> Path:
-    """Run every planned run that has not finished (``app_common.finished_record``); the results path.
+@dataclass
+class _Cells:
+    """Runs one cell ``(activation, method, budget, seed)``; the data of the last activation is kept."""
 
-    Args:
-        config: the grid and its protocol.
-        progress: draw progress bars.
-        on_checkpoint: called with the step after every checkpoint of every run (tests stop a run there).
-    """
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = ac.resolve_device(config.device)
-    results = Path(config.out) / ac.RESULTS
-    _check_results_protocol(results, config)
-    planned = planned_runs(config)
-    todo = [run for run in planned if ac.finished_record(config.out, run_name(*run)) is None]
-    data, sigma = None, None
-    bar = ac.progress(todo, desc=f"layer-fit ({len(planned) - len(todo)} done before)", disable=not progress)
-    for activation, method, budget, seed in bar:
-        if data is None or data.activation != activation:
-            data = make_data(
+    config: FitConfig
+    progress: bool
+    on_checkpoint: Callable[[int], None] | None
+    data: LayerData | None = None
+    sigma: torch.Tensor | None = None
+
+    def __call__(self, cell: tuple[str, str, int, int]) -> dict:
+        activation, method, budget, seed = cell
+        config = self.config
+        device = resolve_device(config.device)
+        if self.data is None or self.data.activation != activation:
+            self.data = make_data(
                 activation,
                 samples=config.samples,
                 dim=config.dim,
@@ -217,18 +218,45 @@ def run_fit(
                 center=config.center,
                 device=device,
             )
-            sigma = singular_values(data.y)
-        record = fit_one(
-            data,
+            self.sigma = singular_values(self.data.y)
+        return fit_one(
+            self.data,
             method,
             budget,
             seed,
             config,
             device=device,
             out=Path(config.out),
-            progress=progress,
-            sigma=sigma,
-            on_checkpoint=on_checkpoint,
+            progress=self.progress,
+            sigma=self.sigma,
+            on_checkpoint=self.on_checkpoint,
         )
-        bar.set_postfix(last=f"{activation}/{method}/{budget}: {record['metrics']['mse']}")
+
+
+def run_fit(
+    config: FitConfig, *, progress: bool = True, on_checkpoint: Callable[[int], None] | None = None
+) -> Path:
+    """Run this shard's planned runs that have not finished, through `app_common.grid.run_grid`.
+
+    Args:
+        config: the grid, its protocol and its ``--shard`` / ``--isolation`` (in-process by default: the
+            runs of one activation share its data).
+        progress: draw progress bars.
+        on_checkpoint: called with the step after every checkpoint of every run (tests stop a run there).
+
+    Returns:
+        The results path.
+    """
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    results = Path(config.out) / RESULTS
+    _check_results_protocol(results, config)
+    run_grid(
+        planned_runs(config),
+        _Cells(config, progress, on_checkpoint),
+        place=lambda cell: (config.out, run_name(*cell)),
+        grid=config,
+        desc="layer-fit",
+        show_progress=progress,
+    )
     return results

@@ -17,8 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import app_common as ac
 import rf_attention
+from app_common import cli
+from app_common.config import config_from, leaf_fields, read_config, split_toml
+from app_common.records import report_folder
 from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
 
 _TOML_HELP = "[table6.<task>] tables override Table 6"
@@ -26,9 +28,9 @@ _TOML_HELP = "[table6.<task>] tables override Table 6"
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``lra-bench`` and its subcommands (``--help`` on each)."""
-    parser, commands = ac.app_parser("lra-bench", __doc__)
-    ac.add_command(commands, "train", TrainConfig, _train, help="one training run", config_file=_TOML_HELP)
-    ac.add_command(
+    parser, commands = cli.app_parser("lra-bench", __doc__)
+    cli.add_command(commands, "train", TrainConfig, _train, help="one training run", config_file=_TOML_HELP)
+    cli.add_command(
         commands,
         "sweep",
         SweepConfig,
@@ -38,16 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
-    ac.add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="paper-style tables and heatmaps",
-        config_file=False,
-        positional=("results",),
-    )
-    ac.add_command(
+    cli.add_report_command(commands, ReportConfig, _report, help="paper-style tables and heatmaps")
+    cli.add_command(
         commands,
         "quick",
         QuickConfig,
@@ -56,28 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
         aliases=("quickstart",),
         config_file=False,
     )
-    ac.add_list_command(commands, {"attentions": rf_attention.names}, help="list the attention names")
+    cli.add_list_command(commands, {"attentions": rf_attention.names}, help="list the attention names")
     return parser
 
 
 def _train(args: argparse.Namespace) -> None:
     from lra_bench.train import train
 
-    table = ac.read_config(args)
-    (settings,) = ac.split_toml(table, TrainConfig, extra=("table6",), source=args.config)
-    settings.update({k: v for k, v in vars(args).items() if k in ac.leaf_fields(TrainConfig)})
+    table = read_config(args)
+    (settings,) = split_toml(table, TrainConfig, extra=("table6",), source=args.config)
+    settings.update({k: v for k, v in vars(args).items() if k in leaf_fields(TrainConfig)})
     train(train_config(settings, table.get("table6")))
 
 
 def _sweep(args: argparse.Namespace) -> None:
     from lra_bench.sweep import run_sweep
 
-    table = ac.read_config(args)
-    grid_toml, run_toml = ac.split_toml(
-        table, SweepConfig, TrainConfig, extra=("table6",), source=args.config
-    )
-    sweep = ac.config_from(SweepConfig, args, toml=grid_toml)
-    run_fields = set(ac.leaf_fields(TrainConfig)) - set(GRID)
+    table = read_config(args)
+    grid_toml, run_toml = split_toml(table, SweepConfig, TrainConfig, extra=("table6",), source=args.config)
+    sweep = config_from(SweepConfig, args, toml=grid_toml)
+    run_fields = set(leaf_fields(TrainConfig)) - set(GRID)
     settings = {k: v for k, v in run_toml.items() if k in run_fields}
     settings.update({k: v for k, v in vars(args).items() if k in run_fields})
     outcome = run_sweep(sweep, settings, table.get("table6"))
@@ -88,24 +80,24 @@ def _sweep(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from lra_bench.report import report
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     tables = report(config)
     print(tables["table1"])
-    out = ac.report_folder(config.results, config.report_dir)
+    out = report_folder(config.results, config.report_dir)
     print(f"\ntables (Markdown, CSV) and heatmaps written to {out}")
 
 
 def _quick(args: argparse.Namespace) -> None:
     from lra_bench.quickstart import quick
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     print(quick(config))
     print(f"\nfull report: {Path(config.out) / 'report'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``lra-bench`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return ac.run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import app_common as ac
 import lra_data
+from app_common.config import config_from
+from app_common.fields import (
+    AttentionFields,
+    EvalFields,
+    OptimizerFields,
+    OutputFields,
+    RuntimeFields,
+    check_int_fields,
+    identity_digest,
+    option,
+)
+from app_common.grid import GridFields
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,7 @@ def table6_row(task: str, overrides: Mapping[str, Mapping[str, Any]] | None = No
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig(ac.AttentionFields):
+class ModelConfig(AttentionFields):
     """The encoder of Table 6 (the same for every task) and its attention."""
 
     embedding_dim: int = field(default=64, metadata={"help": "token and position embedding width"})
@@ -81,7 +92,7 @@ class ModelConfig(ac.AttentionFields):
     hidden_dim: int = field(default=128, metadata={"help": "feed-forward and classifier hidden width"})
     num_heads: int = field(default=2, metadata={"help": "attention heads (head dim = dim / heads)"})
     num_layers: int = field(default=2, metadata={"help": "transformer blocks"})
-    dropout: float = ac.option("dropout", 0.1)
+    dropout: float = option("dropout", 0.1)
     attention_dropout: float = field(
         default=0.1, metadata={"help": "dropout on attention probabilities (attentions that have them)"}
     )
@@ -89,7 +100,7 @@ class ModelConfig(ac.AttentionFields):
     def __post_init__(self) -> None:
         """Widths and counts >= 1, heads dividing the width, rates in [0, 1)."""
         super().__post_init__()
-        ac.check_int_fields(self, "dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers")
+        check_int_fields(self, "dim", "embedding_dim", "hidden_dim", "num_heads", "num_layers")
         if self.dim % self.num_heads:
             raise ValueError(f"--num-heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
         for name in ("dropout", "attention_dropout"):
@@ -100,7 +111,7 @@ class ModelConfig(ac.AttentionFields):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+class TrainConfig(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
     """One training run: ``lra-bench train``.
 
     Per-task fields left at None (batch size, lr, warm-up, eval every, eval steps, init steps, max length)
@@ -112,21 +123,21 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("data", "compile", "workers")
 
     task: str = field(metadata={"help": "LRA task", "choices": lra_data.TASKS})
-    seed: int = ac.option("seed", 0)
+    seed: int = option("seed", 0)
     data: Path = field(default=Path("data/lra"), metadata={"help": "cache root of lra-data (DATA/TASK)"})
-    out: Path = ac.option("out", Path("results/lra-bench"))
+    out: Path = option("out", Path("results/lra-bench"))
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    workers: int = ac.option("workers", 0)
+    workers: int = option("workers", 0)
     model: ModelConfig = field(default_factory=ModelConfig)
     # Training (Table 6, per task when None).
-    steps: int = ac.option("steps", 50_000, help="linear decay")
-    lr: float | None = ac.option("lr", None, help="AdamW; None: Table 6")
-    grad_clip: float = ac.option("grad_clip", 1.0)
-    eval_every: int | None = ac.option("eval_every", None, help="None: Table 6")
-    log_every: int = ac.option("log_every", 50)
+    steps: int = option("steps", 50_000, help="linear decay")
+    lr: float | None = option("lr", None, help="AdamW; None: Table 6")
+    grad_clip: float = option("grad_clip", 1.0)
+    eval_every: int | None = option("eval_every", None, help="None: Table 6")
+    log_every: int = option("log_every", 50)
     batch_size: int | None = field(default=None, metadata={"help": "global batch; None: Table 6"})
-    warmup_steps: int | None = ac.option("warmup_steps", None, help="None: Table 6")
-    eval_batches: int | None = ac.option(
+    warmup_steps: int | None = option("warmup_steps", None, help="None: Table 6")
+    eval_batches: int | None = option(
         "eval_batches", None, help="the first ones of the validation split (0: all of it); None: Table 6"
     )
     init_steps: int | None = field(
@@ -134,7 +145,7 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
     )
     max_length: int | None = field(default=None, metadata={"help": "tokens kept per document; None: Table 6"})
     patience: int = field(default=10, metadata={"help": "evaluations without improvement before stopping"})
-    weight_decay: float = ac.option("weight_decay", 0.0)
+    weight_decay: float = option("weight_decay", 0.0)
 
     def __post_init__(self) -> None:
         """Fill the per-task fields left at None from Table 6, then check every value."""
@@ -143,8 +154,8 @@ class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.Output
             if getattr(self, name) is None:
                 object.__setattr__(self, name, row[name])
         super().__post_init__()
-        ac.check_int_fields(self, "batch_size", "max_length", "patience")
-        ac.check_int_fields(self, "warmup_steps", "eval_batches", "init_steps", "workers", minimum=0)
+        check_int_fields(self, "batch_size", "max_length", "patience")
+        check_int_fields(self, "warmup_steps", "eval_batches", "init_steps", "workers", minimum=0)
 
 
 def train_config(
@@ -165,17 +176,17 @@ def train_config(
     task = settings["task"]
     table6_row(task, table6)  # unknown overrides fail here
     given = {k: v for k, v in settings.items() if v is not None}
-    return ac.config_from(TrainConfig, {**(table6 or {}).get(task, {}), **given})
+    return config_from(TrainConfig, {**(table6 or {}).get(task, {}), **given})
 
 
 def run_name(config: TrainConfig) -> str:
     """The run's identity: task, attention, features, seed and a digest of the other identity settings.
 
     ``listops-oprf-fastfoodl-f128-s0-3f2a9c1e``: its checkpoint folder, and the key by which a sweep
-    knows a run is done. The digest covers [`app_common.run_identity`][app_common.run_identity] (Table 6
-    filled in).
+    knows a run is done. The digest covers [`app_common.run_identity`][app_common.fields.run_identity] (Table
+    6 filled in).
     """
-    digest = ac.identity_digest(config)
+    digest = identity_digest(config)
     model = config.model
     return f"{config.task}-{model.attention}-f{model.attention_features}-s{config.seed}-{digest}"
 
@@ -184,8 +195,8 @@ def run_name(config: TrainConfig) -> str:
 GRID = ("task", "attention", "attention_features", "seed")
 
 
-@dataclass(frozen=True)
-class SweepConfig:
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig(GridFields):
     """The grid of ``lra-bench sweep``: task x attention x attention features x seed.
 
     Each grid flag is the ``train`` flag of the same name, taking several values; every other flag of
@@ -196,36 +207,22 @@ class SweepConfig:
     task: tuple[str, ...] = field(
         default=lra_data.TASKS, metadata={"help": "tasks", "choices": lra_data.TASKS}
     )
-    attention: tuple[str, ...] = ac.option(
+    attention: tuple[str, ...] = option(
         "attention", ("softmax", "performer", "oprf-fastfoodl"), help="several values: a grid"
     )
-    attention_features: tuple[int, ...] = ac.option(
+    attention_features: tuple[int, ...] = option(
         "attention_features", (64, 128, 256, 512), help="several values: a grid"
     )
-    seed: tuple[int, ...] = ac.option("seed", (0, 1, 2, 3, 4), help="several values: a grid")
-    shard: str = field(default="0/1", metadata={"help": "i/n: run the i-th of n interleaved parts"})
+    seed: tuple[int, ...] = option("seed", (0, 1, 2, 3, 4), help="several values: a grid")
+    isolation: str = option("isolation", "process", help="default: process (a run's peak memory is its own)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         unknown = [t for t in self.task if t not in lra_data.TASKS]
         if unknown:
             raise ValueError(
                 f"--task: unknown {', '.join(unknown)}; expected some of {', '.join(lra_data.TASKS)}"
             )
-        self.shard_index()
-
-    def shard_index(self) -> tuple[int, int]:
-        """``(i, n)`` of ``shard = "i/n"``.
-
-        Raises:
-            ValueError: not two integers with 0 <= i < n.
-        """
-        try:
-            i, n = (int(part) for part in self.shard.split("/"))
-        except ValueError:
-            raise ValueError(f"--shard: expected 'i/n' with integers, got {self.shard!r}") from None
-        if not 0 <= i < n:
-            raise ValueError(f"--shard: expected 0 <= i < n, got {self.shard!r}")
-        return i, n
 
 
 @dataclass(frozen=True)
@@ -233,7 +230,7 @@ class ReportConfig:
     """What ``lra-bench report RESULTS`` writes: Tables 1, 7, 8 (Markdown and CSV) and Figure 4 (PNG)."""
 
     results: Path = field(metadata={"help": "JSON-lines results file of train/sweep"})
-    report_dir: Path | None = ac.option("report_dir", None)
+    report_dir: Path | None = option("report_dir", None)
     table1_features: int | None = field(
         default=None,
         metadata={
@@ -247,11 +244,11 @@ class ReportConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuickConfig(ac.RuntimeFields):
+class QuickConfig(RuntimeFields):
     """``lra-bench quick`` (alias ``quickstart``): generated ListOps, a few attentions, Table 1."""
 
-    out: Path = ac.option("out", Path("runs/quickstart"), help="and of data/ and report/")
-    attention: tuple[str, ...] = ac.option(
+    out: Path = option("out", Path("runs/quickstart"), help="and of data/ and report/")
+    attention: tuple[str, ...] = option(
         "attention", ("softmax", "performer", "oprf-fastfoodl"), help="several values: one run each"
     )
     train_examples: int = field(default=4000, metadata={"help": "generated training expressions"})
@@ -261,17 +258,17 @@ class QuickConfig(ac.RuntimeFields):
     max_depth: int = field(default=4, metadata={"help": "ListOps tree depth"})
     max_args: int = field(default=4, metadata={"help": "ListOps arguments per operator"})
     max_length: int = field(default=100, metadata={"help": "longest generated expression (tokens)"})
-    attention_features: int = ac.option("attention_features", 64)
-    steps: int = ac.option("steps", 1000, help="steps per attention")
+    attention_features: int = option("attention_features", 64)
+    steps: int = option("steps", 1000, help="steps per attention")
     batch_size: int = field(default=32, metadata={"help": "batch size"})
-    lr: float = ac.option("lr", 1e-3)
-    seed: int = ac.option("seed", 0)
-    threads: int = ac.option("threads", 1, help="the models are tiny: more threads only contend")
+    lr: float = option("lr", 1e-3)
+    seed: int = option("seed", 0)
+    threads: int = option("threads", 1, help="the models are tiny: more threads only contend")
 
     def __post_init__(self) -> None:
         """Every count >= 1 (checked before any data is generated)."""
         super().__post_init__()
-        ac.check_int_fields(
+        check_int_fields(
             self,
             "train_examples",
             "heldout_examples",

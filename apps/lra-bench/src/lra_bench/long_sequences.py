@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-import app_common as ac
 import rf_attention
+from app_common.measure import PeakMemoryMeter, Timer, fix_mmap_threshold
 from lra_bench.config import ModelConfig
 from spectraformer_core import markdown_table
 
@@ -33,7 +33,7 @@ def measure(
     module = rf_attention.create(name, dim, heads, num_features=features, seed=0)
     module(torch.randn(1, warmup_length, dim, requires_grad=True)).sum().backward()
     x = torch.randn(1, n, dim, requires_grad=True)
-    with ac.PeakMemoryMeter("cpu") as meter, ac.Timer() as timer:
+    with PeakMemoryMeter("cpu") as meter, Timer() as timer:
         module(x).sum().backward()
     return timer.elapsed, max(meter.added, 0)
 
@@ -51,7 +51,7 @@ def long_sequence_table(
     attention's peak over softmax's. Softmax is measured even when ``attentions`` leaves it out.
     """
     model = model or ModelConfig()
-    ac.fix_mmap_threshold()
+    fix_mmap_threshold()
     names = list(dict.fromkeys(["softmax", *attentions]))
     shape = {"dim": model.dim, "heads": model.num_heads, "features": features, "warmup_length": min(lengths)}
     points = {(name, n): measure(name, n, **shape) for n in sorted(lengths) for name in names}

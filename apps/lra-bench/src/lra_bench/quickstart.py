@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import app_common as ac
 import lra_data
+from app_common.records import RESULTS
 from lra_bench.config import QuickConfig, ReportConfig, SweepConfig
 from lra_bench.long_sequences import long_sequence_table
 from lra_bench.report import report
@@ -71,7 +71,7 @@ def quick(config: QuickConfig) -> str:
     run_sweep(sweep, settings)
     tables = report(
         ReportConfig(
-            results=out / ac.RESULTS,
+            results=out / RESULTS,
             report_dir=out / "report",
             table1_features=config.attention_features,
             time_unit="s",

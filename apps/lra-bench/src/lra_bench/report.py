@@ -19,9 +19,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import app_common as ac
 import lra_data
 import rf_attention
+from app_common.records import flat_record, report_folder
+from app_common.results import mean_and_std, read_jsonl, write_table
 from lra_bench.config import ReportConfig
 
 TASK_LETTERS = {"listops": "L", "text": "T", "retrieval": "R", "image": "I", "pathfinder": "P"}
@@ -47,7 +48,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
         groups[(record["task"], record["attention"], int(record["features"]))].append(record)
     cells = {}
     for key, runs in groups.items():
-        accuracy, accuracy_std = ac.mean_and_std([100.0 * r["test_accuracy"] for r in runs])
+        accuracy, accuracy_std = mean_and_std([100.0 * r["test_accuracy"] for r in runs])
         cells[key] = Cell(
             accuracy=accuracy,
             accuracy_std=accuracy_std,
@@ -230,7 +231,7 @@ def table1_features(cells: dict, wanted: int | None = None) -> int:
 
 
 def _write(out: Path, stem: str, header: list[str], rows: list[list[str]]) -> str:
-    text = ac.write_table(out / stem, header, rows)
+    text = write_table(out / stem, header, rows)
     if not rows:
         text = f"(no rows: {stem} needs results of matching attentions)"
         (out / f"{stem}.md").write_text(text + "\n", encoding="utf-8")
@@ -246,7 +247,7 @@ def report(config: ReportConfig) -> dict[str, str]:
         FileNotFoundError: no results file.
         ValueError: no records in it, or a record missing a field, naming the line.
     """
-    records = [ac.flat_record(r) for r in ac.read_jsonl(config.results)]
+    records = [flat_record(r) for r in read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
     needed = ("task", "attention", "features", "test_accuracy", "train_seconds", "peak_memory_bytes")
@@ -256,7 +257,7 @@ def report(config: ReportConfig) -> dict[str, str]:
             raise ValueError(f"{config.results}: record {number} lacks {', '.join(missing)}")
     if config.time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit: expected one of {', '.join(TIME_UNITS)}, got {config.time_unit!r}")
-    out = ac.report_folder(config.results, config.report_dir)
+    out = report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     cells = aggregate(records)
     tables = {

@@ -1,24 +1,24 @@
-"""``lra-bench sweep``: every run of a grid, each in a fresh process, skipping those already in the results.
+"""``lra-bench sweep``: every run of a grid, skipping those already finished, shardable.
 
-The grid ``task x attention x attention_features x seed`` is enumerated in a fixed order; shard ``i/n``
-takes runs ``i, i + n, i + 2n, ...`` so ``n`` machines (or GPUs) split it without talking to each other.
-A run is done when the results file holds a line with its [`run_name`][lra_bench.run_name]; every other
-run resumes its checkpoint, so re-running the same command after a crash continues where it stopped.
+The grid ``task x attention x attention_features x seed`` is enumerated in a fixed order and run by
+[`app_common.grid.run_grid`][app_common.grid.run_grid], the apps' one grid policy: ``--shard i/n`` takes
+runs ``i, i + n, i + 2n, ...``, a run with a record is skipped and every other run resumes its checkpoint,
+and ``--isolation`` (here ``process`` by default) gives each run its own process, so that its peak memory
+is its own, a crash of one run does not end the sweep, and SIGTERM sent to the sweep reaches the running
+child, which is waited for.
 
 Every attention name and option of the grid is checked before the first run starts (a typo fails at
-once, not in every run). Each run gets its own process ([`app_common.run_child`][app_common.run_child]): its
-peak memory
-(on the CPU the peak RSS, which a process cannot reset) is its own, a crash of one run does not end the
-sweep, and SIGTERM sent to the sweep reaches the running child, which is waited for.
+once, not in every run).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-import app_common as ac
+from app_common.grid import run_grid
 from lra_bench.config import SweepConfig, TrainConfig, run_name, train_config
 from lra_bench.model import create_attention
 
@@ -64,37 +64,25 @@ def _run(config: TrainConfig) -> None:
     train(config)
 
 
+def _place(config: TrainConfig) -> tuple[Path, str]:
+    return config.out, run_name(config)
+
+
 def run_sweep(
     sweep: SweepConfig, settings: Mapping[str, Any], table6: Mapping | None = None
 ) -> dict[str, list[str]]:
-    """Run this shard's part of the grid, each run in its own process.
+    """Run this shard's part of the grid through [`run_grid`][app_common.grid.run_grid].
 
     Returns:
-        The run names that were ``done`` before, ``ran`` now and ``failed`` (a process that exited with
-        an error; the other runs still run).
+        The run names that were ``done`` before, ``ran`` now and ``failed`` (with process isolation, a
+        process that exited with an error; the other runs still run).
 
     Raises:
         ValueError: a bad setting or attention anywhere in the grid (before any run starts).
-        app_common.Terminated: the sweep got SIGTERM (the running child got it too and was waited for).
+        app_common.process.Terminated: the sweep got SIGTERM (the running child got it too and was
+            waited for).
     """
-    index, count = sweep.shard_index()
     everything = grid(sweep, settings, table6)
     check_attentions(everything)
-    runs = everything[index::count]
-    outcome: dict[str, list[str]] = {"done": [], "ran": [], "failed": []}
-    if not runs:
-        return outcome
-    for config in ac.progress(runs, desc=f"sweep {sweep.shard}", unit="run"):
-        name = run_name(config)
-        if ac.finished_record(config.out, name) is not None:
-            outcome["done"].append(name)
-            continue
-        exitcode = ac.run_child(_run, config, name=name)
-        outcome["ran" if exitcode == 0 else "failed"].append(name)
-        if exitcode != 0:
-            print(f"{name}: failed (exit code {exitcode}); the sweep goes on")
-    print(
-        f"sweep {sweep.shard}: {len(runs)} runs, {len(outcome['done'])} already done, {len(outcome['ran'])} "
-        f"ran now, {len(outcome['failed'])} failed"
-    )
-    return outcome
+    outcome = run_grid(everything, _run, place=_place, grid=sweep, desc="sweep")
+    return {"done": outcome.done, "ran": outcome.ran, "failed": outcome.failed}

@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-import app_common as ac
 import lra_data
+from app_common.distributed import Distributed, evaluation_sums
+from app_common.harness import TrainData, Trainer
+from app_common.schedules import param_groups, schedule
 from lra_bench.config import TrainConfig, run_name
 from lra_bench.model import LRAClassifier
 
@@ -48,7 +50,7 @@ def evaluate(
     model: torch.nn.Module,
     dataset: lra_data.LRADataset,
     config: TrainConfig,
-    dist: ac.Distributed,
+    dist: Distributed,
     *,
     max_batches: int = 0,
 ) -> float:
@@ -79,7 +81,7 @@ def evaluate(
             [correct.double(), torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device)]
         )
 
-    totals = ac.evaluation_sums(model, loader, counts, size=2, device=dist.device, dtype=config.dtype)
+    totals = evaluation_sums(model, loader, counts, size=2, device=dist.device, dtype=config.dtype)
     return (totals[0] / totals[1]).item()
 
 
@@ -151,11 +153,11 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         ValueError: bad settings, data or checkpoint (each names what is wrong).
         FileNotFoundError: no cache for the task under ``config.data``.
     """
-    trainer = ac.Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    trainer = Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
     return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
 
 
-def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
+def _train(config: TrainConfig, trainer: Trainer) -> dict:
     """Build the model of Table 6, train it through the harness, test the best weights, write the record."""
     dist = trainer.dist
     train_set = lra_data.load(config.task, "train", config.data)
@@ -170,13 +172,13 @@ def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
         seed=config.seed,
     ).to(trainer.device)
     optimizer = torch.optim.AdamW(
-        ac.param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999), eps=1e-6
+        param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999), eps=1e-6
     )
     best = BestWeights(model)
     forward = trainer.setup(
         model,
         optimizer,
-        schedule=ac.schedule("linear", config.warmup_steps, config.steps),
+        schedule=schedule("linear", config.warmup_steps, config.steps),
         state={"best": best},
         compile=config.compile,
     )
@@ -192,7 +194,7 @@ def _train(config: TrainConfig, trainer: ac.Trainer) -> dict:
             trainer.stop("early_stopping")
         return {f"{val_split}_accuracy": accuracy}
 
-    data = ac.TrainData(
+    data = TrainData(
         train_set, config.batch_size, functools.partial(collate, max_length=config.max_length), config.workers
     )
     trainer.fit(loss, data=data, evaluate=validate)

@@ -25,9 +25,25 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import app_common as ac
+from app_common import cli
+from app_common.config import (
+    config_from,
+    flag,
+    leaf_fields,
+    read_config,
+)
+from app_common.fields import OutputFields, RuntimeFields, group_settings, option
+from app_common.records import flat_record, report_folder
+from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
 from nerf_pinn.layers import KINDS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train and compare the variants of one family; its flags: nerf-pinn <family> --help."""
+
+    family: str = field(metadata={"help": "the experiment family", "choices": tuple(FAMILIES)})
 
 
 @dataclass(frozen=True)
@@ -39,17 +55,17 @@ class SceneConfig:
     )
     num_views: int = field(default=40, metadata={"help": "views"})
     size: int = field(default=32, metadata={"help": "image height and width"})
-    seed: int = ac.option("seed", 0, help="here: of the azimuth jitter")
+    seed: int = option("seed", 0, help="here: of the azimuth jitter")
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuickConfig(ac.RuntimeFields, ac.OutputFields):
+class QuickConfig(RuntimeFields, OutputFields):
     """``nerf-pinn quick``: the offline demo: the PINN family, dense against RaLiMP and EUGen, on the CPU."""
 
-    out: Path = ac.option("out", Path("results/nerf-pinn-quick"))
-    steps: int = ac.option("steps", 500, help="Adam steps (then 5 L-BFGS steps)")
-    seed: int = ac.option("seed", 0)
-    threads: int = ac.option("threads", 1, help="the networks are small: more threads only contend")
+    out: Path = option("out", Path("results/nerf-pinn-quick"))
+    steps: int = option("steps", 500, help="Adam steps (then 5 L-BFGS steps)")
+    seed: int = option("seed", 0)
+    threads: int = option("threads", 1, help="the networks are small: more threads only contend")
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,7 @@ class ReportConfig:
     """``nerf-pinn report RESULTS``: the Markdown and CSV table of one family's results file."""
 
     results: Path = field(metadata={"help": "results.jsonl of one family (train, pinn, siren, nerf, quick)"})
-    report_dir: Path | None = ac.option("report_dir", None)
+    report_dir: Path | None = option("report_dir", None)
 
 
 @dataclass(frozen=True)
@@ -79,19 +95,23 @@ def _family(name: str):
 def _run_family(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import compare
 
-    family = args.family
-    fields = ac.leaf_fields(FAMILIES[family])
+    table = read_config(args)
+    # set by the family's own subcommand, or train's --family (a flag or a key of the --config file)
+    family = getattr(args, "family", None) or table.pop("family", None)
+    if family not in FAMILIES:
+        raise ValueError(f"--family: expected one of {', '.join(FAMILIES)}, got {family!r}")
+    fields = leaf_fields(FAMILIES[family])
     foreign = sorted(k for k in vars(args) if k in _ALL_FIELDS and k not in fields)
     if foreign:
-        flags = ", ".join(ac.flag(k) for k in foreign)
+        flags = ", ".join(flag(k) for k in foreign)
         raise ValueError(f"{flags}: not a setting of the {family} family (see nerf-pinn {family} --help)")
-    config = ac.config_from(FAMILIES[family], args, toml=ac.read_config(args))
+    config = config_from(FAMILIES[family], args, toml=table)
     compare(_family(family)(config))
     print((Path(config.out) / "results.md").read_text())
     print(f"records: {Path(config.out) / 'results.jsonl'}; plots: {Path(config.out)}/*.png")
 
 
-_ALL_FIELDS = {name for cls in FAMILIES.values() for name in ac.leaf_fields(cls)}
+_ALL_FIELDS = {name for cls in FAMILIES.values() for name in leaf_fields(cls)}
 
 
 def _quick(args: argparse.Namespace) -> None:
@@ -99,7 +119,7 @@ def _quick(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import compare
     from nerf_pinn.pinn import PinnFamily
 
-    quick = ac.command_config(args)
+    quick = cli.command_config(args)
     config = PinnConfig(
         layer=("dense", "ralimp", "eugen"),
         steps=quick.steps,
@@ -107,9 +127,7 @@ def _quick(args: argparse.Namespace) -> None:
         seed=quick.seed,
         out=quick.out,
         resume=quick.resume,
-        device=quick.device,
-        dtype=quick.dtype,
-        threads=quick.threads,
+        **group_settings(quick, RuntimeFields),
     )
     compare(PinnFamily(config))
     print((Path(config.out) / "results.md").read_text())
@@ -118,12 +136,12 @@ def _quick(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import results_table, write_csv
 
-    config = ac.command_config(args)
-    records = [ac.flat_record(r) for r in ac.read_jsonl(config.results)]
+    config = cli.command_config(args)
+    records = [flat_record(r) for r in read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
     metric = _family(records[0]["family"]).metric
-    out = ac.report_folder(config.results, config.report_dir)
+    out = report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(records, metric)
     (out / "results.md").write_text(table + "\n")
@@ -134,7 +152,7 @@ def _report(args: argparse.Namespace) -> None:
 def _scene(args: argparse.Namespace) -> None:
     from nerf_pinn.scenes import render_synthetic_scene
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     path = render_synthetic_scene(
         config.scene, num_views=config.num_views, size=config.size, seed=config.seed
     )
@@ -144,48 +162,37 @@ def _scene(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     from nerf_pinn.burgers import compare_with_mat
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     print(json.dumps(compare_with_mat(config.mat, quadrature_nodes=config.quadrature_nodes)))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``nerf-pinn`` and its subcommands (``--help`` on each)."""
-    parser, commands = ac.app_parser("nerf-pinn", __doc__)
-    train = commands.add_parser(
+    parser, commands = cli.app_parser("nerf-pinn", __doc__)
+    # every family's flags, once each; _run_family refuses those of another family
+    cli.add_command(
+        commands,
         "train",
+        TrainConfig,
+        _run_family,
         help="train and compare the variants of one family",
-        description="Train and compare the variants of one family; its flags: nerf-pinn <family> --help.",
+        also=tuple(FAMILIES.values()),
     )
-    train.add_argument("--family", required=True, choices=tuple(FAMILIES), help="the experiment family")
-    ac.add_config_argument(train)
-    added: set[str] = set()
-    for cls in FAMILIES.values():  # every family's flags, once each; the family's own are checked
-        ac.add_dataclass_arguments(train, cls, exclude=tuple(added))
-        added.update(ac.leaf_fields(cls))
-    train.set_defaults(run=_run_family)
     helps = {"pinn": "PINN for viscous Burgers", "siren": "SIREN image fit", "nerf": "NeRF on posed images"}
     for name, cls in FAMILIES.items():
-        sub = ac.add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
+        sub = cli.add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
         sub.set_defaults(family=name)
-    ac.add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
-    ac.add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="the table of a results file",
-        config_file=False,
-        positional=("results",),
-    )
-    ac.add_list_command(
+    cli.add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
+    cli.add_report_command(commands, ReportConfig, _report, help="the table of a results file")
+    cli.add_list_command(
         commands,
         {"families": lambda: FAMILIES, "layers": lambda: KINDS},
         help="list the families and layer kinds",
     )
-    ac.add_command(
+    cli.add_command(
         commands, "scene", SceneConfig, _scene, help="render the synthetic scene", config_file=False
     )
-    ac.add_command(
+    cli.add_command(
         commands, "burgers-check", CheckConfig, _check, help="check the reference", config_file=False
     )
     return parser
@@ -193,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``nerf-pinn`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return ac.run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

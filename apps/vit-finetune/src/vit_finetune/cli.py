@@ -17,8 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import app_common as ac
 import rf_attention
+from app_common import cli
+from app_common.config import config_from, read_config, split_toml
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
 from vit_finetune.surgery import layer_names
 from vit_finetune.weights import MODELS
@@ -37,10 +38,10 @@ GRID = ("layer", "last_k")
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``vit-finetune`` and its subcommands (``--help`` on each)."""
-    parser, commands = ac.app_parser("vit-finetune", __doc__)
-    ac.add_command(commands, "quick", QuickConfig, _quick, help="offline demo on digits (CPU, minutes)")
-    ac.add_command(commands, "train", TrainConfig, _train, help="one fine-tuning run")
-    ac.add_command(
+    parser, commands = cli.app_parser("vit-finetune", __doc__)
+    cli.add_command(commands, "quick", QuickConfig, _quick, help="offline demo on digits (CPU, minutes)")
+    cli.add_command(commands, "train", TrainConfig, _train, help="one fine-tuning run")
+    cli.add_command(
         commands,
         "sweep",
         SweepConfig,
@@ -49,23 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
-    ac.add_command(
-        commands,
-        "report",
-        ReportConfig,
-        _report,
-        help="table and plots of a results file",
-        config_file=False,
-        positional=("results",),
-    )
-    ac.add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
+    cli.add_report_command(commands, ReportConfig, _report, help="table and plots of a results file")
+    cli.add_list_command(commands, LISTS, help="list model names, layer kinds or attention names")
     return parser
 
 
 def _quick(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import quick
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     print(quick(config))
     print(f"\nreport (table, curves): {Path(config.out) / 'report'}")
 
@@ -73,29 +66,29 @@ def _quick(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from vit_finetune.train import train
 
-    train(ac.command_config(args))
+    train(cli.command_config(args))
 
 
 def _sweep(args: argparse.Namespace) -> None:
     from vit_finetune.sweep import run_sweep
 
-    grid, settings = ac.split_toml(ac.read_config(args), SweepConfig, TrainConfig, source=args.config)
+    grid, settings = split_toml(read_config(args), SweepConfig, TrainConfig, source=args.config)
     per_run = {k: v for k, v in vars(args).items() if k not in GRID}
     per_run_toml = {k: v for k, v in settings.items() if k not in GRID}
-    base = ac.config_from(TrainConfig, per_run, toml=per_run_toml)
-    run_sweep(ac.config_from(SweepConfig, args, toml=grid), base)
+    base = config_from(TrainConfig, per_run, toml=per_run_toml)
+    run_sweep(config_from(SweepConfig, args, toml=grid), base)
 
 
 def _report(args: argparse.Namespace) -> None:
     from vit_finetune.report import report
 
-    config = ac.command_config(args)
+    config = cli.command_config(args)
     print(report(config))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``vit-finetune`` with ``argv`` (default: the command line); errors exit with status 2."""
-    return ac.run_cli(build_parser(), argv)
+    return cli.run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

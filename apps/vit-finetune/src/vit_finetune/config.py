@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import app_common as ac
+from app_common.fields import (
+    AttentionFields,
+    EvalFields,
+    LayerFields,
+    OutputFields,
+    RuntimeFields,
+    check_int_fields,
+    identity_digest,
+    option,
+)
+from app_common.grid import GridFields
 from vit_finetune.data import DATASETS
 
 #: How a replaced MLP starts: ``lstsq`` (readout fitted to the pretrained MLP on a training batch),
@@ -24,11 +34,11 @@ RUNS = Path("runs/vit-finetune")
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig(
-    ac.RuntimeFields,
-    ac.EvalFields,
-    ac.LayerFields,
-    ac.AttentionFields,
-    ac.OutputFields,
+    RuntimeFields,
+    EvalFields,
+    LayerFields,
+    AttentionFields,
+    OutputFields,
 ):
     """One fine-tuning run: ``vit-finetune train``.
 
@@ -55,64 +65,62 @@ class TrainConfig(
     model: str | None = field(
         default=None, metadata={"help": "model name (vit-finetune list models); default: the data set's"}
     )
-    weights: Path | None = ac.option(
+    weights: Path | None = option(
         "weights", None, help="a local checkpoint file/folder (timm or HF); default: the hub when online"
     )
-    weight_matrix: str | None = ac.option(
+    weight_matrix: str | None = option(
         "weight_matrix",
         None,
         help="default: the layer's own",
     )
-    init: str = ac.option("init", "auto", choices=INITS)
-    last_k: int = ac.option("last_k", 4, help="and swap their --attention")
-    attention: str = ac.option(
+    init: str = option("init", "auto", choices=INITS)
+    last_k: int = option("last_k", 4, help="and swap their --attention")
+    attention: str = option(
         "attention",
         "softmax",
         help="of the same blocks (softmax: keep the model's)",
     )
-    seed: int = ac.option("seed", 0)
+    seed: int = option("seed", 0)
     tune: bool = field(
         default=False, metadata={"help": "train on train, evaluate on val (else train+val, evaluate on test)"}
     )
     image_size: int | None = field(default=None, metadata={"help": "input side; default: the model's"})
     batch_size: int | None = field(default=None, metadata={"help": "batch size; default: the data set's"})
-    lr: float | None = ac.option("lr", None, help="AdamW; default: the data set's")
+    lr: float | None = option("lr", None, help="AdamW; default: the data set's")
     epochs: int | None = field(default=None, metadata={"help": "epochs; default: the data set's"})
-    # The optimizer flags of ac.OptimizerFields, whose steps may not be None (here: the data set's epochs).
-    steps: int | None = ac.option("steps", None, help="wins over --epochs")
-    grad_clip: float = ac.option("grad_clip", 1.0)
-    warmup_steps: int | None = ac.option(
-        "warmup_steps", None, help="default: a tenth of the steps (at least 1)"
-    )
-    weight_decay: float = ac.option("weight_decay", 0.05)
+    # The optimizer flags of OptimizerFields, whose steps may not be None (here: the data set's epochs).
+    steps: int | None = option("steps", None, help="wins over --epochs")
+    grad_clip: float = option("grad_clip", 1.0)
+    warmup_steps: int | None = option("warmup_steps", None, help="default: a tenth of the steps (at least 1)")
+    weight_decay: float = option("weight_decay", 0.05)
     replaced_lr_scale: float = field(
         default=1.0,
         metadata={
             "help": "learning-rate factor of the replaced layers (RaLiMP's W enters Psi(W) through exp)"
         },
     )
-    dropout: float = ac.option("dropout", 0.0)
+    dropout: float = option("dropout", 0.0)
     augment: bool = field(default=False, metadata={"help": "random flips and padded crops in training"})
-    eval_every: int | None = ac.option("eval_every", None, help="default: an epoch")
+    eval_every: int | None = option("eval_every", None, help="default: an epoch")
     throughput_batch: int = field(default=64, metadata={"help": "batch of the inference-throughput timing"})
     throughput_repeats: int = field(default=10, metadata={"help": "timed forward passes per model and round"})
-    workers: int = ac.option("workers", 0)
-    out: Path = ac.option("out", RUNS)
-    results: Path = ac.option("results", Path("results/vit-finetune.jsonl"))
+    workers: int = option("workers", 0)
+    out: Path = option("out", RUNS)
+    results: Path = option("results", Path("results/vit-finetune.jsonl"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
         DATASETS.get(self.data)
-        ac.check_int_fields(self, "last_k", "throughput_batch", "throughput_repeats")
+        check_int_fields(self, "last_k", "throughput_batch", "throughput_repeats")
         given = [n for n in ("batch_size", "epochs", "image_size", "steps") if getattr(self, n) is not None]
-        ac.check_int_fields(self, *given)
-        ac.check_int_fields(self, "workers", minimum=0)
+        check_int_fields(self, *given)
+        check_int_fields(self, "workers", minimum=0)
         if self.init not in INITS:
             raise ValueError(f"--init: expected one of {', '.join(INITS)}, got {self.init!r}")
         if not self.replaced_lr_scale > 0:
             raise ValueError(f"--replaced-lr-scale: expected a factor > 0, got {self.replaced_lr_scale}")
         if self.warmup_steps is not None:
-            ac.check_int_fields(self, "warmup_steps", minimum=0)
+            check_int_fields(self, "warmup_steps", minimum=0)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"--dropout: expected a rate in [0, 1), got {self.dropout}")
         if self.lr is not None and not self.lr > 0:
@@ -132,44 +140,43 @@ class TrainConfig(
 def run_name(config: TrainConfig) -> str:
     """``digits-vit-digits-ralimp-k4-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
     config = config.resolved()
-    digest = ac.identity_digest(config)
+    digest = identity_digest(config)
     attention = "" if config.attention == "softmax" else f"-{config.attention}"
     model = config.model.replace("/", "_")
     return f"{config.data}-{model}-{config.layer}-k{config.last_k}{attention}-s{config.seed}-{digest}"
 
 
-@dataclass(frozen=True)
-class SweepConfig:
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig(GridFields):
     """``vit-finetune sweep``: the dense model and every layer kind at every k, on one data set.
 
-    Every flag of ``vit-finetune train`` is accepted too and applies to every run.
+    Every flag of ``vit-finetune train`` is accepted too and applies to every run; ``--shard`` and
+    ``--isolation`` (in-process by default) are the apps' one grid policy.
     """
 
-    layer: tuple[str, ...] = ac.option(
+    layer: tuple[str, ...] = option(
         "layer", ("dense", "ralimp", "snnk", "eugen"), help="several values: a grid"
     )
-    last_k: tuple[int, ...] = ac.option(
-        "last_k", (4, 7, 9, 11), help="several values: a grid (dense runs once)"
-    )
+    last_k: tuple[int, ...] = option("last_k", (4, 7, 9, 11), help="several values: a grid (dense runs once)")
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuickConfig(ac.RuntimeFields):
+class QuickConfig(RuntimeFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
-    out: Path = ac.option("out", Path("runs/vit-finetune-quick"), help="and of report/")
-    layer: tuple[str, ...] = ac.option(
+    out: Path = option("out", Path("runs/vit-finetune-quick"), help="and of report/")
+    layer: tuple[str, ...] = option(
         "layer", ("dense", "ralimp", "snnk", "eugen"), help="several values: a grid"
     )
-    last_k: tuple[int, ...] = ac.option("last_k", (4,), help="several values: a grid")
+    last_k: tuple[int, ...] = option("last_k", (4,), help="several values: a grid")
     epochs: int = field(default=40, metadata={"help": "epochs per run"})
     replaced_lr_scale: float = field(
         default=0.1, metadata={"help": "learning-rate factor of the replaced layers (all kinds alike)"}
     )
-    features: int = ac.option("features", 32)
-    init: str = ac.option("init", "auto", choices=INITS)
-    attention: str = ac.option("attention", "softmax", help="of the same blocks (softmax: keep the model's)")
-    seed: int = ac.option("seed", 0)
+    features: int = option("features", 32)
+    init: str = option("init", "auto", choices=INITS)
+    attention: str = option("attention", "softmax", help="of the same blocks (softmax: keep the model's)")
+    seed: int = option("seed", 0)
 
 
 @dataclass(frozen=True)
@@ -177,4 +184,4 @@ class ReportConfig:
     """``vit-finetune report RESULTS``: Markdown/CSV table and PNG plots of a results file."""
 
     results: Path = field(metadata={"help": "JSON-lines results of train/sweep/quick"})
-    report_dir: Path | None = ac.option("report_dir", None)
+    report_dir: Path | None = option("report_dir", None)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import app_common as ac
+from app_common.records import flat_record, report_folder
+from app_common.results import read_jsonl, write_table
 from vit_finetune.config import ReportConfig
 
 HEADER = [
@@ -96,7 +97,7 @@ def plot_curves(records: list[dict], path: Path) -> None:
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for r in records:
-        log = ac.read_jsonl(r["log"], missing_ok=True)
+        log = read_jsonl(r["log"], missing_ok=True)
         label = (
             f"{r['layer']}"
             + (f" k={r['last_k']}" if r["layer"] != "dense" else "")
@@ -151,12 +152,12 @@ def plot_accuracy_vs_k(records: list[dict], path: Path) -> None:
 
 def report(config: ReportConfig) -> str:
     """Write ``table.md``, ``table.csv``, ``curves.png`` (``accuracy_vs_k.png``); return the table."""
-    records = latest([ac.flat_record(r) for r in ac.read_jsonl(config.results)])
+    records = latest([flat_record(r) for r in read_jsonl(config.results)])
     if not records:
         raise ValueError(f"results: {config.results} holds no record")
-    out = ac.report_folder(config.results, config.report_dir)
+    out = report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = ac.write_table(out / "table", HEADER, table_rows(records))
+    table = write_table(out / "table", HEADER, table_rows(records))
     plot_curves(records, out / "curves.png")
     if len({r["last_k"] for r in records if r["layer"] != "dense"}) > 1:
         plot_accuracy_vs_k(records, out / "accuracy_vs_k.png")

@@ -1,6 +1,7 @@
 """``vit-finetune sweep`` and ``quick``: the dense run and every layer kind at every k, one after another.
 
-Finished runs are skipped (their checkpoints say so), killed ones resume; ``quick`` is the offline demo:
+Finished runs are skipped (their records say so), killed ones resume (the apps' one grid policy,
+`app_common.grid`); ``quick`` is the offline demo:
 ``vit-digits`` from random initialization on scikit-learn's digits, on the CPU in a few minutes.
 """
 
@@ -9,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import app_common as ac
-from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig
+from app_common.fields import RuntimeFields, group_settings
+from app_common.grid import run_grid
+from app_common.records import RESULTS
+from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig, run_name
 from vit_finetune.report import report
 from vit_finetune.train import train
 
@@ -25,14 +28,20 @@ def runs_of(sweep: SweepConfig, base: TrainConfig) -> list[TrainConfig]:
     return configs
 
 
+def _place(config: TrainConfig) -> tuple[Path, str]:
+    return config.out, run_name(config)
+
+
 def run_sweep(sweep: SweepConfig, base: TrainConfig) -> list[dict]:
-    """Run every configuration of `runs_of`; returns the records of the runs finished now."""
-    records = []
-    for config in runs_of(sweep, base):
-        record = train(config)
-        if record is not None:
-            records.append(record)
-    return records
+    """Run this shard's configurations of `runs_of` through [`run_grid`][app_common.grid.run_grid].
+
+    Returns:
+        The records of the runs finished now in this process (none with ``--isolation process``).
+    """
+    outcome = run_grid(
+        runs_of(sweep, base), train, place=_place, grid=sweep, resume=base.resume, desc="sweep"
+    )
+    return [record for record in outcome.returned if record is not None]
 
 
 def quick(config: QuickConfig) -> str:
@@ -47,14 +56,12 @@ def quick(config: QuickConfig) -> str:
         replaced_lr_scale=config.replaced_lr_scale,
         attention=config.attention,
         seed=config.seed,
-        device=config.device,
-        dtype=config.dtype,
-        threads=config.threads,
+        **group_settings(config, RuntimeFields),
         out=out,
-        results=out / ac.RESULTS,
+        results=out / RESULTS,
     )
     if config.attention != "softmax":
         dense = SweepConfig(layer=("dense",), last_k=(config.last_k[0],))
         run_sweep(dense, dataclasses.replace(base, attention="softmax"))
     run_sweep(SweepConfig(layer=config.layer, last_k=config.last_k), base)
-    return report(ReportConfig(results=out / ac.RESULTS, report_dir=out / "report"))
+    return report(ReportConfig(results=out / RESULTS, report_dir=out / "report"))

@@ -23,8 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-import app_common as ac
 import ralimp
+from app_common.batches import stream_seed
+from app_common.device import autocast
+from app_common.distributed import evaluation_sums
+from app_common.harness import TrainData, Trainer
+from app_common.measure import count_parameters, interleaved_medians
+from app_common.schedules import param_groups, schedule
+from app_common.seeding import CALIBRATION_SEED
 from vit_finetune import data as vdata
 from vit_finetune.config import TrainConfig, run_name
 from vit_finetune.surgery import LAYER_OPTIONS, compressed, replace_mlps, swap_attention
@@ -63,7 +69,7 @@ def evaluate(
         count = torch.tensor(labels.numel(), device=device)
         return torch.stack([loss.double(), correct.double(), count.double()])
 
-    loss, correct, count = ac.evaluation_sums(
+    loss, correct, count = evaluation_sums(
         model, loader, sums, size=3, device=device, dtype=config.dtype
     ).tolist()
     return {"accuracy": correct / count, "loss": loss / count}
@@ -82,7 +88,7 @@ def throughput(
     def forward_passes(model: torch.nn.Module) -> Callable[[], None]:
         @torch.no_grad()
         def run() -> None:
-            with ac.autocast(device, config.dtype):
+            with autocast(device, config.dtype):
                 for _ in range(config.throughput_repeats):
                     model(x)
 
@@ -90,7 +96,7 @@ def throughput(
 
     for model in models.values():
         model.eval()
-    seconds = ac.interleaved_medians(
+    seconds = interleaved_medians(
         {name: forward_passes(model) for name, model in models.items()}, repeats=3, warmup=1, device=device
     )
     return {name: x.shape[0] * config.throughput_repeats / s for name, s in seconds.items()}
@@ -108,7 +114,7 @@ def calibration_images(
     patch = MODELS.get(config.model).config.patch_size
     tokens = (image_size // patch) ** 2 + 1
     count = min(len(fit_set), math.ceil(CALIBRATION_TOKENS / tokens))
-    order = torch.randperm(len(fit_set), generator=torch.Generator().manual_seed(ac.CALIBRATION_SEED))
+    order = torch.randperm(len(fit_set), generator=torch.Generator().manual_seed(CALIBRATION_SEED))
     images, _ = vdata.collate([fit_set[int(i)] for i in order[:count]])
     return vdata.prepare(images.to(device), image_size=image_size, mean=spec.mean, std=spec.std)
 
@@ -200,7 +206,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     eval_split = "val" if config.tune else "test"
     steps_per_epoch = max(1, len(fit_set) // config.batch_size)
     total = config.steps or config.epochs * steps_per_epoch
-    trainer = ac.Trainer.from_config(
+    trainer = Trainer.from_config(
         config,
         name=name,
         on_save=on_checkpoint,
@@ -218,7 +224,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         calibration=lambda spec, size: calibration_images(fit_set, config, spec, size, device),
         device=device,
     )
-    groups = ac.param_groups(
+    groups = param_groups(
         model,
         config.weight_decay,
         lr=config.lr,
@@ -226,13 +232,13 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     )
     warmup = config.warmup_steps if config.warmup_steps is not None else max(1, round(0.1 * total))
     forward = trainer.setup(
-        model, torch.optim.AdamW(groups, lr=config.lr), schedule=ac.schedule("cosine", warmup, total)
+        model, torch.optim.AdamW(groups, lr=config.lr), schedule=schedule("cosine", warmup, total)
     )
     augment = torch.Generator()
 
     def loss(step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         images, labels = batch
-        augment.manual_seed(ac.stream_seed(config.seed, step))
+        augment.manual_seed(stream_seed(config.seed, step))
         x = vdata.prepare(
             images.to(device, non_blocking=True),
             image_size=model.config.image_size,
@@ -251,7 +257,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
 
     trainer.fit(
         loss,
-        data=ac.TrainData(fit_set, config.batch_size, vdata.collate, config.workers),
+        data=TrainData(fit_set, config.batch_size, vdata.collate, config.workers),
         evaluate=validate,
     )
     metrics, details = final_record(config, model, spec, changed, splits, eval_split, device)
@@ -305,8 +311,8 @@ def final_record(
         "layer_options": LAYER_OPTIONS.get(config.layer, {}),
         "attention": config.attention,
         "eval_split": eval_split,
-        "parameters_compressed": ac.count_parameters(fast),
-        "parameters_dense": ac.count_parameters(dense),
+        "parameters_compressed": count_parameters(fast),
+        "parameters_dense": count_parameters(dense),
         "throughput": speed["model"],
         "throughput_compressed": speed["compressed"],
         "throughput_dense": speed["dense"],

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from app_common import read_safetensors
+from app_common.safetensors import read_safetensors
 from spectraformer_core import Registry
 from vit_finetune.model import ViT, ViTConfig, resample_pos_embed
 

@@ -1,26 +1,26 @@
-"""Plumbing shared by the spectraformer apps, written once.
+"""Plumbing shared by the spectraformer apps, written once, one submodule per concern.
 
-Device and precision, seeding and random state, the resumable batch order, timing (an accumulating timer,
-median timers), peak memory, parameter counts, JSON-lines results and Markdown/CSV tables, atomic
-checkpoints under one resume policy, tqdm progress bars, child processes that die with their parent,
-DistributedDataParallel set-up from ``torchrun``'s environment, and frozen dataclass configurations read
-from flags and TOML, composed of the vocabulary's field groups:
+An app imports each name from the submodule that owns it, so that its import lines say what it uses:
 
-    import app_common as ac
+    from app_common.checkpoint import Checkpointer, state_dicts
+    from app_common.cli import add_command, app_parser, command_config, run_cli
+    from app_common.fields import EvalFields, OptimizerFields, OutputFields, RuntimeFields, option
+    from app_common.grid import GridFields, run_grid
+    from app_common.harness import TrainData, Trainer
+    from app_common.records import finished_record, run_dir
+    from app_common.results import append_jsonl, read_jsonl, write_table
 
-    @dataclass(frozen=True, kw_only=True)
-    class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
-        lr: float = ac.option("lr", 1e-2)
+The submodules: `batches` (the resumable batch order), `checkpoint` (atomic checkpoints, the resume
+policy), `cli` (subcommands from their config class), `config` (frozen dataclass configurations from flags
+and TOML), `device` (device and precision), `distributed` (DistributedDataParallel from ``torchrun``'s
+environment, the distributed evaluation sums), `fields` (the vocabulary's field groups, run identity),
+`grid` (the one grid runner), `harness` (the `Trainer`), `measure` (timers, peak memory, parameter
+counts), `process` (child processes that die with their parent), `progress` (tqdm bars), `records` (the
+run record and layout), `results` (JSON lines, tables, seed aggregation), `safetensors`, `schedules`
+(learning-rate schedules, weight-decay groups), `seeding`, `vocabulary` (the flags), `testing` and `imports`.
 
-    dist = ac.setup_distributed(config.device)          # one process, or the torchrun group
-    checkpointer = ac.Checkpointer(out / "checkpoint.pt", ac.run_identity(config), resume=config.resume)
-    state = checkpointer.load()                         # None, or the state saved under this identity
-    with ac.Timer(dist.device) as timer:
-        for step in ac.progress(range(config.steps), desc="train", disable=not dist.is_main):
-            ...
-            checkpointer.save(step + 1, ac.state_dicts(model=model, optimizer=optimizer))
-    ac.append_jsonl(out / "results.jsonl", {"seconds": timer.elapsed, "device": ac.device_name(dist.device)})
-    ac.teardown_distributed()
+The names are also re-exported here, flat, for code written against the package's first layout
+(``import app_common as ac``); new code imports from the submodules.
 """
 
 from app_common.batches import StepBatches, stream_seed
@@ -37,6 +37,7 @@ from app_common.cli import (
     USER_ERRORS,
     add_command,
     add_list_command,
+    add_report_command,
     app_parser,
     command_config,
     plain_text,
@@ -74,11 +75,13 @@ from app_common.fields import (
     OutputFields,
     RuntimeFields,
     check_int_fields,
+    group_settings,
     identity_digest,
     may_change_on_resume,
     option,
     run_identity,
 )
+from app_common.grid import ISOLATIONS, GridFields, GridOutcome, parse_shard, run_grid
 from app_common.harness import CLOSURE_OPTIMIZERS, NAN_POLICIES, TrainData, Trainer, training_stream_seed
 from app_common.measure import (
     PeakMemory,
@@ -126,6 +129,7 @@ __all__ = [
     "DEVICES",
     "DTYPES",
     "FLAGS",
+    "ISOLATIONS",
     "NAN_POLICIES",
     "NO_DECAY_NAMES",
     "RESULTS",
@@ -136,6 +140,8 @@ __all__ = [
     "Distributed",
     "EvalFields",
     "Fields",
+    "GridFields",
+    "GridOutcome",
     "LayerFields",
     "OptimizerFields",
     "OutputFields",
@@ -152,6 +158,7 @@ __all__ = [
     "add_config_argument",
     "add_dataclass_arguments",
     "add_list_command",
+    "add_report_command",
     "all_gather_object",
     "all_reduce",
     "app_parser",
@@ -173,6 +180,7 @@ __all__ = [
     "flag",
     "flat_record",
     "flat_settings",
+    "group_settings",
     "identity_digest",
     "interleaved_medians",
     "iter_jsonl",
@@ -187,6 +195,7 @@ __all__ = [
     "median_seconds",
     "option",
     "param_groups",
+    "parse_shard",
     "peak_memory",
     "plain_text",
     "progress",
@@ -203,6 +212,7 @@ __all__ = [
     "run_child",
     "run_cli",
     "run_dir",
+    "run_grid",
     "run_identity",
     "save_checkpoint",
     "schedule",

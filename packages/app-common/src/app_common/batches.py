@@ -21,8 +21,8 @@ class StepBatches(Sampler[list[int]]):
 
     The global batch of step ``t`` is slice ``t mod E`` of a permutation drawn for epoch ``t // E``
     (``E = n // batch_size`` batches per epoch, the remainder dropped) from a generator seeded with
-    [`stream_seed`][app_common.stream_seed] ``(seed, epoch)``; process ``rank`` of ``world_size`` takes its
-    contiguous share.
+    [`stream_seed`][app_common.batches.stream_seed] ``(seed, epoch)``; process ``rank`` of ``world_size``
+    takes its contiguous share.
     The batch of step ``t`` depends on ``(seed, t)`` alone, so a resumed run sees the batches an unbroken
     one would.
 

@@ -1,7 +1,7 @@
 """Checkpoints: atomic writes, the apps' one resume policy, and the log rewind.
 
-The policy is [`Checkpointer`][app_common.Checkpointer]'s; the rewind makes a resumed run's log equal an
-unbroken one's.
+The policy is [`Checkpointer`][app_common.checkpoint.Checkpointer]'s; the rewind makes a resumed run's log
+equal an unbroken one's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
     The rename is atomic on POSIX file systems: readers see the old checkpoint or the new one, never half
     of one. Keep ``state`` to tensors, numbers, strings, lists and dicts so that
-    [`load_checkpoint`][app_common.load_checkpoint] reads it with ``weights_only=True``.
+    [`load_checkpoint`][app_common.checkpoint.load_checkpoint] reads it with ``weights_only=True``.
 
     Returns:
         ``path``.
@@ -73,8 +73,8 @@ class Checkpointer:
 
     The policy: with ``resume`` (``--resume``, the default in every app), `load` returns the saved
     state when the file exists and was written under the same ``identity`` (the run's settings minus those
-    that may change on resume, [`run_identity`][app_common.run_identity]), and refuses with the changed keys
-    listed when it was not; without ``resume`` the run starts over and its first `save` replaces
+    that may change on resume, [`run_identity`][app_common.fields.run_identity]), and refuses with the
+    changed keys listed when it was not; without ``resume`` the run starts over and its first `save` replaces
     the file.
 
     Args:
@@ -119,7 +119,7 @@ class Checkpointer:
 
         Args:
             step: steps done.
-            state: what to save (see [`state_dicts`][app_common.state_dicts]).
+            state: what to save (see [`state_dicts`][app_common.checkpoint.state_dicts]).
             write: False on the processes that do not write (ranks other than 0); the hook still runs.
         """
         if write:
@@ -138,7 +138,7 @@ def state_dicts(**parts: Any) -> dict[str, Any]:
 
 
 def load_state_dicts(state: Mapping[str, Any], **parts: Any) -> None:
-    """Load ``state[name]`` into each ``part`` (the inverse of [`state_dicts`][app_common.state_dicts]).
+    """Load ``state[name]`` into each ``part`` (the inverse of `state_dicts`).
 
     Raises:
         ValueError: a part the checkpoint does not hold, naming it.

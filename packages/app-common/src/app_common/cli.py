@@ -8,7 +8,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from app_common.config import add_config_argument, add_dataclass_arguments, config_from, read_config
+from app_common.config import (
+    add_config_argument,
+    add_dataclass_arguments,
+    config_from,
+    leaf_fields,
+    read_config,
+)
 
 #: Errors a subcommand raises for bad input (a wrong flag value, a missing file): reported, not traced.
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
@@ -47,7 +53,7 @@ def app_parser(
         doc: the CLI module's docstring, plain text (its subcommand list shows in ``--help``).
 
     Returns:
-        ``(parser, commands)``; add subcommands with [`add_command`][app_common.add_command].
+        ``(parser, commands)``; add subcommands with [`add_command`][app_common.cli.add_command].
     """
     summary, _, rest = plain_text(doc).partition("\n\n")
     parser = argparse.ArgumentParser(
@@ -73,11 +79,13 @@ def add_command(
     positional: tuple[str, ...] = (),
     each_run: type | None = None,
     grid: tuple[str, ...] = (),
+    also: tuple[type, ...] = (),
 ) -> argparse.ArgumentParser:
     """Register the subcommand ``name``: one flag per field of the dataclass ``config``, then ``run(args)``.
 
     The description is ``config``'s docstring (plain text); ``args.config_class`` is ``config``, so
-    [`command_config`][app_common.command_config] builds the configuration from the flags and the TOML file.
+    [`command_config`][app_common.cli.command_config] builds the configuration from the flags and the TOML
+    file.
 
     Args:
         commands: the app's subcommands (`app_parser`).
@@ -93,6 +101,8 @@ def add_command(
             ``each_run`` (bar the ``grid`` fields, which the grid gives several values) under "settings of
             every run".
         grid: the fields of ``each_run`` that ``config`` sweeps.
+        also: further dataclasses whose fields the subcommand takes as flags too, each field once (a
+            subcommand whose own field chooses which of them ``run`` builds, as ``train --family``).
 
     Returns:
         The subcommand's parser (for arguments that are no field).
@@ -106,13 +116,31 @@ def add_command(
     add_dataclass_arguments(own, config, exclude=exclude, positional=positional)
     if each_run is not None:
         add_dataclass_arguments(parser.add_argument_group("settings of every run"), each_run, exclude=grid)
+    added = set(leaf_fields(config))
+    for cls in also:
+        add_dataclass_arguments(parser, cls, exclude=tuple(added))
+        added.update(leaf_fields(cls))
     parser.set_defaults(run=run, config_class=config)
     return parser
 
 
 def command_config(args: argparse.Namespace) -> Any:
-    """The configuration of an [`add_command`][app_common.add_command] subcommand: flags over TOML file."""
+    """The configuration of an `add_command` subcommand: flags over the TOML file."""
     return config_from(args.config_class, args, toml=read_config(args))
+
+
+def add_report_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    config: type,
+    run: Callable[[argparse.Namespace], None],
+    *,
+    help: str,
+) -> argparse.ArgumentParser:
+    """Register ``report RESULTS``: `add_command` with the results file positional and no ``--config``.
+
+    ``config`` is the report's dataclass, with a ``results`` field (the results file a run or grid wrote).
+    """
+    return add_command(commands, "report", config, run, help=help, config_file=False, positional=("results",))
 
 
 def add_list_command(
@@ -162,8 +190,8 @@ def add_list_command(
 def run_cli(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line) and call the subcommand's ``run(args)``.
 
-    Subcommands ([`add_command`][app_common.add_command]) set ``run`` and are stored as ``args.command``. A
-    [`USER_ERRORS`][app_common.USER_ERRORS] exception exits with status 2 and
+    Subcommands ([`add_command`][app_common.cli.add_command]) set ``run`` and are stored as ``args.command``.
+    A [`USER_ERRORS`][app_common.cli.USER_ERRORS] exception exits with status 2 and
     ``"<prog> <command>: error: <message>"``.
 
     Returns:

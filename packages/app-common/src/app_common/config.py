@@ -115,7 +115,7 @@ def add_dataclass_arguments(
     """Add one flag per field of the dataclass ``cls`` (nested dataclasses flattened) to ``parser``.
 
     Flags that are not given leave no attribute on the parsed namespace (``argparse.SUPPRESS``), so
-    [`config_from`][app_common.config_from] can tell them from values given explicitly. Booleans get
+    [`config_from`][app_common.config.config_from] can tell them from values given explicitly. Booleans get
     ``--x/--no-x``; tuple
     fields take one or more values (``--features 64 128``); a field's ``choices`` are listed in the help.
 
@@ -188,7 +188,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 def read_config(args: argparse.Namespace) -> dict[str, Any]:
     """The TOML table of ``args.config``, or ``{}`` without one.
 
-    See [`add_config_argument`][app_common.add_config_argument].
+    See [`add_config_argument`][app_common.config.add_config_argument].
     """
     path = getattr(args, "config", None)
     return read_toml(path) if path is not None else {}

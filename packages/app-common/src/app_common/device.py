@@ -24,7 +24,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype for a ``--dtype`` name.
 
     Raises:
-        ValueError: a name not in [`DTYPES`][app_common.DTYPES].
+        ValueError: a name not in [`DTYPES`][app_common.device.DTYPES].
     """
     if isinstance(dtype, torch.dtype):
         return dtype

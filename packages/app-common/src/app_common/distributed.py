@@ -1,7 +1,8 @@
 """DistributedDataParallel set-up from the environment ``torchrun`` sets, and its teardown.
 
 ``torchrun --nproc_per_node N -m app ...`` starts ``N`` processes with ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set; [`setup_distributed`][app_common.setup_distributed]
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set;
+[`setup_distributed`][app_common.distributed.setup_distributed]
 joins the process group (``nccl`` on CUDA, ``gloo`` on the CPU) and gives each process its device. Started
 without ``torchrun``, it returns a one-process context and the same code runs unchanged.
 """
@@ -128,7 +129,7 @@ def evaluation_sums(
     """Sums ``(size,)`` float64 of ``sums(batch, forward)`` over this process's batches and all processes.
 
     ``model`` is in eval mode meanwhile and goes back to the mode it had; ``forward(*inputs)`` calls
-    ``model`` under [`autocast`][app_common.autocast] (only the forward pass runs in ``dtype``), and
+    ``model`` under [`autocast`][app_common.device.autocast] (only the forward pass runs in ``dtype``), and
     ``sums`` returns what to add up, e.g. ``(correct, count)``; the caller divides.
     """
     was_training = model.training

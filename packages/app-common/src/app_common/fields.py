@@ -1,8 +1,8 @@
 """The apps' one vocabulary: flag meanings, the field groups configs compose, and a run's identity.
 
-Every app spells the same thing with the same flag ([`FLAGS`][app_common.FLAGS]). A configuration is a frozen,
-keyword-only dataclass that inherits the groups it needs, and redeclares a field with
-[`option`][app_common.option] where its default differs:
+Every app spells the same thing with the same flag ([`FLAGS`][app_common.vocabulary.FLAGS]). A configuration
+is a frozen, keyword-only dataclass that inherits the groups it needs, and redeclares a field with
+[`option`][app_common.fields.option] where its default differs:
 
     @dataclass(frozen=True, kw_only=True)
     class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
@@ -10,8 +10,8 @@ keyword-only dataclass that inherits the groups it needs, and redeclares a field
         lr: float = ac.option("lr", 1e-2)                # the vocabulary's help, this app's default
         workers: int = field(default=0, metadata={"help": "DataLoader workers"})
 
-The one resume policy ([`Checkpointer`][app_common.Checkpointer]): a run's identity is its settings
-minus those that may change on resume ([`run_identity`][app_common.run_identity]: the
+The one resume policy ([`Checkpointer`][app_common.checkpoint.Checkpointer]): a run's identity is its settings
+minus those that may change on resume ([`run_identity`][app_common.fields.run_identity]: the
 ``MAY_CHANGE_ON_RESUME`` of the config's
 classes and of its nested groups); resuming under a different identity is refused with the changed keys.
 """
@@ -35,7 +35,7 @@ def option(name: str, default: Any = dataclasses.MISSING, *, help: str | None = 
     """A dataclass ``field`` for vocabulary flag ``name`` with this app's ``default``.
 
     Args:
-        name: a key of [`FLAGS`][app_common.FLAGS] (its text is the help).
+        name: a key of [`FLAGS`][app_common.vocabulary.FLAGS] (its text is the help).
         default: the default (a tuple for a grid of values).
         help: what this app adds, after the vocabulary's text (``"<meaning>; <help>"``).
         **metadata: ``choices``, ``metavar``.
@@ -175,6 +175,15 @@ class OutputFields(Fields):
     resume: bool = option("resume", True)
 
 
+def group_settings(config: Any, group: type) -> dict[str, Any]:
+    """``config``'s values of the fields of field group ``group``, to pass on to another configuration.
+
+    ``group_settings(quick, RuntimeFields)`` is ``{"device": ..., "dtype": ..., "threads": ...}``: a demo's
+    runtime settings given to the runs it builds.
+    """
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(group)}
+
+
 def may_change_on_resume(config_or_class: Any) -> set[str]:
     """The settings of a configuration (class or instance) that may change on resume.
 
@@ -199,7 +208,7 @@ def run_identity(config: Any) -> dict[str, Any]:
 
 
 def identity_digest(config: Any) -> str:
-    """Eight hex digits of the SHA-256 of [`run_identity`][app_common.run_identity] ``(config)``, as JSON.
+    """Eight hex digits of the SHA-256 of `run_identity` ``(config)``, as JSON.
 
     The tail of a run's name (``listops-softmax-f64-s0-937732f7``): two configurations with one identity
     share a run folder, any other setting gives another.

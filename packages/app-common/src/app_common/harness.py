@@ -28,11 +28,11 @@ What the harness does, in order, for every run:
    (dropout), so the stream of a resumed run equals the unbroken run's.
 3. **Steps** ``t = start .. steps - 1``: the learning rate of every group is its peak times
    ``schedule(t)``; the batch of step ``t`` is the ``t``-th of the resumable order
-   ([`StepBatches`][app_common.StepBatches]: a function of ``(seed, t)``); ``zero_grad``, the loss under
-   autocast (``--dtype``), ``backward`` (``accumulate`` micro-batches, DDP synchronizing on the last only),
-   the NaN policy, gradient clipping at ``grad_clip`` (0: none), the optimizer step. Optimizers that need a
-   closure (L-BFGS) get one that computes the loss and its gradient, unclipped (their line search needs
-   the true gradient).
+   ([`StepBatches`][app_common.batches.StepBatches]: a function of ``(seed, t)``); ``zero_grad``, the loss
+   under autocast (``--dtype``), ``backward`` (``accumulate`` micro-batches, DDP synchronizing on the last
+   only), the NaN policy, gradient clipping at ``grad_clip`` (0: none), the optimizer step. Optimizers
+   that need a closure (L-BFGS) get one that computes the loss and its gradient, unclipped (their line
+   search needs the true gradient).
 4. **NaN policy**: the step's loss (averaged over processes) must be finite before the update;
    ``on_nan="raise"`` stops the run with an error naming the step, ``on_nan="stop"`` ends training there
    and records ``diverged_at`` (the 0-based step whose loss was not finite; the update is not applied).
@@ -42,7 +42,7 @@ What the harness does, in order, for every run:
    The app's evaluation may call `Trainer.stop` (early stopping).
 6. **Timing and record**: ``train_seconds`` counts the steps only (not evaluation, logging or checkpoints)
    and carries across resumes; `Trainer.record` builds the one record schema
-   ([`make_record`][app_common.make_record]) and `Trainer.finish` writes it (main process only).
+   ([`make_record`][app_common.records.make_record]) and `Trainer.finish` writes it (main process only).
 
 A run killed at any checkpoint and resumed therefore ends with the weights, optimizer state, log lines and
 record (bar ``train_seconds`` and ``finished_at``) of the unbroken run.
@@ -249,8 +249,8 @@ class Trainer:
         ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume`` and ``grad_clip`` always,
         ``log_every``, ``eval_every`` and ``checkpoint_every`` where ``config`` has them (else
         `Trainer`'s defaults). The identity is
-        [`run_identity`][app_common.run_identity]``(config)``. ``overrides`` replace any of these (a grid
-        point's ``seed``, an identity without the grid) or set the other arguments of `Trainer`.
+        [`run_identity`][app_common.fields.run_identity]``(config)``. ``overrides`` replace any of these (a
+        grid point's ``seed``, an identity without the grid) or set the other arguments of `Trainer`.
 
         Raises:
             AttributeError: ``config`` lacks a field of ``REQUIRED_CONFIG_SETTINGS`` that ``overrides``
@@ -585,7 +585,7 @@ class Trainer:
         details: Mapping[str, Any] | None = None,
         model: torch.nn.Module | None = None,
     ) -> dict[str, Any]:
-        """The run's record in the one schema ([`make_record`][app_common.make_record]).
+        """The run's record in the one schema ([`make_record`][app_common.records.make_record]).
 
         Besides the core keys: ``steps``, ``stopped``, ``diverged_at``, ``world_size``, ``dtype``, and the
         peak memory (the largest over processes) with its kind.

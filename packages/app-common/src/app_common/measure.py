@@ -71,7 +71,7 @@ class Timer:
 
 @dataclass(frozen=True)
 class PeakMemory:
-    """A peak memory reading: the most in use since [`reset_peak_memory`][app_common.reset_peak_memory].
+    """A peak memory reading: the most in use since `reset_peak_memory`.
 
     Attributes:
         bytes: the peak in bytes.
@@ -98,7 +98,7 @@ def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Fix glibc's malloc mmap threshold of this process at ``nbytes`` (``mallopt``); False where not glibc.
 
     The same as starting the process with ``MALLOC_MMAP_THRESHOLD_=nbytes``: from then on the CPU peak of a
-    [`PeakMemoryMeter`][app_common.PeakMemoryMeter] block counts the tensors (of at least ``nbytes``)
+    [`PeakMemoryMeter`][app_common.measure.PeakMemoryMeter] block counts the tensors (of at least ``nbytes``)
     alive together, not pages that freed tensors left resident.
     """
     try:
@@ -150,7 +150,7 @@ def reset_peak_memory(device: torch.device) -> int:
 
 
 def peak_memory(device: torch.device) -> PeakMemory:
-    """The peak memory of ``device`` since the last reset (see [`PeakMemory`][app_common.PeakMemory])."""
+    """The peak memory of ``device`` since the last reset (see `PeakMemory`)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return PeakMemory(int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated")

@@ -21,7 +21,8 @@ def run_child(target: Callable[..., Any], *args: Any, name: str | None = None) -
     """Run ``target(*args)`` in a fresh (``spawn``) process and wait for it; its exit code.
 
     While the child runs, SIGTERM sent to this process is forwarded to the child, the child is waited
-    for (so it leaves no orphan and its checkpoint is whole), and [`Terminated`][app_common.Terminated] is
+    for (so it leaves no orphan and its checkpoint is whole), and
+    [`Terminated`][app_common.process.Terminated] is
     raised.
 
     Raises:

@@ -2,7 +2,7 @@
 
 Every app writes a run under ``<out>/runs/<name>/``:
 
-- ``checkpoint.pt``: the resumable state ([`Trainer`][app_common.Trainer]), kept when the run ends;
+- ``checkpoint.pt``: the resumable state ([`Trainer`][app_common.harness.Trainer]), kept when the run ends;
 - ``log.jsonl``: one line per logged step (``train_loss``, ``lr``) and per evaluation (its metrics);
 - ``record.json``: the run's record, written last; its presence means the run finished.
 

@@ -120,7 +120,7 @@ def write_csv(path: str | Path, header: Sequence[object], rows: Iterable[Sequenc
     """Write a CSV file (UTF-8, the header row first, cells as they are); returns the path.
 
     For a CSV whose columns differ from its Markdown table's (a long format at full precision);
-    [`write_table`][app_common.write_table] writes both from the same cells.
+    [`write_table`][app_common.results.write_table] writes both from the same cells.
     """
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as f:

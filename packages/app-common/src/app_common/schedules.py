@@ -1,8 +1,9 @@
 """Learning-rate schedules in steps, and the AdamW parameter groups with the apps' one no-decay rule.
 
 A schedule is a factor of step ``t`` (0-based: the step about to be taken) that multiplies each parameter
-group's peak learning rate; [`Trainer`][app_common.Trainer] sets ``lr = peak * factor(t)`` before step ``t``.
-Warm-up is linear from ``1 / warmup_steps`` to 1 over ``warmup_steps`` steps; the decay then runs from the
+group's peak learning rate; [`Trainer`][app_common.harness.Trainer] sets ``lr = peak * factor(t)`` before
+step ``t``. Warm-up is linear from ``1 / warmup_steps`` to 1 over ``warmup_steps`` steps; the decay then runs
+from the
 peak to ``final`` (a fraction of the peak) at step ``steps``.
 """
 

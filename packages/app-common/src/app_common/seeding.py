@@ -46,7 +46,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the random states saved by [`rng_state`][app_common.rng_state]."""
+    """Restore the random states saved by [`rng_state`][app_common.seeding.rng_state]."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]

@@ -1,8 +1,8 @@
 """Test helpers the apps' test suites share: resume equality, the flag-vocabulary contract, no import cycle.
 
 Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
-with its own (small) run (the one resume policy of [`Trainer`][app_common.Trainer], checked in every app),
-[`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning) and
+with its own (small) run (the one resume policy of [`Trainer`][app_common.harness.Trainer], checked in every
+app), [`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning) and
 [`assert_no_import_cycle`][app_common.testing.assert_no_import_cycle] with its import name.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ class Killed(Exception):
 
 
 def kill_at(step: int) -> Callable[[int], None]:
-    """An ``on_save`` hook of [`Checkpointer`][app_common.Checkpointer] that raises `Killed`.
+    """An ``on_save`` hook of [`Checkpointer`][app_common.checkpoint.Checkpointer] that raises `Killed`.
 
     It raises once the checkpoint of ``step`` is on disk, leaving the run as a kill right after it would.
     """
@@ -151,12 +152,18 @@ def _subcommands(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[s
 REQUIRED_COMMANDS = ("train", "quick", "report", "list")
 
 
+#: Markup that has no place in ``--help``: reST literals (````x````), roles (``:func:`x```) and
+#: cross-reference links (``[x][y]``); ``app_common.cli.plain_text`` removes them from docstrings.
+MARKUP = re.compile(r"``|:\w+:`|\]\[")
+
+
 def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
     """What an app's command line breaks of the shared vocabulary (empty when it keeps to it).
 
     Checks every subcommand: no flag is an alias of a vocabulary flag (`app_common.ALIASES`), every
     vocabulary flag's help starts with its one meaning (`app_common.FLAGS`, what `app_common.option`
-    writes), and the app has the subcommands of `REQUIRED_COMMANDS`.
+    writes), every subcommand's ``--help`` is plain text (no reST literals or roles, no cross-reference
+    links: `MARKUP`), and the app has the subcommands of `REQUIRED_COMMANDS`.
     """
     problems = []
     commands = dict(_subcommands(parser, parser.prog))
@@ -164,6 +171,9 @@ def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
     problems += [f"{parser.prog}: no {name!r} subcommand" for name in REQUIRED_COMMANDS if name not in top]
     meanings = {flag(name): text for name, text in FLAGS.items()}
     for path, sub in commands.items():
+        markup = MARKUP.search(sub.format_help())
+        if markup:
+            problems.append(f"{path}: --help shows markup {markup.group(0)!r}; expected plain text")
         for action in sub._actions:
             for option in action.option_strings:
                 if option in ALIASES:

@@ -39,6 +39,9 @@ FLAGS: dict[str, str] = {
     "embeddings or RaLiMP's coefficients)",
     "dropout": "dropout rate of the model's blocks",
     "workers": "DataLoader worker processes",
+    "shard": "i/n: run the i-th of n interleaved parts of the grid (cells i, i + n, ...)",
+    "isolation": "each cell of the grid in its own process (process) or one after another in this one "
+    "(in-process)",
 }
 
 #: Other spellings of vocabulary flags, which no app may use: alias -> the vocabulary's flag.
