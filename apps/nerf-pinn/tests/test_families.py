@@ -324,37 +324,46 @@ def test_report_rewrites_the_table_of_a_results_file(tmp_path, capsys):
     assert (tmp_path / "rep" / "results.csv").read_text().startswith("kind,relative_l2,params")
 
 
-def test_tolerance_lbfgs_names_its_tolerance_and_then_leaves_the_parameters_alone():
-    from nerf_pinn.pinn import ToleranceLBFGS
-
-    target = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
-    x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
-    optimizer = ToleranceLBFGS([x], max_iter=20, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
-
+def _closure(optimizer, loss_of):
     def closure():
         optimizer.zero_grad()
-        loss = (x - target).pow(2).sum()
+        loss = loss_of()
         loss.backward()
         return loss
 
+    return closure
+
+
+def _rosenbrock(x, scale=1.0):
+    return scale * ((1 - x[0]) ** 2 + 100 * (x[1] - x[0] ** 2) ** 2)
+
+
+def test_scipy_lbfgsb_names_its_convergence_and_then_leaves_the_parameters_alone():
+    from nerf_pinn.pinn import ScipyLBFGSB
+
+    target = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    optimizer = ScipyLBFGSB([x], max_iter=20, tolerance_grad=1e-9)
+    closure = _closure(optimizer, lambda: (x - target).pow(2).sum())
     optimizer.step(closure)  # a quadratic: converged in far fewer than 20 iterations
     assert optimizer.stop_reason is not None
-    assert "tolerance" in optimizer.stop_reason
+    assert "CONVERGENCE" in optimizer.stop_reason
+    assert torch.allclose(x.detach(), target, atol=1e-8)
     iterations = optimizer.counters()[0]
-    assert iterations < 20
+    assert 0 < iterations < 20
     before = x.detach().clone()
     optimizer.step(closure)
     assert torch.equal(x.detach(), before)
     assert optimizer.counters()[0] == iterations
-    restored = ToleranceLBFGS([x], max_iter=20, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
+    restored = ScipyLBFGSB([x], max_iter=20)
     restored.load_state_dict(optimizer.state_dict())
-    assert restored.stop_reason == optimizer.stop_reason
+    assert (restored.stop_reason, restored.counters()) == (optimizer.stop_reason, optimizer.counters())
 
 
 def test_a_pinn_run_whose_lbfgs_converges_stops_there_and_records_why(tmp_path):
     config = tiny_pinn(tmp_path, layer=("dense",), steps=2, lbfgs_steps=200, lbfgs_tolerance_change=1e-3)
     (record,) = compare(PinnFamily(config))
-    assert record["lbfgs_stop"].startswith("L-BFGS: ")
+    assert record["lbfgs_stop"].startswith("L-BFGS-B: ")
     assert 0 < record["lbfgs_iterations"] < 20 * 200
     log = [r for r in ac.read_jsonl(tmp_path / "pinn" / "runs" / "dense" / "log.jsonl") if "train_loss" in r]
     assert len(log) < 2 + 200  # the run ended before its last step
@@ -403,18 +412,44 @@ def test_more_lbfgs_steps_continue_a_pinn_run_as_the_longer_run_would(tmp_path, 
     assert continued == losses(tmp_path / "unbroken", 3)
 
 
-def test_tolerance_lbfgs_goes_on_after_a_step_that_spent_its_evaluations():
-    from nerf_pinn.pinn import ToleranceLBFGS
+def test_scipy_lbfgsb_goes_on_after_a_step_that_spent_its_iterations():
+    from nerf_pinn.pinn import ScipyLBFGSB
 
     x = torch.tensor([-1.5, 2.0], dtype=torch.float64, requires_grad=True)
-    optimizer = ToleranceLBFGS([x], max_iter=20, max_eval=3, line_search_fn="strong_wolfe")
-
-    def closure():  # Rosenbrock: far more than 3 evaluations from this start
-        optimizer.zero_grad()
-        loss = (1 - x[0]) ** 2 + 100 * (x[1] - x[0] ** 2) ** 2
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    assert optimizer.counters()[0] < 20
+    optimizer = ScipyLBFGSB([x], max_iter=3, max_eval=100)
+    closure = _closure(optimizer, lambda: _rosenbrock(x))  # far more than 3 iterations from this start
+    for _ in range(2):
+        optimizer.step(closure)
+    assert optimizer.counters()[0] == 6
     assert optimizer.stop_reason is None
+
+
+def test_scipy_lbfgsb_takes_the_same_steps_on_a_loss_a_billion_times_smaller():
+    """Its curvature test is relative; torch's LBFGS drops each pair with ``y.s <= 1e-10`` (the stall)."""
+    from nerf_pinn.pinn import ScipyLBFGSB
+
+    ends = []
+    for scale in (1.0, 1e-9):
+        x = torch.tensor([-1.2, 1.0], dtype=torch.float64, requires_grad=True)
+        optimizer = ScipyLBFGSB([x], max_iter=25, tolerance_grad=0.0, tolerance_change=0.0)
+        optimizer.step(_closure(optimizer, lambda x=x, scale=scale: _rosenbrock(x, scale)))
+        ends.append(x.detach().clone())
+    assert torch.allclose(ends[0], ends[1], rtol=1e-6)
+    torch_ends = []
+    for scale in (1.0, 1e-9):
+        x = torch.tensor([-1.2, 1.0], dtype=torch.float64, requires_grad=True)
+        lbfgs = torch.optim.LBFGS([x], max_iter=25, line_search_fn="strong_wolfe", tolerance_grad=0.0)
+        lbfgs.step(_closure(lbfgs, lambda x=x, scale=scale: _rosenbrock(x, scale)))
+        torch_ends.append(x.detach().clone())
+    assert not torch.allclose(torch_ends[0], torch_ends[1], rtol=1e-3)
+
+
+def test_the_paper_config_runs_l_bfgs_b_in_float64_past_scipys_default_gtol():
+    from pathlib import Path
+
+    table = ac.read_toml(Path(__file__).parents[1] / "configs" / "pinn-paper.toml")
+    config = PinnConfig(**{k: v for k, v in table.items() if k != "out"})
+    assert config.precision == "float64"
+    assert config.lbfgs_steps * config.lbfgs_iterations == 50_000  # Raissi's maxiter
+    assert (config.lbfgs_tolerance_grad, config.lbfgs_tolerance_change) == (1e-9, np.finfo(float).eps)
+    assert (config.depth, config.width, config.num_boundary, config.num_collocation) == (8, 20, 100, 10_000)

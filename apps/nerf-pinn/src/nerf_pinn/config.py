@@ -166,25 +166,27 @@ class PinnConfig(CompareConfig):
     num_boundary: int = field(default=100, metadata=_help("initial and boundary points"))
     num_collocation: int = field(default=1000, metadata=_help("collocation points of the residual"))
     steps: int = ac.option("steps", 1000, help="Adam steps (L-BFGS follows)")
-    lbfgs_steps: int = field(default=30, metadata=_help("L-BFGS steps after Adam (each up to 20 iterations)"))
+    lbfgs_steps: int = field(default=30, metadata=_help("L-BFGS-B steps after Adam (checkpointed between)"))
+    lbfgs_iterations: int = field(default=20, metadata=_help("L-BFGS-B iterations per step (a fresh memory)"))
     lbfgs_tolerance_grad: float = field(
-        default=1e-7, metadata=_help("L-BFGS stops once the gradient's largest entry is at most this")
+        default=1e-7, metadata=_help("L-BFGS-B stops once the largest gradient entry is at most this (gtol)")
     )
     lbfgs_tolerance_change: float = field(
-        default=1e-9, metadata=_help("L-BFGS stops once the loss or the parameters change by less than this")
+        default=1e-9, metadata=_help("L-BFGS-B stops once the loss changes relatively by at most this (ftol)")
     )
     quadrature_nodes: int = field(default=100, metadata=_help("Gauss-Hermite nodes of the reference"))
     precision: str = field(
         default="float32",
         metadata=_help(
-            "the PINN's parameters, points and derivatives: float32, or float64 (past float32's stall)",
+            "the PINN's parameters, points and derivatives: float32 or float64",
             choices=PRECISIONS,
         ),
     )
 
     def __post_init__(self) -> None:
-        """The shared checks, and a known precision."""
+        """The shared checks, a positive ``lbfgs_iterations`` and a known precision."""
         super().__post_init__()
+        ac.check_int_fields(self, "lbfgs_iterations")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision: expected one of {list(PRECISIONS)}, got {self.precision!r}")
 

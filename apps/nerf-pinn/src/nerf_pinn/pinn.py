@@ -3,8 +3,8 @@
 The network maps ``(t, x)``, rescaled to ``[-1, 1]^2``, through ``depth`` tanh layers of ``width`` units to
 ``u``. The loss is the mean squared misfit at ``num_boundary`` initial/boundary points (``u(0, x) = -sin(pi
 x)``, ``u(t, +-1) = 0``) plus the mean squared residual ``u_t + u u_x - nu u_xx`` at ``num_collocation``
-points (Sobol, as Raissi's Latin hypercube: space-filling). Adam first, then L-BFGS with a strong-Wolfe line
-search (`ToleranceLBFGS`), which ends training once an L-BFGS step stops on a tolerance. The error is the
+points (Sobol, as Raissi's Latin hypercube: space-filling). Adam first, then scipy's L-BFGS-B as Raissi et al.
+ran it (`ScipyLBFGSB`), which ends training once it converges. The error is the
 relative L2 error against `nerf_pinn.burgers.burgers_solution` on the classic 256 x 100 grid.
 """
 
@@ -80,19 +80,26 @@ def training_points(
     return t_all[pick], x_all[pick], u_all[pick], t_f, x_f
 
 
-class ToleranceLBFGS(torch.optim.LBFGS):
-    """``torch.optim.LBFGS`` that records why its last step ended before ``max_iter`` iterations.
+class ScipyLBFGSB(torch.optim.LBFGS):
+    """scipy's L-BFGS-B (Raissi et al.'s optimizer) as a torch optimizer, ``max_iter`` iterations a step.
 
-    ``stop_reason`` is None while the steps run their full ``max_iter`` iterations, and names the tolerance
-    once a step ends early: the gradient's largest entry at most ``tolerance_grad``, or a change of the loss
-    or of the parameters below ``tolerance_change`` (as scipy's L-BFGS-B stops on ``gtol`` and ``ftol``, or
-    on a line search that cannot decrease the loss). A step that ends on its ``max_eval`` function
-    evaluations is no stop: the next one goes on. A step taken after a stop evaluates the loss and leaves the
-    parameters as they are.
+    Each step hands the flattened parameters to ``scipy.optimize.minimize(method="L-BFGS-B")`` with
+    ``maxiter = max_iter``, ``maxfun = max_eval``, ``maxcor = history_size``, ``maxls = max_line_search``,
+    ``gtol = tolerance_grad`` (largest gradient entry) and ``ftol = tolerance_change`` (relative change of
+    the loss), in float64 whatever the parameters' dtype, as TensorFlow's ``ScipyOptimizerInterface`` does
+    for Raissi et al. Its line search and curvature test are scipy's: ``torch.optim.LBFGS``'s absolute ones
+    (a curvature pair is dropped when ``y.s <= 1e-10``, the line search ends on a bracket below 1e-9) stall
+    this PINN near a loss of 5e-6, where scipy goes on. A step starts a fresh L-BFGS memory. It subclasses
+    ``torch.optim.LBFGS`` so that the harness passes it a closure.
+
+    ``stop_reason`` is None while the steps run their ``max_iter`` iterations (or ``max_eval`` evaluations),
+    and names scipy's message once a step converges (``gtol``, ``ftol``) or its line search fails, as
+    Raissi's run ends there. A step taken after a stop evaluates the loss and leaves the parameters alone.
     """
 
-    def __init__(self, params: Any, **kwargs: Any) -> None:
+    def __init__(self, params: Any, *, max_line_search: int = 50, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
+        self.max_line_search = max_line_search
         self.stop_reason: str | None = None
 
     def counters(self) -> tuple[int, int]:
@@ -101,7 +108,7 @@ class ToleranceLBFGS(torch.optim.LBFGS):
         return int(state.get("n_iter", 0)), int(state.get("func_evals", 0))
 
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer's state, ``stop_reason`` included (a resumed run keeps it)."""
+        """The optimizer's state (the counters), ``stop_reason`` included (a resumed run keeps it)."""
         return {**super().state_dict(), "stop_reason": self.stop_reason}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -110,28 +117,47 @@ class ToleranceLBFGS(torch.optim.LBFGS):
         self.stop_reason = state.pop("stop_reason", None)
         super().load_state_dict(state)
 
-    def largest_gradient(self) -> float:
-        """The largest entry of the gradient of the last evaluation, in absolute value."""
-        grads = [p.grad.abs().max() for p in self._params if p.grad is not None]
-        return float(torch.stack(grads).max()) if grads else 0.0
+    @torch.no_grad()
+    def step(self, closure: Any) -> Any:  # type: ignore[override]  # L-BFGS-B requires the closure
+        """Up to ``max_iter`` L-BFGS-B iterations (none once ``stop_reason`` is set); the last loss."""
+        import numpy as np
+        import scipy.optimize
 
-    def step(self, closure: Any) -> Any:  # type: ignore[override]  # LBFGS requires the closure
-        """One L-BFGS step of up to ``max_iter`` iterations (none once ``stop_reason`` is set)."""
         if self.stop_reason is not None:
             with torch.enable_grad():
                 return closure()
-        group = self.param_groups[0]
-        iterations, evaluations = self.counters()
-        loss = super().step(closure)  # type: ignore[no-untyped-call]  # torch leaves it untyped
-        done_iterations = self.counters()[0] - iterations
-        done_evaluations = self.counters()[1] - evaluations
-        if done_iterations < group["max_iter"] and done_evaluations < group["max_eval"]:
-            total = self.counters()[0]
-            if self.largest_gradient() <= group["tolerance_grad"]:
-                self.stop_reason = f"L-BFGS: gradient <= tolerance_grad at iteration {total}"
-            else:
-                self.stop_reason = f"L-BFGS: loss or step change < tolerance_change at iteration {total}"
-        return loss
+        group, params = self.param_groups[0], self._params
+
+        def loss_and_gradient(flat: np.ndarray) -> tuple[float, np.ndarray]:
+            vector = torch.from_numpy(flat).to(params[0].device, params[0].dtype)
+            torch.nn.utils.vector_to_parameters(vector, params)
+            with torch.enable_grad():
+                loss = closure()
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+            return float(loss), torch.cat([g.reshape(-1) for g in grads]).double().cpu().numpy()
+
+        start = torch.nn.utils.parameters_to_vector(params).double().cpu().numpy()
+        result = scipy.optimize.minimize(
+            loss_and_gradient,
+            start,
+            jac=True,
+            method="L-BFGS-B",
+            options={
+                "maxiter": group["max_iter"],
+                "maxfun": group["max_eval"],
+                "maxcor": group["history_size"],
+                "maxls": self.max_line_search,
+                "gtol": group["tolerance_grad"],
+                "ftol": group["tolerance_change"],
+            },
+        )
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(result.x).to(params[0]), params)
+        state = self.state[params[0]]
+        state["n_iter"] = self.counters()[0] + int(result.nit)
+        state["func_evals"] = self.counters()[1] + int(result.nfev)
+        if result.status != 1:  # 1: maxiter or maxfun reached, the next step goes on
+            self.stop_reason = f"L-BFGS-B: {result.message} at iteration {state['n_iter']}"
+        return torch.tensor(result.fun, dtype=params[0].dtype)
 
 
 class PinnFamily(Family):
@@ -178,21 +204,20 @@ class PinnFamily(Family):
         return misfit.pow(2).mean() + residual.pow(2).mean()
 
     def optimizers(self, model: nn.Module) -> dict[str, torch.optim.Optimizer]:
-        """Adam, then `ToleranceLBFGS` (up to 20 iterations a step, history 50, strong-Wolfe line search)."""
+        """Adam, then `ScipyLBFGSB` (``lbfgs_iterations`` a step; Raissi's history 50, line search 50)."""
         config = self.config
-        self.lbfgs = ToleranceLBFGS(
+        self.lbfgs = ScipyLBFGSB(
             model.parameters(),
-            lr=1.0,
-            max_iter=20,
+            max_iter=config.lbfgs_iterations,
             history_size=50,
-            line_search_fn="strong_wolfe",
+            max_line_search=50,
             tolerance_grad=config.lbfgs_tolerance_grad,
             tolerance_change=config.lbfgs_tolerance_change,
         )
         return {"adam": torch.optim.Adam(model.parameters(), lr=config.lr), "lbfgs": self.lbfgs}
 
     def stop_reason(self) -> str | None:
-        """Why L-BFGS stopped early (`ToleranceLBFGS.stop_reason`); None while it runs."""
+        """Why L-BFGS stopped early (`ScipyLBFGSB.stop_reason`); None while it runs."""
         return self.lbfgs.stop_reason
 
     def summary(self) -> dict[str, Any]:
