@@ -86,10 +86,11 @@ class FeatureSide(NamedTuple):
     """The closed-form features of one side (``rf_features.ExponentialForm``) laid out for the kernels.
 
     ``projection`` ``(G, d, m)`` multiplies ``x``: positive features, into ``m`` log-features;
-    trigonometric, into the phases, each of the ``m/2`` twice (``[A^T, A^T]``: one ``cos`` of the phases
-    shifted by ``wave_shift`` ``(1, 1, m)``, 0 then ``-pi/2``, gives ``[cos, sin]``; None when positive).
-    ``square`` ``(G, d, 1)`` multiplies ``x * x`` into one log-term per row, shared by every feature (the
-    ``-|x|^2 / 2``-like term of every component). ``offset`` ``(G, 1, m)``, ``sign`` ``(m,)`` or None.
+    trigonometric, into the ``m/2`` phases laid out twice (``[A^T, A^T]``). ``wave_shift`` ``(1, 1, m)``
+    (trigonometric only, else None) is 0 then ``-pi/2``: one ``cos`` of the shifted phases gives
+    ``[cos, sin]``. ``square`` ``(G, d, 1)`` multiplies ``x * x`` into one log-term per row, shared by
+    every feature (the ``-|x|^2 / 2``-like term of every component). ``offset`` ``(G, 1, m)``, ``sign``
+    ``(m,)`` or None.
     """
 
     projection: torch.Tensor
