@@ -17,11 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-import app_common as ac
+from app_common.device import autocast
+from app_common.seeding import seed_everything
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig, replaced_layers
 from nerf_pinn.experiment import Family
 from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
+from spectraformer_core import check_int
 
 
 class PINN(nn.Module):
@@ -34,8 +36,8 @@ class PINN(nn.Module):
 
     def __init__(self, depth: int = 8, width: int = 20) -> None:
         super().__init__()
-        ac.check_int("depth", depth, 1)
-        ac.check_int("width", width, 1)
+        check_int("depth", depth, 1)
+        check_int("width", width, 1)
         self.layers = nn.ModuleList(FeedForward(2 if i == 0 else width, width, "tanh") for i in range(depth))
         self.head = nn.Linear(width, 1)
         for module in self.modules():
@@ -181,7 +183,7 @@ class PinnFamily(Family):
     def build(self, kind: str) -> nn.Module:
         """The PINN; for a linearized kind its hidden layers (or all layers) replaced."""
         config = self.config
-        ac.seed_everything(config.seed)
+        seed_everything(config.seed)
         model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
             sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
@@ -197,7 +199,7 @@ class PinnFamily(Family):
         """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in ``precision``)."""
         t_f = self.t_f.clone().requires_grad_(True)
         x_f = self.x_f.clone().requires_grad_(True)
-        with ac.autocast(self.device, self.config.dtype):
+        with autocast(self.device, self.config.dtype):
             u_f, u_b = model(t_f, x_f), model(self.t_b, self.x_b)
         residual = burgers_residual(u_f.to(self.dtype), t_f, x_f, nu=NU)
         misfit = u_b.to(self.dtype) - self.u_b
