@@ -262,6 +262,6 @@ def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
 
 
 def test_the_app_has_no_import_cycle():
-    from app_common.testing import assert_no_import_cycle
+    from spectraformer_core.testing import assert_no_import_cycle
 
     assert_no_import_cycle("lra_bench")
