@@ -302,17 +302,11 @@ def test_train_family_runs_a_tiny_pinn_from_the_command_line(tmp_path, capsys):
     assert "| dense" in capsys.readouterr().out
 
 
-def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
-    from app_common.testing import assert_vocabulary
+def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
+    from app_common.testing import assert_app_contract
     from nerf_pinn.cli import build_parser
 
-    assert_vocabulary(build_parser())
-
-
-def test_the_app_has_no_import_cycle():
-    from spectraformer_core.testing import assert_no_import_cycle
-
-    assert_no_import_cycle("nerf_pinn")
+    assert_app_contract(build_parser(), "nerf_pinn")
 
 
 def test_report_rewrites_the_table_of_a_results_file(tmp_path, capsys):

@@ -16,7 +16,7 @@ from app_common.distributed import all_gather_object, all_reduce, setup_distribu
 from app_common.measure import Timer, peak_memory
 from app_common.progress import progress
 from app_common.results import append_jsonl, read_jsonl
-from app_common.seeding import rng_state, seed_everything, set_rng_state
+from app_common.seeding import CALIBRATION_SEED, rng_state, seed_everything, set_rng_state
 from spectraformer_core import resolve_device
 
 
@@ -52,6 +52,11 @@ def test_saved_random_state_replays_every_generator_after_a_checkpoint_round_tri
     again = (random.random(), float(np.random.rand()), torch.rand(3))  # noqa: NPY002
     assert first[:2] == again[:2]
     assert torch.equal(first[2], again[2])
+
+
+def test_the_calibration_seed_of_the_apps_is_fixed():
+    # vit-finetune's and gpt-uptrain's calibration batches (and so their recorded results) depend on it.
+    assert CALIBRATION_SEED == 31_415_926
 
 
 def test_checkpoint_is_replaced_atomically_and_missing_one_reads_as_none(tmp_path):

@@ -22,11 +22,10 @@ from app_common.seeding import seed_everything
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig, replaced_layers
 from nerf_pinn.experiment import Family
-from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
-from spectraformer_core import check_int
+from nerf_pinn.layers import DENSE, FeedForwardStack, stack_inputs
 
 
-class PINN(nn.Module):
+class PINN(FeedForwardStack):
     """``u(t, x)``: ``depth`` tanh layers of ``width`` units and a linear output, Xavier-normal initialized.
 
     Args:
@@ -35,11 +34,7 @@ class PINN(nn.Module):
     """
 
     def __init__(self, depth: int = 8, width: int = 20) -> None:
-        super().__init__()
-        check_int("depth", depth, 1)
-        check_int("width", width, 1)
-        self.layers = nn.ModuleList(FeedForward(2 if i == 0 else width, width, "tanh") for i in range(depth))
-        self.head = nn.Linear(width, 1)
+        super().__init__(2, 1, depth, width, "tanh")
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_normal_(module.weight)
@@ -54,10 +49,7 @@ class PINN(nn.Module):
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``u(t, x)`` with the shape of ``t`` (and ``x``)."""
-        h = self.normalize(t, x)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h).squeeze(-1)
+        return self.stack(self.normalize(t, x)).squeeze(-1)
 
 
 def training_points(

@@ -20,7 +20,7 @@ from torch import nn
 from app_common.seeding import seed_everything
 from nerf_pinn.config import SirenConfig, replaced_layers
 from nerf_pinn.experiment import Family
-from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForwardStack, stack_inputs
 from spectraformer_core import check_int
 
 
@@ -63,7 +63,7 @@ def psnr(prediction: torch.Tensor, target: torch.Tensor) -> float:
     return 10 * math.log10(1 / max(mse, 1e-12))
 
 
-class Siren(nn.Module):
+class Siren(FeedForwardStack):
     """``depth`` sine layers of ``width`` units and a linear output (Sitzmann et al.'s initialization).
 
     Args:
@@ -82,13 +82,7 @@ class Siren(nn.Module):
         width: int = 64,
         omega_0: float = 30.0,
     ) -> None:
-        super().__init__()
-        check_int("depth", depth, 1)
-        check_int("width", width, 1)
-        self.layers = nn.ModuleList(
-            FeedForward(in_features if i == 0 else width, width, "sin", scale=omega_0) for i in range(depth)
-        )
-        self.head = nn.Linear(width, out_features)
+        super().__init__(in_features, out_features, depth, width, "sin", scale=omega_0)
         with torch.no_grad():
             for i, layer in enumerate(self.layers):
                 d = layer.linear.in_features
@@ -99,10 +93,7 @@ class Siren(nn.Module):
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
         """``(..., in_features)`` -> ``(..., out_features)``."""
-        h = coords
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h)
+        return self.stack(coords)
 
 
 class SirenFamily(Family):

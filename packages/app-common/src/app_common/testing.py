@@ -2,8 +2,9 @@
 
 Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
 with its own (small) run (the one resume policy of [`Trainer`][app_common.harness.Trainer], checked in every
-app) and [`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one
-meaning). The import-cycle check every package shares is
+app) and [`assert_app_contract`][app_common.testing.assert_app_contract] with its parser and import name:
+[`assert_vocabulary`][app_common.testing.assert_vocabulary] (one flag, one meaning) and the import-cycle
+check every package shares,
 [`spectraformer_core.testing.assert_no_import_cycle`][spectraformer_core.testing.assert_no_import_cycle].
 """
 
@@ -22,6 +23,7 @@ from app_common.config import flag
 from app_common.records import CHECKPOINT, LOG, RECORD, RUNS
 from app_common.results import read_jsonl
 from app_common.vocabulary import ALIASES, FLAGS
+from spectraformer_core.testing import assert_no_import_cycle
 
 #: Record keys that differ between two runs of one configuration (wall-clock readings).
 CLOCK_KEYS = ("train_seconds", "finished_at", "peak_memory_bytes")
@@ -190,3 +192,14 @@ def assert_vocabulary(parser: argparse.ArgumentParser) -> None:
     problems = vocabulary_problems(parser)
     if problems:
         raise AssertionError("flag vocabulary:\n" + "\n".join(problems))
+
+
+def assert_app_contract(parser: argparse.ArgumentParser, package: str) -> None:
+    """Fail when an app breaks what every app keeps to (its suite's one contract test).
+
+    Args:
+        parser: the app's parser: the flag vocabulary and the required subcommands (`assert_vocabulary`).
+        package: the app's import name: no import cycle among its modules (``spectraformer_core.testing``).
+    """
+    assert_vocabulary(parser)
+    assert_no_import_cycle(package)
