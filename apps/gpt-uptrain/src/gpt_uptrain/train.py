@@ -180,8 +180,8 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
-    batch of about `CALIBRATION_TOKENS` tokens (seeded with ``app_common.CALIBRATION_SEED``) and started
-    from ``config.start``.
+    batch of about `CALIBRATION_TOKENS` tokens (seeded with ``app_common.seeding.CALIBRATION_SEED``) and
+    started from ``config.start``.
 
     Raises:
         ValueError: the data's vocabulary does not fit the pretrained model's.

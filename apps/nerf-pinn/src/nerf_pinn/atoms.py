@@ -20,11 +20,11 @@ from typing import Any, cast
 
 import torch
 
-import app_common as ac
 import ralimp
 from nerf_pinn.config import PinnConfig, replaced_layers
 from nerf_pinn.layers import FeedForward, stack_inputs
 from nerf_pinn.pinn import PINN, PinnFamily
+from spectraformer_core import markdown_table
 
 #: The numbers of a row of `atom_tradeoff`, in the table's order.
 NUMBERS = ("bias2", "variance", "total", "signal")
@@ -139,7 +139,7 @@ def main() -> None:
         for i, layer, x in layers
         for r in atom_tradeoff(layer, x, budget=budget, num_freqs=config.num_freqs, balance=balance)
     ]
-    print(ac.markdown_table(header, rows))
+    print(markdown_table(header, rows))
     kinds: dict[str, dict[str, Any]] = {
         "ralimp": {"num_freqs": config.num_freqs, "balance": balance},
         "eugen": {},
@@ -150,4 +150,4 @@ def main() -> None:
         for i, layer, x in layers
     ]
     print()
-    print(ac.markdown_table(["layer", *(f"{k}: relative RMS error" for k in kinds)], spread))
+    print(markdown_table(["layer", *(f"{k}: relative RMS error" for k in kinds)], spread))

@@ -82,8 +82,8 @@ def throughput(
     """Inference images per second of each model (eval mode): the median of 3 interleaved rounds.
 
     Each round runs every model ``throughput_repeats`` times on the same batch ``x``, one model after
-    another (``app_common.interleaved_medians``, after one uncounted round), so the models see the same
-    machine load.
+    another (``app_common.measure.interleaved_medians``, after one uncounted round), so the models see the
+    same machine load.
     """
 
     def forward_passes(model: torch.nn.Module) -> Callable[[], None]:
@@ -109,7 +109,7 @@ def calibration_images(
     """The images that calibrate the replaced layers: about `CALIBRATION_TOKENS` tokens' worth.
 
     The first ``ceil(CALIBRATION_TOKENS / tokens per image)`` images of a permutation of the training
-    split seeded with ``app_common.CALIBRATION_SEED``, prepared as in evaluation (no augmentation):
+    split seeded with ``app_common.seeding.CALIBRATION_SEED``, prepared as in evaluation (no augmentation):
     ``(B, 3, S, S)`` on ``device``.
     """
     patch = MODELS.get(config.model).config.patch_size
