@@ -17,7 +17,7 @@ and TOML), `device` (device and precision), `distributed` (DistributedDataParall
 environment, the distributed evaluation sums), `fields` (the vocabulary's field groups, run identity),
 `grid` (the one grid runner), `harness` (the `Trainer`), `measure` (timers, peak memory, parameter
 counts), `process` (child processes that die with their parent), `progress` (tqdm bars), `records` (the
-run record and layout), `results` (JSON lines, tables, seed aggregation), `run` (the `Run`: what exists before the model), `safetensors`, `schedules`
-(learning-rate schedules, weight-decay groups), `seeding`, `vocabulary` (the flags) and `testing` (the
-apps' shared test helpers). The package itself holds no names.
+run record and layout), `results` (JSON lines, tables, seed aggregation), `run` (the `Run`: what exists
+before the model), `safetensors`, `schedules` (learning-rate schedules, weight-decay groups), `seeding`,
+`vocabulary` (the flags) and `testing` (the apps' shared test helpers). The package itself holds no names.
 """
