@@ -6,17 +6,13 @@ import math
 from typing import Any, cast
 
 import torch
-from torch import nn
 
 import rf_matrices
 from ralimp.base import (
     Elementwise,
-    Factory,
     ReadoutLinearization,
     augmented,
     check_input,
-    default_linear,
-    resolve_activation,
     seeds,
     work_dtype,
 )
@@ -86,11 +82,9 @@ class SNNK(ReadoutLinearization):
         super().__init__()
         if variant not in ("fourier", "relu"):
             raise ValueError(f"variant: expected 'fourier' or 'relu', got {variant!r}")
-        self.set_features(in_features, out_features)
+        factory = self.set_up(in_features, out_features, activation, device, dtype)
         check_scale("balance", balance)
         self.variant, self.balance_option = variant, balance
-        factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        self.activation_name, self.fn = resolve_activation(activation)
         matrix_seed, draw_seed = seeds(seed, 2)
         self.matrix = rf_matrices.create(  # exp(a g . u) and relu(g . u) are not even in g
             weight_matrix, num_features, in_features + 1, seed=matrix_seed, even_in_omega=False, **factory
@@ -105,11 +99,7 @@ class SNNK(ReadoutLinearization):
             )
             self.register_buffer("freqs", freqs[index].to(**factory))
             self._amplitude = amplitudes[index] / (m * prob[index])  # complex, float64
-            width = 2 * m
-        else:
-            width = m
-        self.psi_weight = nn.Parameter(torch.zeros(out_features, width, **factory))
-        self.load_linear(*default_linear(out_features, in_features, bias, factory))
+        self.init_readout(2 * m if variant == "fourier" else m, bias, factory)
 
     @staticmethod
     def fourier_representation(
