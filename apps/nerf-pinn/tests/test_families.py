@@ -380,10 +380,17 @@ def test_the_table_says_where_a_variant_diverged_instead_of_printing_nan():
     records = [
         {"kind": "dense", "relative_l2": 0.1, "final_loss": 0.01, "diverged_at": None, **common},
         {"kind": "snnk", "relative_l2": float("nan"), "final_loss": 1e12, "diverged_at": 6, **common},
+        # diverged at its first step: no finite loss was logged (final loss NaN)
+        {"kind": "eugen", "relative_l2": 0.5, "final_loss": float("nan"), "diverged_at": 0, **common},
+        # a finite training loss whose evaluation overflows
+        {"kind": "ralimp", "relative_l2": float("inf"), "final_loss": 1e30, "diverged_at": None, **common},
     ]
     table = results_table(records, "relative_l2")
     assert "diverged at step 7" in table
+    assert "diverged at step 1" in table
     assert "nan" not in table
+    assert "| inf " not in table
+    assert table.count("not finite") == 2
 
 
 def test_a_float64_pinn_trains_in_float64(tmp_path):

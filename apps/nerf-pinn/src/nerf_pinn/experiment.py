@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,9 @@ def layer_settings(kind: str | None) -> tuple[str, ...]:
 
 
 def format_metric(value: float) -> str:
-    """A metric in the table: 3 significant digits."""
+    """A metric in the table: 3 significant digits; ``not finite`` for inf and NaN."""
+    if not math.isfinite(value):
+        return "not finite"
     return f"{value:.3g}" if abs(value) < 1e-2 or abs(value) >= 1e3 else f"{value:.4g}"
 
 
@@ -191,7 +194,7 @@ def results_table(records: list[dict], metric: str) -> str:
             str(r["inference_params"]),
             f"{r['time_ratio']:.2f}",
             f"{r['train_seconds']:.0f}",
-            f"{r['final_loss']:.3g}",
+            format_metric(r["final_loss"]),
         ]
         for r in records
     ]
