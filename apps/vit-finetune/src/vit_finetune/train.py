@@ -169,6 +169,7 @@ def build(
             inputs=inputs,
             init=start,
             weight_matrix=config.weight_matrix,
+            **config.ralimp_options(config.layer),
         ),
         "init": start,
     }
