@@ -334,14 +334,8 @@ def test_projection_floor_is_zero_on_the_rows_own_span_and_one_orthogonal_to_the
     assert 0.0 < one < 1.0
 
 
-def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
-    from app_common.testing import assert_vocabulary
+def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
+    from app_common.testing import assert_app_contract
     from layer_fit.cli import build_parser
 
-    assert_vocabulary(build_parser())
-
-
-def test_the_app_has_no_import_cycle():
-    from app_common.testing import assert_no_import_cycle
-
-    assert_no_import_cycle("layer_fit")
+    assert_app_contract(build_parser(), "layer_fit")

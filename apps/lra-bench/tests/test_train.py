@@ -254,14 +254,8 @@ def test_attention_dropout_goes_only_to_attentions_that_state_support_for_it(att
         assert module.attention_dropout == 0.2
 
 
-def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
-    from app_common.testing import assert_vocabulary
+def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
+    from app_common.testing import assert_app_contract
     from lra_bench.cli import build_parser
 
-    assert_vocabulary(build_parser())
-
-
-def test_the_app_has_no_import_cycle():
-    from app_common.testing import assert_no_import_cycle
-
-    assert_no_import_cycle("lra_bench")
+    assert_app_contract(build_parser(), "lra_bench")

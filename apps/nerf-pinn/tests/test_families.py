@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-import app_common as ac
 import ralimp
+from app_common.config import read_toml
+from app_common.records import flat_record
+from app_common.results import read_jsonl
 from app_common.testing import assert_resume_equals_unbroken
 from nerf_pinn.cli import main
 from nerf_pinn.config import NerfConfig, PinnConfig, SirenConfig
@@ -169,7 +171,7 @@ def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
     config = tiny_pinn(tmp_path, layer=("dense", "eugen"), steps=6, checkpoint_every=2)
     records = compare(PinnFamily(config))
     out = config.out
-    lines = [ac.flat_record(json.loads(line)) for line in (out / "results.jsonl").read_text().splitlines()]
+    lines = [flat_record(json.loads(line)) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in lines] == ["dense", "eugen"] == [r["kind"] for r in records]
     assert lines[0]["time_ratio"] == 1.0
     assert lines[1]["time_ratio"] > 0
@@ -300,17 +302,11 @@ def test_train_family_runs_a_tiny_pinn_from_the_command_line(tmp_path, capsys):
     assert "| dense" in capsys.readouterr().out
 
 
-def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
-    from app_common.testing import assert_vocabulary
+def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
+    from app_common.testing import assert_app_contract
     from nerf_pinn.cli import build_parser
 
-    assert_vocabulary(build_parser())
-
-
-def test_the_app_has_no_import_cycle():
-    from app_common.testing import assert_no_import_cycle
-
-    assert_no_import_cycle("nerf_pinn")
+    assert_app_contract(build_parser(), "nerf_pinn")
 
 
 def test_report_rewrites_the_table_of_a_results_file(tmp_path, capsys):
@@ -365,7 +361,7 @@ def test_a_pinn_run_whose_lbfgs_converges_stops_there_and_records_why(tmp_path):
     (record,) = compare(PinnFamily(config))
     assert record["lbfgs_stop"].startswith("L-BFGS-B: ")
     assert 0 < record["lbfgs_iterations"] < 20 * 200
-    log = [r for r in ac.read_jsonl(tmp_path / "pinn" / "runs" / "dense" / "log.jsonl") if "train_loss" in r]
+    log = [r for r in read_jsonl(tmp_path / "pinn" / "runs" / "dense" / "log.jsonl") if "train_loss" in r]
     assert len(log) < 2 + 200  # the run ended before its last step
 
 
@@ -384,10 +380,17 @@ def test_the_table_says_where_a_variant_diverged_instead_of_printing_nan():
     records = [
         {"kind": "dense", "relative_l2": 0.1, "final_loss": 0.01, "diverged_at": None, **common},
         {"kind": "snnk", "relative_l2": float("nan"), "final_loss": 1e12, "diverged_at": 6, **common},
+        # diverged at its first step: no finite loss was logged (final loss NaN)
+        {"kind": "eugen", "relative_l2": 0.5, "final_loss": float("nan"), "diverged_at": 0, **common},
+        # a finite training loss whose evaluation overflows
+        {"kind": "ralimp", "relative_l2": float("inf"), "final_loss": 1e30, "diverged_at": None, **common},
     ]
     table = results_table(records, "relative_l2")
     assert "diverged at step 7" in table
+    assert "diverged at step 1" in table
     assert "nan" not in table
+    assert "| inf " not in table
+    assert table.count("not finite") == 2
 
 
 def test_a_float64_pinn_trains_in_float64(tmp_path):
@@ -403,7 +406,7 @@ def test_more_lbfgs_steps_continue_a_pinn_run_as_the_longer_run_would(tmp_path, 
             out, layer=("dense",), steps=3, lbfgs_steps=lbfgs_steps, lbfgs_tolerance_change=0.0
         )
         compare(PinnFamily(dataclasses.replace(config, out=out)))
-        log = ac.read_jsonl(out / "runs" / "dense" / "log.jsonl")
+        log = read_jsonl(out / "runs" / "dense" / "log.jsonl")
         return [r["train_loss"] for r in log if "train_loss" in r]
 
     losses(tmp_path / "continued", 1)
@@ -447,7 +450,7 @@ def test_scipy_lbfgsb_takes_the_same_steps_on_a_loss_a_billion_times_smaller():
 def test_the_paper_config_runs_l_bfgs_b_in_float64_past_scipys_default_gtol():
     from pathlib import Path
 
-    table = ac.read_toml(Path(__file__).parents[1] / "configs" / "pinn-paper.toml")
+    table = read_toml(Path(__file__).parents[1] / "configs" / "pinn-paper.toml")
     config = PinnConfig(**{k: v for k, v in table.items() if k != "out"})
     assert config.precision == "float64"
     assert config.lbfgs_steps * config.lbfgs_iterations == 50_000  # Raissi's maxiter

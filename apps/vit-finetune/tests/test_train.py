@@ -7,7 +7,6 @@ import torch
 
 from app_common.records import CORE_KEYS
 from app_common.results import read_jsonl
-from app_common.seeding import CALIBRATION_SEED
 from app_common.testing import assert_resume_equals_unbroken
 from vit_finetune import TrainConfig
 from vit_finetune.cli import main
@@ -73,39 +72,16 @@ def test_a_killed_run_resumes_bit_identical_to_an_unbroken_one(tmp_path, kill_st
     assert run(tmp_path / "broken", None) is None  # finished: nothing to do
 
 
+def tiny_args(command, tmp_path, *flags):
+    """``command`` with ``flags`` on the tiny ViT on the CPU, writing under ``tmp_path``."""
+    where = ["--device", "cpu", "--out", str(tmp_path), "--results", str(tmp_path / "r.jsonl")]
+    return [command, "--model", "vit-tiny-test", "--image-size", "8", *where, *flags]
+
+
 def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
-    args = [
-        "sweep",
-        "--layer",
-        "dense",
-        "eugen",
-        "--last-k",
-        "1",
-        "2",
-        "--data",
-        "digits",
-        "--model",
-        "vit-tiny-test",
-        "--image-size",
-        "8",
-        "--batch-size",
-        "32",
-        "--steps",
-        "4",
-        "--throughput-batch",
-        "4",
-        "--throughput-repeats",
-        "1",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-        "--results",
-        str(tmp_path / "r.jsonl"),
-        "--features",
-        "8",
-    ]
-    assert main(args) == 0
+    flags = ["--layer", "dense", "eugen", "--last-k", "1", "2", "--data", "digits", "--batch-size", "32"]
+    flags += ["--steps", "4", "--throughput-batch", "4", "--throughput-repeats", "1", "--features", "8"]
+    assert main(tiny_args("sweep", tmp_path, *flags)) == 0
     records = read_jsonl(tmp_path / "r.jsonl")
     pairs = sorted((r["details"]["layer"], r["details"]["last_k"]) for r in records)
     assert pairs == [("dense", 0), ("eugen", 1), ("eugen", 2)]
@@ -123,25 +99,7 @@ def test_cli_sweep_and_report_write_the_table_and_plots(tmp_path, capsys):
 
 def test_cli_errors_name_the_setting(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(
-            [
-                "train",
-                "--layer",
-                "mlp",
-                "--model",
-                "vit-tiny-test",
-                "--image-size",
-                "8",
-                "--steps",
-                "1",
-                "--device",
-                "cpu",
-                "--out",
-                str(tmp_path),
-                "--results",
-                str(tmp_path / "r.jsonl"),
-            ]
-        )
+        main(tiny_args("train", tmp_path, "--layer", "mlp", "--steps", "1"))
     assert exit_info.value.code == 2
     assert "layer: unknown 'mlp'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--warmup-steps: expected an integer >= 0"):
@@ -162,22 +120,14 @@ def test_the_calibrated_start_and_the_weight_matrix_reach_the_replaced_layers(tm
         TrainConfig(init="exact")
 
 
-def test_the_command_line_keeps_to_the_shared_flag_vocabulary():
-    from app_common.testing import assert_vocabulary
+def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
+    from app_common.testing import assert_app_contract
     from vit_finetune.cli import build_parser
 
-    assert_vocabulary(build_parser())
+    assert_app_contract(build_parser(), "vit_finetune")
 
 
-def test_the_app_has_no_import_cycle():
-    from app_common.testing import assert_no_import_cycle
+def test_the_calibration_batch_is_ralimps_4096_rows():
+    from vit_finetune.train import CALIBRATION_TOKENS
 
-    assert_no_import_cycle("vit_finetune")
-
-
-def test_the_calibration_batch_is_ralimps_4096_rows_drawn_with_the_apps_seed():
-    import importlib
-
-    train_module = importlib.import_module("vit_finetune.train")
-    assert train_module.CALIBRATION_TOKENS == 4096
-    assert CALIBRATION_SEED == 31_415_926
+    assert CALIBRATION_TOKENS == 4096

@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-import app_common as ac
 import rf_attention
+from app_common.measure import PeakMemoryMeter, Timer, interleaved_medians
 from spectraformer_benchmarks.common import (
     QUANTITIES,
     add_repeats_arguments,
@@ -197,14 +197,14 @@ def measure_point(name: str, n: int, args: argparse.Namespace) -> dict:
     shape = (args.batch, args.heads, n, args.head_dim)
     q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
     if args.quantity == "memory":
-        with ac.PeakMemoryMeter(device) as meter:
+        with PeakMemoryMeter(device) as meter:
             attend(q, k, v).sum().backward()
         return {"attention": name, "n": n, "peak_mib": meter.added / 2**20}
     samples = []
     for _ in range(1 + repeats_at(n, args)):
         for t in (q, k, v):
             t.grad = None
-        with ac.Timer(device) as timer:
+        with Timer(device) as timer:
             attend(q, k, v).sum().backward()
         samples.append(timer.elapsed)
     seconds = statistics.median(samples)
@@ -237,7 +237,7 @@ def measure_compile(name: str, n: int, args: argparse.Namespace) -> dict:
         for _ in range(2):  # the first call compiles; the second must not recompile
             step(compiled)()
         compile_seconds = time.perf_counter() - start
-        medians = ac.interleaved_medians(
+        medians = interleaved_medians(
             {"eager": step(eager), "compiled": step(compiled)},
             repeats=repeats_at(n, args),
             device=device,

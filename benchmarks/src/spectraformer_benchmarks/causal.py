@@ -2,16 +2,16 @@
 
 Shape: ``q, k, v`` of ``(1, 4, N, 64)`` (a language model's head size), float32, 128 random features.
 
-``--part measure``: forward+backward of ``rf_attention.rf_attention(q, k, v, feature_map, causal=True)``
-(the pair's feature map with running statistics, as a causal module builds it) and of
+``--part measure``: forward+backward of ``rf_attention.rf_attention(q, k, v, feature_map, causal=True)`` (the
+pair's feature map with running statistics, as a causal module builds it) and of
 ``scaled_dot_product_attention(q, k, v, is_causal=True)`` (the ``softmax`` row), a fresh process per point
 (one attention at one N, time or memory), each with one forward+backward at N = 256 first (code pages and
 allocator pools touched on first use are not the attention's). At ``--memory-lengths`` one forward+backward
-gives the peak memory (``app_common.PeakMemoryMeter``: the resident high-water mark above the resident size
-just before, glibc's mmap threshold fixed at 128 KiB so that it counts the tensors alive at once; on CUDA the
-allocator's peak); at ``--lengths`` a process with the allocator as users run it times ``1 + --repeats``
-of them (``--repeats-at N=R`` at one length), the time is their median. Ratios are SDPA's time over the
-pair's (speed) and the pair's peak over SDPA's (memory), at the same N, in the same run.
+gives the peak memory (``app_common.measure.PeakMemoryMeter``: the resident high-water mark above the resident
+size just before, glibc's mmap threshold fixed at 128 KiB so that it counts the tensors alive at once; on CUDA
+the allocator's peak); at ``--lengths`` a process with the allocator as users run it times ``1 + --repeats``
+of them (``--repeats-at N=R`` at one length), the time is their median. Ratios are SDPA's time over the pair's
+(speed) and the pair's peak over SDPA's (memory), at the same N, in the same run.
 
 ``--part flops``: matmul FLOPs of one forward+backward (``torch.utils.flop_counter.FlopCounterMode``) per
 token, causal and not, every pair and SDPA, at each of ``--flop-lengths``. The inputs are fake tensors
@@ -46,9 +46,9 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 
-import app_common as ac
 import rf_attention
 import rf_features
+from app_common.measure import PeakMemoryMeter, Timer
 from spectraformer_benchmarks.common import (
     QUANTITIES,
     add_repeats_arguments,
@@ -180,13 +180,13 @@ def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> N
         torch.manual_seed(0)
         step = attention_step(name, n, device=device)
         if args.quantity == "memory":
-            with ac.PeakMemoryMeter(device) as meter:
+            with PeakMemoryMeter(device) as meter:
                 step()
             print(json.dumps({"attention": name, "n": n, "peak_mib": meter.added / 2**20}), flush=True)
             continue
         samples = []
         for _ in range(1 + repeats_at(n, args)):
-            with ac.Timer(device) as timer:
+            with Timer(device) as timer:
                 step()
             samples.append(timer.elapsed)
         result = {"attention": name, "n": n, "seconds": statistics.median(samples), "samples": len(samples)}

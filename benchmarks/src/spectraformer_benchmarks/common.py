@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-import app_common as ac
 import rf_attention
-from app_common.measure import MMAP_THRESHOLD_BYTES
+from app_common.device import device_name
+from app_common.measure import MMAP_THRESHOLD_BYTES, median_seconds
 
 
 def rf_pairs() -> list[str]:
@@ -63,8 +63,8 @@ def repeats_at(n: int, args: argparse.Namespace) -> int:
 
 
 def machine(device: str = "cpu") -> str:
-    """The device's name (``app_common.device_name``), cores, threads and library versions."""
-    name = ac.device_name(torch.device(device))
+    """The device's name (``app_common.device.device_name``), cores, threads and library versions."""
+    name = device_name(torch.device(device))
     if device.startswith("cuda"):
         return f"{name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}"
     return (
@@ -84,7 +84,7 @@ def matmul_rate(size: int = 2048, repeats: int = 5, device: torch.device | None 
     """Measured float32 matmul GFLOP/s of this machine (``size x size`` by ``size x size``)."""
     device = device or torch.device("cpu")
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    return 2 * size**3 / ac.median_seconds(lambda: a @ b, repeats=repeats, device=device) / 1e9
+    return 2 * size**3 / median_seconds(lambda: a @ b, repeats=repeats, device=device) / 1e9
 
 
 #: What a measuring process measures: the peak memory of one forward+backward, or the time of several.

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-import app_common as ac
 import rf_attention
 import rf_features
+from app_common.measure import PeakMemoryMeter, median_seconds
 from rf_attention import rf_attention as rf_attention_fn
 from rf_attention import softmax_attention
 from spectraformer_benchmarks.counting import operations as count_operations
@@ -93,7 +93,7 @@ def operations(device: torch.device, quick: bool) -> list[str]:
 
 def _seconds(step: Any, device: torch.device, repeats: int) -> float:
     """Median seconds of ``step()`` over ``repeats`` runs, no warm-up (the caller has run it)."""
-    return ac.median_seconds(step, repeats=repeats, warmup=0, device=device)
+    return median_seconds(step, repeats=repeats, warmup=0, device=device)
 
 
 def _train_step(module: torch.nn.Module, x: torch.Tensor) -> None:
@@ -163,7 +163,7 @@ def against_sdpa(device: torch.device, quick: bool) -> list[str]:
             for name in ["softmax", *KERNEL_PAIRS]:
                 step = _sdpa_step(name, causal, n, shape, device)
                 step()
-                with ac.PeakMemoryMeter(device) as meter:
+                with PeakMemoryMeter(device) as meter:
                     seconds = _seconds(step, device, 3)
                 peak = meter.added / 2**20
                 if name == "softmax":

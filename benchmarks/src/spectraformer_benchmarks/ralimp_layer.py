@@ -57,11 +57,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import app_common as ac
 import ralimp
+from app_common.device import device_name
+from app_common.measure import count_parameters, median_seconds
 from ralimp import analysis
 from ralimp.base import ridge_readout
 from spectraformer_benchmarks.common import command_line
+from spectraformer_core import resolve_device
 from spectraformer_core.testing import relative_error
 
 KINDS = ("ralimp", "eugen", "snnk", "lowrank")
@@ -85,10 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def timed(fn, repeats: int, device: torch.device) -> float:
     """Median wall time of ``fn()`` in seconds, after two warm-up calls."""
-    return ac.median_seconds(fn, repeats=repeats, warmup=2, device=device)
+    return median_seconds(fn, repeats=repeats, warmup=2, device=device)
 
 
-count = ac.count_parameters
+count = count_parameters
 
 
 def relative(actual: torch.Tensor, target: torch.Tensor) -> float:
@@ -359,10 +361,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = ac.resolve_device(args.device)
+    device = resolve_device(args.device)
     header, table_rows = TABLES[args.table]
     rows = table_rows(args, device)
-    machine = ac.device_name(device)
+    machine = device_name(device)
     print(
         f"Machine: {machine}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
         f"tokens {args.tokens}; eval rows {args.eval_rows}; calibration rows {args.calibration_rows}"

@@ -13,13 +13,14 @@ import argparse
 
 import torch
 
-import app_common as ac
 import rf_matrices
+from app_common.measure import median_seconds
+from spectraformer_core import markdown_table
 
 
 def median_ms(fn, repeats: int) -> float:
     """Median wall time of ``fn()`` in milliseconds, after one warm-up call."""
-    return 1000 * ac.median_seconds(fn, repeats=repeats, warmup=1)
+    return 1000 * median_seconds(fn, repeats=repeats, warmup=1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append([name, str(d), f"{fast:.1f}", f"{dense:.1f}", f"{dense / fast:.2f}", chosen])
     header = ["matrix", "d = s", "transform ms", "dense ms", "dense / transform", "automatic choice"]
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print(ac.markdown_table(header, rows))
+    print(markdown_table(header, rows))
 
 
 if __name__ == "__main__":

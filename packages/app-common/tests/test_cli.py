@@ -1,8 +1,18 @@
 import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from app_common import run_cli
+from app_common.cli import (
+    add_command,
+    add_list_command,
+    add_report_command,
+    app_parser,
+    command_config,
+    plain_text,
+    run_cli,
+)
 
 
 def parser_with(run):
@@ -31,8 +41,6 @@ def test_user_errors_exit_with_status_2_and_a_one_line_message(capsys):
 
 
 def test_plain_text_drops_sphinx_roles_and_literal_quotes():
-    from app_common import plain_text
-
     text = "Runs ``lra-bench`` with :data:`TABLE_6`, :meth:`~lra_bench.TrainConfig.resolved` and::\n"
     assert plain_text(text) == "Runs lra-bench with TABLE_6, resolved and:\n"
     text = (
@@ -43,8 +51,6 @@ def test_plain_text_drops_sphinx_roles_and_literal_quotes():
 
 
 def test_app_parser_shows_the_plain_summary_and_the_subcommand_list(capsys):
-    from app_common import app_parser
-
     parser, commands = app_parser("tool", "tool: does ``things``.\n\nSubcommands:\n\n- go: goes.\n")
     commands.add_parser("go")
     with pytest.raises(SystemExit):
@@ -57,10 +63,9 @@ def test_app_parser_shows_the_plain_summary_and_the_subcommand_list(capsys):
 
 
 def test_list_prints_one_kind_or_every_kind_under_its_heading(capsys):
-    import app_common as ac
 
-    parser, commands = ac.app_parser("tool", "A tool.")
-    ac.add_list_command(
+    parser, commands = app_parser("tool", "A tool.")
+    add_list_command(
         commands, {"layers": lambda: ["dense", "ralimp"], "attentions": lambda: ["softmax"]}, help="x"
     )
     assert run_cli(parser, ["list", "layers"]) == 0
@@ -70,18 +75,14 @@ def test_list_prints_one_kind_or_every_kind_under_its_heading(capsys):
 
 
 def test_list_of_one_kind_filters_by_a_shell_pattern(capsys):
-    import app_common as ac
 
-    parser, commands = ac.app_parser("tool", "A tool.")
-    ac.add_list_command(commands, {"attentions": lambda: ["oprf-orf", "oprf-qmc", "softmax"]}, help="x")
+    parser, commands = app_parser("tool", "A tool.")
+    add_list_command(commands, {"attentions": lambda: ["oprf-orf", "oprf-qmc", "softmax"]}, help="x")
     assert run_cli(parser, ["list", "OPRF-*"]) == 0
     assert capsys.readouterr().out == "oprf-orf\noprf-qmc\n"
 
 
 def _toy_command(**kw):
-    from dataclasses import dataclass, field
-
-    import app_common as ac
 
     @dataclass(frozen=True)
     class GoConfig:
@@ -91,9 +92,9 @@ def _toy_command(**kw):
         lr: float = field(default=0.1, metadata={"help": "rate"})
 
     seen = []
-    parser, commands = ac.app_parser("tool", "A tool.")
-    sub = ac.add_command(
-        commands, "go", GoConfig, lambda args: seen.append(ac.command_config(args)), help="x", **kw
+    parser, commands = app_parser("tool", "A tool.")
+    sub = add_command(
+        commands, "go", GoConfig, lambda args: seen.append(command_config(args)), help="x", **kw
     )
     return parser, sub, seen
 
@@ -117,9 +118,6 @@ def test_a_command_without_a_config_file_has_no_config_flag():
 
 
 def test_a_sweep_command_leaves_its_grid_fields_to_the_grid():
-    from dataclasses import dataclass
-
-    import app_common as ac
 
     @dataclass(frozen=True)
     class Grid:
@@ -130,17 +128,13 @@ def test_a_sweep_command_leaves_its_grid_fields_to_the_grid():
         seed: int = 0
         steps: int = 1
 
-    _, commands = ac.app_parser("tool", "A tool.")
-    sub = ac.add_command(commands, "sweep", Grid, print, help="x", each_run=Run, grid=("seed",))
+    _, commands = app_parser("tool", "A tool.")
+    sub = add_command(commands, "sweep", Grid, print, help="x", each_run=Run, grid=("seed",))
     args = sub.parse_args(["--seed", "1", "2", "--steps", "4"])
     assert (args.seed, args.steps) == ([1, 2], 4)
 
 
 def test_a_report_command_takes_the_results_file_positional_and_no_config_flag(tmp_path):
-    from dataclasses import dataclass
-    from pathlib import Path
-
-    from app_common.cli import add_report_command, app_parser, command_config
 
     @dataclass(frozen=True)
     class ReportConfig:
@@ -158,9 +152,6 @@ def test_a_report_command_takes_the_results_file_positional_and_no_config_flag(t
 
 
 def test_a_command_also_takes_the_flags_of_further_configs_each_once():
-    from dataclasses import dataclass, field
-
-    from app_common.cli import add_command, app_parser
 
     @dataclass(frozen=True)
     class Choice:

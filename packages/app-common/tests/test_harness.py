@@ -8,7 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-import app_common as ac
+from app_common.cli import app_parser
+from app_common.config import add_dataclass_arguments
+from app_common.fields import EvalFields, OptimizerFields, OutputFields, RuntimeFields, option, run_identity
+from app_common.harness import TrainData, Trainer
+from app_common.records import CORE_KEYS, finished_record, flat_record, run_dir
+from app_common.results import read_jsonl
+from app_common.run import Run
+from app_common.schedules import param_groups, schedule
 from app_common.testing import assert_resume_equals_unbroken
 
 
@@ -16,41 +23,39 @@ def _toy_run(
     out, on_save, *, steps=12, on_nan="raise", poison_at=None, lbfgs_steps=0, accumulate=1, data=True
 ):
     """A tiny classifier with dropout, trained through the harness; returns its record."""
-    trainer = ac.Trainer(
-        name="toy",
-        out=out,
-        identity={"steps": steps},
-        seed=3,
-        steps=steps + lbfgs_steps,
-        device="cpu",
-        grad_clip=0.5,
-        log_every=2,
-        eval_every=4,
-        checkpoint_every=3,
-        on_nan=on_nan,
-        show_progress=False,
-        on_save=on_save,
-    )
-    if (record := trainer.finished()) is not None:
+    run = Run(name="toy", out=out, identity={"steps": steps}, seed=3, device="cpu", on_save=on_save)
+    if (record := run.finished()) is not None:
         return record
     model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 3))
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(40, 5, generator=generator), torch.randint(0, 3, (40,), generator=generator)
-    adam = torch.optim.AdamW(ac.param_groups(model, 0.1), lr=0.05)
+    adam = torch.optim.AdamW(param_groups(model, 0.1), lr=0.05)
     optimizers = {"adam": adam}
     phases = [("adam", steps)]
     if lbfgs_steps:
         optimizers["lbfgs"] = torch.optim.LBFGS(model.parameters(), max_iter=3)
         phases.append(("lbfgs", lbfgs_steps))
     noise = torch.Generator().manual_seed(1)
-    forward = trainer.setup(
-        model, optimizers, phases=phases, schedule=ac.schedule("cosine", 3, steps), state={"noise": noise}
+    trainer = Trainer(
+        run,
+        model,
+        optimizers,
+        steps=steps + lbfgs_steps,
+        phases=phases,
+        schedule=schedule("cosine", 3, steps),
+        state={"noise": noise},
+        grad_clip=0.5,
+        log_every=2,
+        eval_every=4,
+        checkpoint_every=3,
+        on_nan=on_nan,
+        show_progress=False,
     )
 
     def loss_fn(step, batch):
         inputs, labels = batch if data else (x, y)
         inputs = inputs + 0.01 * torch.randn(inputs.shape, generator=noise)
-        loss = F.cross_entropy(forward(inputs), labels)
+        loss = F.cross_entropy(trainer.forward(inputs), labels)
         return loss * math.nan if step == poison_at else loss
 
     def evaluate(step):
@@ -60,7 +65,7 @@ def _toy_run(
 
     trainer.fit(
         loss_fn,
-        data=ac.TrainData(TensorDataset(x, y), 8) if data else None,
+        data=TrainData(TensorDataset(x, y), 8) if data else None,
         accumulate=accumulate,
         evaluate=evaluate,
     )
@@ -82,19 +87,19 @@ def test_resume_equality_holds_across_an_lbfgs_phase_and_without_a_data_set(tmp_
 
 def test_the_record_has_the_core_keys_and_the_layout_is_the_one_of_every_app(tmp_path):
     record = _toy_run(tmp_path, None)
-    assert set(ac.CORE_KEYS) <= set(record)
+    assert set(CORE_KEYS) <= set(record)
     assert record["steps"] == 12
     assert record["trainable_parameters"] == record["num_parameters"] == 5 * 16 + 16 + 16 * 3 + 3
     assert record["details"] == {"note": "toy"}
-    assert ac.finished_record(tmp_path, "toy")["metrics"] == record["metrics"]
-    assert ac.read_jsonl(tmp_path / "results.jsonl") == [record]
-    log = ac.read_jsonl(ac.run_dir(tmp_path, "toy") / "log.jsonl")
+    assert finished_record(tmp_path, "toy")["metrics"] == record["metrics"]
+    assert read_jsonl(tmp_path / "results.jsonl") == [record]
+    log = read_jsonl(run_dir(tmp_path, "toy") / "log.jsonl")
     assert [r["step"] for r in log if "train_loss" in r] == [2, 4, 6, 8, 10, 12]
     assert [r["step"] for r in log if "val_loss" in r] == [4, 8, 12]
-    assert ac.flat_record(record)["val_loss"] == record["metrics"]["val_loss"]
+    assert flat_record(record)["val_loss"] == record["metrics"]["val_loss"]
     # a second call skips the finished run
     assert _toy_run(tmp_path, None) == record
-    assert len(ac.read_jsonl(tmp_path / "results.jsonl")) == 1
+    assert len(read_jsonl(tmp_path / "results.jsonl")) == 1
 
 
 def test_nan_policy_stop_records_the_step_and_skips_the_update(tmp_path):
@@ -107,8 +112,8 @@ def test_nan_policy_stop_records_the_step_and_skips_the_update(tmp_path):
 
 def test_a_checkpoint_of_another_world_size_or_identity_is_refused(tmp_path):
     _toy_run(tmp_path, None)
-    path = ac.run_dir(tmp_path, "toy") / "checkpoint.pt"
-    (ac.run_dir(tmp_path, "toy") / "record.json").unlink()
+    path = run_dir(tmp_path, "toy") / "checkpoint.pt"
+    (run_dir(tmp_path, "toy") / "record.json").unlink()
     state = torch.load(path, weights_only=True)
     torch.save({**state, "rng": state["rng"] * 2}, path)
     with pytest.raises(ValueError, match="saved by 2 processes; resume it with as many"):
@@ -120,14 +125,12 @@ def test_a_checkpoint_of_another_world_size_or_identity_is_refused(tmp_path):
 def test_micro_batches_accumulate_to_the_mean_gradient(tmp_path):
     seen = []
 
-    trainer = ac.Trainer(
-        name="acc", out=tmp_path, identity={}, seed=0, steps=1, device="cpu", show_progress=False
-    )
+    run = Run(name="acc", out=tmp_path, identity={}, seed=0, device="cpu")
     weight = torch.nn.Parameter(torch.zeros(()))
     model = torch.nn.Module()
     model.weight = weight
     sgd = torch.optim.SGD([weight], lr=1.0)
-    trainer.setup(model, sgd)
+    trainer = Trainer(run, model, sgd, steps=1, show_progress=False)
 
     def loss_fn(step, micro):
         seen.append(micro)
@@ -139,17 +142,17 @@ def test_micro_batches_accumulate_to_the_mean_gradient(tmp_path):
 
 
 def test_schedules_warm_up_linearly_and_decay_to_final():
-    cosine = ac.schedule("cosine", 4, 10, final=0.1)
+    cosine = schedule("cosine", 4, 10, final=0.1)
     assert [cosine(t) for t in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert cosine(4) == pytest.approx(1.0)
     assert cosine(10) == pytest.approx(0.1)
     assert cosine(50) == pytest.approx(0.1)
-    linear = ac.schedule("linear", 0, 10)
+    linear = schedule("linear", 0, 10)
     assert linear(0) == 1.0
     assert linear(5) == pytest.approx(0.5)
-    assert ac.schedule("constant", 2, 10)(7) == 1.0
+    assert schedule("constant", 2, 10)(7) == 1.0
     with pytest.raises(ValueError, match="schedule"):
-        ac.schedule("cosin", 0, 10)
+        schedule("cosin", 0, 10)
 
 
 def test_param_groups_decay_matrices_only_and_never_ralimp_coefficients():
@@ -157,7 +160,7 @@ def test_param_groups_decay_matrices_only_and_never_ralimp_coefficients():
     model.fc = torch.nn.Linear(3, 4)
     model.node_cos = torch.nn.Parameter(torch.zeros(2, 3))
     model.pos_embed = torch.nn.Parameter(torch.zeros(1, 5, 4))
-    groups = ac.param_groups(model, 0.1, lr=1e-3, lr_scales=[("fc.", 10.0)])
+    groups = param_groups(model, 0.1, lr=1e-3, lr_scales=[("fc.", 10.0)])
     by_id = {id(p): g for g in groups for p in g["params"]}
     assert by_id[id(model.fc.weight)]["weight_decay"] == 0.1
     assert by_id[id(model.fc.weight)]["lr"] == pytest.approx(1e-2)
@@ -165,7 +168,7 @@ def test_param_groups_decay_matrices_only_and_never_ralimp_coefficients():
     assert by_id[id(model.node_cos)]["weight_decay"] == 0.0
     assert by_id[id(model.pos_embed)]["weight_decay"] == 0.0
     with pytest.raises(ValueError, match="lr_scales"):
-        ac.param_groups(model, 0.1, lr_scales=[("fc.", 2.0)])
+        param_groups(model, 0.1, lr_scales=[("fc.", 2.0)])
 
 
 def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcommands():
@@ -174,15 +177,15 @@ def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcom
     from app_common.testing import assert_vocabulary, vocabulary_problems
 
     @dataclass(frozen=True, kw_only=True)
-    class Good(ac.RuntimeFields, ac.OptimizerFields):
-        warmup_steps: int = ac.option("warmup_steps", 10, help="this app's default")
+    class Good(RuntimeFields, OptimizerFields):
+        warmup_steps: int = option("warmup_steps", 10, help="this app's default")
 
-    parser, commands = ac.app_parser("toy", "A toy app.")
+    parser, commands = app_parser("toy", "A toy app.")
     for name in ("train", "quick", "report", "list"):
-        ac.add_dataclass_arguments(commands.add_parser(name), Good)
+        add_dataclass_arguments(commands.add_parser(name), Good)
     assert_vocabulary(parser)
 
-    bad, commands = ac.app_parser("bad", "A bad app.")
+    bad, commands = app_parser("bad", "A bad app.")
     train = commands.add_parser("train")
     train.add_argument("--warmup", type=float, help="fraction of the steps")
     train.add_argument("--lr", type=float, help="a learning rate of some kind")
@@ -198,7 +201,7 @@ def test_the_vocabulary_contract_names_aliases_other_meanings_and_missing_subcom
 def test_the_vocabulary_contract_refuses_markup_in_help(markup):
     from app_common.testing import vocabulary_problems
 
-    parser, commands = ac.app_parser("toy", "A toy app.")
+    parser, commands = app_parser("toy", "A toy app.")
     commands.add_parser("train", description=f"Trains, see {markup}.")
     problems = vocabulary_problems(parser)
     assert any(p.startswith("toy train: --help shows markup") for p in problems)
@@ -208,7 +211,7 @@ def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
     from dataclasses import dataclass
 
     @dataclass(frozen=True, kw_only=True)
-    class Config(ac.RuntimeFields, ac.OptimizerFields, ac.EvalFields, ac.OutputFields):
+    class Config(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
         seed: int = 4
         steps: int = 7
         grad_clip: float = 0.5
@@ -217,53 +220,142 @@ def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
         checkpoint_every: int = 0  # 0: no checkpoints besides those after evaluations
         out: Path = tmp_path
 
-    config = Config(device="cpu", resume=False)
-    trainer = ac.Trainer.from_config(config, name="cfg", show_progress=False)
-    assert (trainer.out, trainer.seed, trainer.steps, trainer.resume) == (tmp_path, 4, 7, False)
-    assert (trainer.grad_clip, trainer.eval_every, trainer.log_every) == (0.5, 3, 2)
-    assert trainer.checkpoint_every is None
-    assert trainer.checkpointer.identity == ac.run_identity(config)
-
-    grid_point = ac.Trainer.from_config(
-        config, name="cfg-s9", seed=9, steps=11, identity={"run": "cfg-s9"}, show_progress=False
+    config = Config(device="cpu", dtype="bfloat16", resume=False)
+    run = Run.from_config(config, name="cfg")
+    assert (run.out, run.seed, run.dtype, run.resume, run.device) == (
+        tmp_path,
+        4,
+        "bfloat16",
+        False,
+        torch.device("cpu"),
     )
-    assert (grid_point.seed, grid_point.steps) == (9, 11)
+    assert run.checkpointer.identity == run_identity(config)
+    model = torch.nn.Linear(2, 1)
+    trainer = Trainer.from_config(config, run, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert (trainer.steps, trainer.grad_clip, trainer.eval_every, trainer.log_every) == (7, 0.5, 3, 2)
+    assert trainer.checkpoint_every is None
+
+    grid_point = Run.from_config(config, name="cfg-s9", seed=9, identity={"run": "cfg-s9"})
+    assert grid_point.seed == 9
     assert grid_point.checkpointer.identity == {"run": "cfg-s9"}
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert Trainer.from_config(config, grid_point, model, sgd, steps=11).steps == 11
 
 
 def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_missing_field(tmp_path):
     from dataclasses import dataclass
 
     @dataclass(frozen=True, kw_only=True)
-    class Bare(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+    class Bare(RuntimeFields, OptimizerFields, OutputFields):
         seed: int = 0
         out: Path = tmp_path
 
-    trainer = ac.Trainer.from_config(Bare(), name="bare", show_progress=False)
+    model = torch.nn.Linear(2, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer.from_config(Bare(), Run.from_config(Bare(), name="bare"), model, sgd)
     assert (trainer.eval_every, trainer.log_every, trainer.checkpoint_every) == (None, 10, None)
 
     @dataclass(frozen=True, kw_only=True)
-    class NoSeed(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+    class NoSeed(RuntimeFields, OptimizerFields, OutputFields):
         out: Path = tmp_path
 
     with pytest.raises(AttributeError, match="NoSeed has no field seed"):
-        ac.Trainer.from_config(NoSeed(), name="no-seed")
-    assert ac.Trainer.from_config(NoSeed(), name="no-seed", seed=1, show_progress=False).seed == 1
+        Run.from_config(NoSeed(), name="no-seed")
+    assert Run.from_config(NoSeed(), name="no-seed", seed=1).seed == 1
     with pytest.raises(ValueError, match=r"seed: expected an integer >= 0, got \(0, 1\)"):
-        ac.Trainer.from_config(Bare(), name="grid", seed=(0, 1))
+        Run.from_config(Bare(), name="grid", seed=(0, 1))
+
+    @dataclass(frozen=True, kw_only=True)
+    class NoSteps(RuntimeFields, OutputFields):
+        seed: int = 0
+        out: Path = tmp_path
+
+    with pytest.raises(AttributeError, match="NoSteps has no field steps, grad_clip"):
+        Trainer.from_config(NoSteps(), Run.from_config(NoSteps(), name="no-steps"), model, sgd)
 
 
-def _toy_trainer(out):
-    return ac.Trainer(name="toy", out=out, identity={"steps": 12}, seed=3, steps=12, device="cpu")
+def _two_optimizers():
+    model = torch.nn.Linear(3, 2)
+    return model, {
+        "adam": torch.optim.Adam(model.parameters(), lr=0.1),
+        "lbfgs": torch.optim.LBFGS(model.parameters(), max_iter=2),
+    }
 
 
-def test_run_unless_finished_runs_the_body_of_a_new_run(tmp_path):
-    assert _toy_trainer(tmp_path).run_unless_finished(lambda trainer: trainer.name) == "toy"
+def test_a_trainer_is_complete_when_constructed_and_trains_straight_away(tmp_path):
+    run = Run(name="ready", out=tmp_path, identity={}, seed=0, device="cpu")
+    model, optimizers = _two_optimizers()
+    noise = torch.Generator().manual_seed(1)
+    trainer = Trainer(
+        run,
+        model,
+        optimizers,
+        steps=3,
+        phases=[("adam", 2), ("lbfgs", 1)],
+        schedule=schedule("constant", 0, 3),
+        state={"noise": noise},
+        extra={"note": 1},
+        log_every=1,
+        eval_every=1,
+        checkpoint_every=1,
+        show_progress=False,
+    )
+    unset = {"stopped", "diverged_at"}  # None until the run stops early or diverges
+    assert [k for k, v in vars(trainer).items() if v is None and k not in unset] == []
+    assert trainer.forward is trainer.eval_forward is model  # neither compiled nor under torchrun
+    assert trainer.phases == [("adam", 2), ("lbfgs", 1)]
+    x = torch.randn(8, 3, generator=noise)
+    trainer.fit(lambda step, batch: trainer.forward(x).square().mean())
+    assert (trainer.step, trainer.done) == (3, True)
+    assert [r["step"] for r in read_jsonl(run.log_path)] == [1, 2, 3]
+    assert run.checkpointer.load()["note"] == 1
 
 
-def test_run_unless_finished_skips_a_finished_run(tmp_path):
+@pytest.mark.parametrize(
+    ("phases", "message"),
+    [
+        (
+            [("adam", 2), ("lbfgs", 2)],
+            r"phases: \[\('adam', 2\), \('lbfgs', 2\)\] add up to other than steps=3",
+        ),
+        ([("adam", 2), ("sgd", 1)], r"phases: \['sgd'\] name no optimizer; expected \['adam', 'lbfgs'\]"),
+        ([], r"phases: needed to run several optimizers \(\['adam', 'lbfgs'\]\)"),
+    ],
+)
+def test_phases_that_do_not_fit_fail_at_construction(tmp_path, phases, message):
+    run = Run(name="bad", out=tmp_path, identity={}, seed=0, device="cpu")
+    model, optimizers = _two_optimizers()
+    with pytest.raises(ValueError, match=message):
+        Trainer(run, model, optimizers, steps=3, phases=phases)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"steps": 0}, "steps: expected an integer >= 1"),
+        ({"on_nan": "skip"}, "on_nan: expected one of raise, stop, got 'skip'"),
+        ({"grad_clip": -1.0}, "grad_clip: expected a number >= 0, got -1.0"),
+        ({"log_every": 0}, "log_every: expected an integer >= 1"),
+    ],
+)
+def test_bad_loop_settings_fail_at_construction(tmp_path, setting, message):
+    run = Run(name="bad", out=tmp_path, identity={}, seed=0, device="cpu")
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match=message):
+        Trainer(run, model, torch.optim.SGD(model.parameters(), lr=0.1), **{"steps": 2, **setting})
+
+
+def _toy_run_context(out):
+    return Run(name="toy", out=out, identity={"steps": 12}, seed=3, device="cpu")
+
+
+def test_unless_finished_runs_the_body_of_a_new_run(tmp_path):
+    assert _toy_run_context(tmp_path).unless_finished(lambda run: run.name) == "toy"
+
+
+def test_unless_finished_skips_a_finished_run(tmp_path):
     _toy_run(tmp_path, None)
-    assert _toy_trainer(tmp_path).run_unless_finished(lambda trainer: "ran") is None
+    assert _toy_run_context(tmp_path).unless_finished(lambda run: "ran") is None
 
 
 def test_group_settings_are_the_values_of_that_groups_fields_only():

@@ -1,62 +1,24 @@
-"""The import-cycle finder: every import counts, wherever it stands; app_common itself has no cycle."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
 import pytest
 
-from app_common.imports import import_cycles, import_graph
-from app_common.testing import assert_no_import_cycle
-
-
-def _package(root: Path, name: str, files: dict[str, str]) -> str:
-    folder = root / name
-    folder.mkdir()
-    (folder / "__init__.py").write_text("")
-    for module, text in files.items():
-        (folder / f"{module}.py").write_text(text)
-    return name
-
-
-@pytest.fixture
-def on_path(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield tmp_path
-    for name in [m for m in sys.modules if m.startswith("pkg_")]:
-        del sys.modules[name]
-
-
-def test_an_import_inside_a_function_closes_a_cycle(on_path):
-    name = _package(
-        on_path,
-        "pkg_function",
-        {"a": "from pkg_function.b import x\n", "b": "def f():\n    from pkg_function.a import y\n"},
-    )
-    assert import_cycles(name) == [["pkg_function.a", "pkg_function.b"]]
-
-
-def test_an_import_under_type_checking_closes_a_cycle(on_path):
-    files = {
-        "a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n",
-        "b": "from .a import y\n",
-    }
-    name = _package(on_path, "pkg_typing", files)
-    assert import_cycles(name) == [["pkg_typing.a", "pkg_typing.b"]]
-
-
-def test_from_a_package_import_a_module_is_an_edge_to_the_module(on_path):
-    name = _package(on_path, "pkg_edges", {"a": "from pkg_edges import b\n", "b": "X = 1\n"})
-    assert import_graph(name)["pkg_edges.a"] == {"pkg_edges.b"}
-
-
-def test_a_chain_of_imports_is_no_cycle(on_path):
-    name = _package(
-        on_path, "pkg_chain", {"a": "import pkg_chain.b\n", "b": "from pkg_chain import c\n", "c": ""}
-    )
-    assert import_cycles(name) == []
+from app_common.cli import app_parser
+from app_common.testing import assert_app_contract
+from spectraformer_core.testing import assert_no_import_cycle
 
 
 def test_app_common_has_no_import_cycle():
     assert_no_import_cycle("app_common")
+
+
+def test_the_app_contract_is_the_flag_vocabulary_and_an_acyclic_import_graph(tmp_path, monkeypatch):
+    parser, commands = app_parser("toy", "A toy app.")
+    for name in ("train", "quick", "report", "list"):
+        commands.add_parser(name)
+    assert_app_contract(parser, "app_common")
+    with pytest.raises(AssertionError, match="flag vocabulary"):
+        assert_app_contract(app_parser("bad", "A bad app.")[0], "app_common")
+    (tmp_path / "toy_cyclic").mkdir()
+    for module, other in (("__init__", "a"), ("a", "b"), ("b", "a")):
+        (tmp_path / "toy_cyclic" / f"{module}.py").write_text(f"from toy_cyclic import {other}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AssertionError, match=r"toy_cyclic: import cycles toy_cyclic.a <-> toy_cyclic.b"):
+        assert_app_contract(parser, "toy_cyclic")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from app_common import read_safetensors, write_safetensors
+from app_common.safetensors import read_safetensors, write_safetensors
 
 
 def test_safetensors_round_trip_keeps_names_dtypes_shapes_and_values(tmp_path):

@@ -1,11 +1,22 @@
-"""`relative_error`, `assert_rel_close`, `seeded_randn` and `torch_threads`: what the tests share."""
+"""`relative_error`, `assert_rel_close`, `seeded_randn`, `torch_threads` and the import-cycle finder (every
+import counts, wherever it stands): what the tests share."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from spectraformer_core.testing import assert_rel_close, relative_error, seeded_randn, torch_threads
+from spectraformer_core.testing import (
+    assert_no_import_cycle,
+    assert_rel_close,
+    import_cycles,
+    import_graph,
+    relative_error,
+    seeded_randn,
+    torch_threads,
+)
 
 REFERENCE = torch.tensor([[3.0, 0.0], [0.0, 4.0]], dtype=torch.float64)  # norm 5
 OFF_BY_A_TENTH = REFERENCE + torch.tensor([[0.0, 0.3], [0.4, 0.0]], dtype=torch.float64)  # norm 0.5 off
@@ -76,3 +87,71 @@ def test_torch_threads_restores_the_count_after_an_exception():
     with pytest.raises(RuntimeError), torch_threads(2 if before == 1 else 1):
         raise RuntimeError("inside")
     assert torch.get_num_threads() == before
+
+
+def _package(root: Path, name: str, files: dict[str, str]) -> str:
+    folder = root / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    for module, text in files.items():
+        (folder / f"{module}.py").write_text(text)
+    return name
+
+
+@pytest.fixture
+def on_path(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("pkg_")]:
+        del sys.modules[name]
+
+
+def test_an_import_inside_a_function_closes_a_cycle(on_path):
+    name = _package(
+        on_path,
+        "pkg_function",
+        {"a": "from pkg_function.b import x\n", "b": "def f():\n    from pkg_function.a import y\n"},
+    )
+    assert import_cycles(name) == [["pkg_function.a", "pkg_function.b"]]
+
+
+def test_an_import_under_type_checking_closes_a_cycle(on_path):
+    files = {
+        "a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n",
+        "b": "from .a import y\n",
+    }
+    name = _package(on_path, "pkg_typing", files)
+    assert import_cycles(name) == [["pkg_typing.a", "pkg_typing.b"]]
+
+
+def test_from_a_package_import_a_module_is_an_edge_to_the_module(on_path):
+    name = _package(on_path, "pkg_edges", {"a": "from pkg_edges import b\n", "b": "X = 1\n"})
+    assert import_graph(name)["pkg_edges.a"] == {"pkg_edges.b"}
+
+
+def test_a_chain_of_imports_is_no_cycle(on_path):
+    name = _package(
+        on_path, "pkg_chain", {"a": "import pkg_chain.b\n", "b": "from pkg_chain import c\n", "c": ""}
+    )
+    assert import_cycles(name) == []
+
+
+def test_the_cycle_check_names_each_cycle_and_passes_an_acyclic_package(on_path):
+    name = _package(on_path, "pkg_named", {"a": "import pkg_named.b\n", "b": "import pkg_named.a\n"})
+    with pytest.raises(AssertionError, match=r"pkg_named: import cycles pkg_named.a <-> pkg_named.b"):
+        assert_no_import_cycle(name)
+    assert_no_import_cycle(_package(on_path, "pkg_acyclic", {"a": "import pkg_acyclic.b\n", "b": ""}))
+
+
+def test_spectraformer_core_has_no_import_cycle():
+    assert_no_import_cycle("spectraformer_core")
+
+
+def test_a_relative_import_resolves_against_its_package_and_a_name_against_its_module(on_path):
+    name = _package(on_path, "pkg_relative", {"a": "def f():\n    pass\n"})
+    (on_path / name / "sub").mkdir()
+    (on_path / name / "sub" / "__init__.py").write_text("from .x import g\n")
+    (on_path / name / "sub" / "x.py").write_text("from ..a import f\nimport pkg_relative.a.f\n")
+    graph = import_graph(name)
+    assert graph["pkg_relative.sub.x"] == {"pkg_relative.a"}
+    assert graph["pkg_relative.sub"] == {"pkg_relative.sub.x"}

@@ -2,8 +2,8 @@
 
 The weights are ``model.safetensors`` or ``pytorch_model.bin``.
 
-No ``transformers`` is needed: ``app_common.read_safetensors`` and ``write_safetensors`` handle the
-safetensors format (through the ``safetensors`` package, memory-mapped), and ``pytorch_model.bin`` is read
+No ``transformers`` is needed: ``app_common.safetensors.read_safetensors`` and ``write_safetensors`` handle
+the safetensors format (through the ``safetensors`` package, memory-mapped), and ``pytorch_model.bin`` is read
 with ``torch.load(weights_only=True)``. Nothing is downloaded: point ``--weights`` at a folder written by
 ``save_pretrained`` or a hub snapshot already on disk.
 """

@@ -341,7 +341,7 @@ class GPT(nn.Module):
     def configure_optimizers(
         self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
     ) -> torch.optim.AdamW:
-        """AdamW over ``app_common.param_groups``: decay on matrices, none on biases, norms, coefficients."""
+        """AdamW over ``param_groups``: decay on matrices, none on biases, norms, coefficients."""
         groups = param_groups(self, weight_decay)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 

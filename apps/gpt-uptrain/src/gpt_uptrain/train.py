@@ -34,6 +34,7 @@ from app_common.checkpoint import load_checkpoint
 from app_common.distributed import Distributed, evaluation_sums
 from app_common.fields import identity_digest
 from app_common.harness import Trainer
+from app_common.run import Run
 from app_common.schedules import Schedule, schedule
 from app_common.seeding import CALIBRATION_SEED
 from gpt_uptrain import hf
@@ -179,8 +180,8 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
 
     The dense model is built (or loaded) on the CPU, so that the same seed gives the same weights on
     every device, and moved to ``device``; then its MLPs are replaced there, calibrated on a fixed training
-    batch of about `CALIBRATION_TOKENS` tokens (seeded with ``app_common.CALIBRATION_SEED``) and started
-    from ``config.start``.
+    batch of about `CALIBRATION_TOKENS` tokens (seeded with ``app_common.seeding.CALIBRATION_SEED``) and
+    started from ``config.start``.
 
     Raises:
         ValueError: the data's vocabulary does not fit the pretrained model's.
@@ -235,8 +236,8 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
 
     One optimizer step is ``gradient_accumulation_steps`` micro-batches, micro-batch ``j`` of step ``i``
     drawn from ``(seed, i, j)`` and process ``r`` of ``W`` taking ``j = r, r + W, ...``
-    (``app_common.Trainer`` accumulates them, DDP synchronizing on the last), so any number of processes
-    computes the one-process update. Works alone or in every process that ``torchrun`` started.
+    (``app_common.harness.Trainer`` accumulates them, DDP synchronizing on the last), so any number of
+    processes computes the one-process update. Works alone or in every process that ``torchrun`` started.
 
     Args:
         config: the run.
@@ -251,12 +252,12 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             FileNotFoundError: no data or no pretrained folder; MemoryError: the run would not fit the
             device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
-    trainer = Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
-    return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
+    run = Run.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    return run.unless_finished(lambda run: _train(config, run))
 
 
-def _train(config: TrainConfig, trainer: Trainer) -> dict:
-    dist, device = trainer.dist, trainer.device
+def _train(config: TrainConfig, run: Run) -> dict:
+    dist, device = run.dist, run.device
     if config.gradient_accumulation_steps % dist.world_size:
         raise ValueError(
             f"--gradient-accumulation-steps: {config.gradient_accumulation_steps} is not divisible by the "
@@ -272,7 +273,9 @@ def _train(config: TrainConfig, trainer: Trainer) -> dict:
         config.weight_decay, config.lr, (config.beta1, config.beta2), device.type
     )
     transfer = TransferResult()
-    forward = trainer.setup(
+    trainer = Trainer.from_config(
+        config,
+        run,
         model,
         optimizer,
         schedule=lr_schedule(config),
@@ -296,7 +299,7 @@ def _train(config: TrainConfig, trainer: Trainer) -> dict:
         x, y = data.batch(
             "train", config.batch_size, block_size, seed=(config.seed, step, micro), device=device
         )
-        return forward(x, y)[1]
+        return trainer.forward(x, y)[1]
 
     tokens_per_step = config.gradient_accumulation_steps * config.batch_size * block_size
     if dist.is_main:
@@ -334,7 +337,7 @@ def _train(config: TrainConfig, trainer: Trainer) -> dict:
             "tokenizer": data.meta["tokenizer"],
             "vocab_size": data.vocab_size,
             "python": platform.python_version(),
-            "log": str(trainer.log_path),
+            "log": str(run.log_path),
         },
     )
     if dist.is_main:

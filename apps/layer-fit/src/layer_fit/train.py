@@ -2,7 +2,7 @@
 
 Each run is full-batch Adam on the MSE between the model's output and the standardized targets, with a
 cosine learning-rate decay to 0 over ``steps`` and the gradient norm clipped at ``grad_clip``, run by
-``app_common.Trainer``; the reported figure is the train MSE of the final model (evaluated once more
+``app_common.harness.Trainer``; the reported figure is the train MSE of the final model (evaluated once more
 after the last step), next to the two floors of [`layer_fit.floors`][layer_fit.floors]. Every run has
 its folder ``<out>/runs/<run_name>/`` (checkpoint every ``checkpoint_every`` steps, log, record) and one
 JSON line in ``<out>/results.jsonl``; a killed run resumes from its checkpoint (refused under another
@@ -29,6 +29,7 @@ from app_common.grid import run_grid
 from app_common.harness import Trainer
 from app_common.records import RESULTS, flat_record
 from app_common.results import read_jsonl
+from app_common.run import Run
 from app_common.schedules import schedule
 from layer_fit.config import FitConfig
 from layer_fit.data import LayerData, make_data
@@ -56,7 +57,7 @@ def fit_one(
 ) -> dict:
     """Train ``method`` at ``budget`` with ``seed`` on ``data``; returns the run's record.
 
-    The run goes through ``app_common.Trainer`` under ``<out>/runs/<run_name>/`` (resumed from its
+    The run goes through ``app_common.harness.Trainer`` under ``<out>/runs/<run_name>/`` (resumed from its
     checkpoint under ``config.resume``, checkpointed every ``config.checkpoint_every`` steps, its record
     written there and appended to ``<out>/results.jsonl``); without ``out`` in a temporary folder that is
     removed afterwards. A loss that stops being finite ends the run as diverged (``diverged_at_step``).
@@ -80,7 +81,7 @@ def fit_one(
                 sigma=sigma, on_checkpoint=on_checkpoint,
             )  # fmt: skip
     name = run_name(data.activation, method, budget, seed)
-    trainer = Trainer.from_config(
+    run = Run.from_config(
         config,
         name=name,
         on_save=on_checkpoint,
@@ -88,11 +89,9 @@ def fit_one(
         identity={"run": name, **config.protocol()},  # the grid point is in the name
         seed=seed,
         device=device,
-        on_nan="stop",
-        show_progress=progress,
         distributed=False,
     )
-    if (record := trainer.finished()) is not None:
+    if (record := run.finished()) is not None:
         return record
     model = build(
         method,
@@ -109,7 +108,15 @@ def fit_one(
     with torch.no_grad():
         initial = float(_loss(model, data, config, device))  # the built model: the same on every resume
     adam = torch.optim.Adam(model.parameters(), lr=config.lr)
-    trainer.setup(model, adam, schedule=schedule("cosine", 0, config.steps))
+    trainer = Trainer.from_config(
+        config,
+        run,
+        model,
+        adam,
+        schedule=schedule("cosine", 0, config.steps),
+        on_nan="stop",
+        show_progress=progress,
+    )
     trainer.fit(lambda step, batch: _loss(model, data, config, device))
     model.eval()
     final = math.nan
@@ -120,9 +127,7 @@ def fit_one(
         trainer.diverged_at if math.isfinite(final) or trainer.diverged_at is not None else config.steps
     )
     curve = [
-        [r["step"], r["train_loss"]]
-        for r in read_jsonl(trainer.log_path, missing_ok=True)
-        if "train_loss" in r
+        [r["step"], r["train_loss"]] for r in read_jsonl(run.log_path, missing_ok=True) if "train_loss" in r
     ]
     record = trainer.record(
         config,

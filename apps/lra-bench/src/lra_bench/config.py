@@ -183,8 +183,8 @@ def run_name(config: TrainConfig) -> str:
     """The run's identity: task, attention, features, seed and a digest of the other identity settings.
 
     ``listops-oprf-fastfoodl-f128-s0-3f2a9c1e``: its checkpoint folder, and the key by which a sweep
-    knows a run is done. The digest covers [`app_common.run_identity`][app_common.fields.run_identity] (Table
-    6 filled in).
+    knows a run is done. The digest covers
+    [`app_common.fields.run_identity`][app_common.fields.run_identity] (Table 6 filled in).
     """
     digest = identity_digest(config)
     model = config.model

@@ -3,12 +3,12 @@
 ``lra-bench quick`` trains at 100 tokens, where softmax attention is the fastest; this table, printed beside
 its Table 1, shows the same attentions at 1K, 4K, 8K and 16K tokens. Each point is one forward+backward of
 ``rf_attention.create(name, dim, heads, num_features=...)`` (the Table 6 model's layer width and heads)
-on ``x (1, N, dim)`` on the CPU, timed (``app_common.Timer``) and with its peak memory
-(``app_common.PeakMemoryMeter``, glibc's mmap threshold fixed so that the resident peak counts the tensors
-alive at once), after one forward+backward at the shortest length. One run per point, so the ratios move
-with the machine's load (the Performance page has the careful measurement, with the time measured apart
-from the memory). Softmax's quadratic cost sets the table's time: about 8 s in all on a 2-core machine at
-one thread, 5 s of it softmax's forward+backward at 16K.
+on ``x (1, N, dim)`` on the CPU, timed (``app_common.measure.Timer``) and with its peak memory
+(``app_common.measure.PeakMemoryMeter``, glibc's mmap threshold fixed so that the resident peak counts the
+tensors alive at once), after one forward+backward at the shortest length. One run per point, so the ratios
+move with the machine's load (the Performance page has the careful measurement, with the time measured apart
+from the memory). Softmax's quadratic cost sets the table's time: about 8 s in all on a 2-core machine at one
+thread, 5 s of it softmax's forward+backward at 16K.
 """
 
 from __future__ import annotations

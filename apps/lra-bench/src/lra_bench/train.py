@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 import lra_data
 from app_common.distributed import Distributed, evaluation_sums
 from app_common.harness import TrainData, Trainer
+from app_common.run import Run
 from app_common.schedules import param_groups, schedule
 from lra_bench.config import TrainConfig, run_name
 from lra_bench.model import LRAClassifier
@@ -142,7 +143,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     Returns the record, or None when the run finished earlier. Works alone or in every process that
     ``torchrun`` started (DistributedDataParallel). The record goes to ``<out>/results.jsonl`` and
     ``<out>/runs/<run_name>/record.json``, the checkpoint and log to ``<out>/runs/<run_name>/``
-    (``app_common.Trainer``).
+    (``app_common.harness.Trainer``).
 
     Args:
         config: the run (Table 6 already filled in).
@@ -153,13 +154,13 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         ValueError: bad settings, data or checkpoint (each names what is wrong).
         FileNotFoundError: no cache for the task under ``config.data``.
     """
-    trainer = Trainer.from_config(config, name=run_name(config), on_save=on_checkpoint)
-    return trainer.run_unless_finished(lambda trainer: _train(config, trainer))
+    run = Run.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    return run.unless_finished(lambda run: _train(config, run))
 
 
-def _train(config: TrainConfig, trainer: Trainer) -> dict:
+def _train(config: TrainConfig, run: Run) -> dict:
     """Build the model of Table 6, train it through the harness, test the best weights, write the record."""
-    dist = trainer.dist
+    dist = run.dist
     train_set = lra_data.load(config.task, "train", config.data)
     val_set, val_split = _validation_split(config)
     test_set = lra_data.load(config.task, "test", config.data)
@@ -170,12 +171,14 @@ def _train(config: TrainConfig, trainer: Trainer) -> dict:
         pair=train_set.pair,
         max_length=config.max_length,
         seed=config.seed,
-    ).to(trainer.device)
+    ).to(run.device)
     optimizer = torch.optim.AdamW(
         param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999), eps=1e-6
     )
     best = BestWeights(model)
-    forward = trainer.setup(
+    trainer = Trainer.from_config(
+        config,
+        run,
         model,
         optimizer,
         schedule=schedule("linear", config.warmup_steps, config.steps),
@@ -184,8 +187,8 @@ def _train(config: TrainConfig, trainer: Trainer) -> dict:
     )
 
     def loss(step: int, batch: Any) -> torch.Tensor:
-        *inputs, labels = (t.to(trainer.device, non_blocking=True) for t in batch)
-        return F.cross_entropy(forward(*inputs).float(), labels)
+        *inputs, labels = (t.to(run.device, non_blocking=True) for t in batch)
+        return F.cross_entropy(trainer.forward(*inputs).float(), labels)
 
     def validate(step: int) -> dict[str, float]:
         accuracy = evaluate(model, val_set, config, dist, max_batches=config.eval_batches)
@@ -213,9 +216,9 @@ def _train(config: TrainConfig, trainer: Trainer) -> dict:
         },
     )
     record["stopped"] = trainer.stopped or "max_steps"
-    if trainer.is_main:
+    if run.is_main:
         print(
-            f"{trainer.name}: test accuracy {test_accuracy:.4f} (best val {best.accuracy:.4f} at step "
+            f"{run.name}: test accuracy {test_accuracy:.4f} (best val {best.accuracy:.4f} at step "
             f"{best.step}), {trainer.step} steps, {trainer.train_seconds:.1f} s"
         )
     return trainer.finish(record)

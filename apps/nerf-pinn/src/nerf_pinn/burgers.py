@@ -19,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-import app_common as ac
+from spectraformer_core import check_int
 
 NU = 0.01 / math.pi
 """The viscosity ``0.01 / pi`` of the classic benchmark."""
@@ -35,7 +35,7 @@ def hermite_nodes(n: int, dtype: torch.dtype = torch.float64) -> tuple[torch.Ten
 
     numpy's ``hermgauss`` (Golub-Welsch with Newton refinement) is used because torch has no such routine.
     """
-    ac.check_int("quadrature_nodes", n, 1, maximum=MAX_NODES)
+    check_int("quadrature_nodes", n, 1, maximum=MAX_NODES)
     z, w = np.polynomial.hermite.hermgauss(n)
     return torch.tensor(z, dtype=dtype), torch.tensor(np.log(w), dtype=dtype)
 

@@ -17,8 +17,15 @@ from typing import ClassVar
 
 from torch import nn
 
-import app_common as ac
 import ralimp
+from app_common.fields import (
+    LayerFields,
+    OptimizerFields,
+    OutputFields,
+    RuntimeFields,
+    check_int_fields,
+    option,
+)
 from nerf_pinn.layers import DENSE, FIT_MODES, KINDS
 
 REPLACED_LAYERS: dict[str, Callable[[int], list[int]]] = {
@@ -46,7 +53,7 @@ def _help(text: str, **extra) -> dict:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.OutputFields):
+class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
     """Settings every family shares: which variants, their feature budget, seed, optimizer, output, resuming.
 
     A variant's identity (what its checkpoint must match to be resumed) is every setting except layer,
@@ -55,13 +62,13 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("layer", "checkpoint_every", "time_repeats")
 
-    layer: tuple[str, ...] = ac.option(
+    layer: tuple[str, ...] = option(
         "layer",
         KINDS,
         help="the variants compared (several values)",
         choices=KINDS,
     )
-    features: int = ac.option("features", 32)
+    features: int = option("features", 32)
     poly_degree: int = field(default=2, metadata=_help("K of RaLiMP and EUGen"))
     num_atoms: int = field(default=1, metadata=_help("J, the atoms of RaLiMP's rational fit"))
     num_freqs: int = field(
@@ -98,11 +105,11 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             choices=FIT_MODES,
         ),
     )
-    seed: int = ac.option("seed", 0)
-    lr: float = ac.option("lr", 1e-3, help="Adam")
-    grad_clip: float = ac.option("grad_clip", 0.0)
-    out: Path = ac.option("out", Path("results/nerf-pinn"))
-    checkpoint_every: int = ac.option("checkpoint_every", 200)
+    seed: int = option("seed", 0)
+    lr: float = option("lr", 1e-3, help="Adam")
+    grad_clip: float = option("grad_clip", 0.0)
+    out: Path = option("out", Path("results/nerf-pinn"))
+    checkpoint_every: int = option("checkpoint_every", 200)
     time_repeats: int = field(default=10, metadata=_help("interleaved rounds of the inference timing"))
 
     def __post_init__(self) -> None:
@@ -120,8 +127,8 @@ class CompareConfig(ac.RuntimeFields, ac.OptimizerFields, ac.LayerFields, ac.Out
             raise ValueError(f"--fit-range: expected a half-width >= 0, got {self.fit_range!r}")
         if self.fit not in FIT_MODES:
             raise ValueError(f"--fit: expected one of {list(FIT_MODES)}, got {self.fit!r}")
-        ac.check_int_fields(self, "time_repeats", "num_freqs")
-        ac.check_int_fields(self, "checkpoint_every", minimum=0)
+        check_int_fields(self, "time_repeats", "num_freqs")
+        check_int_fields(self, "checkpoint_every", minimum=0)
 
     def balance_value(self) -> float | str:
         """``balance`` as ``ralimp.create`` takes it: ``"auto"`` or a positive number."""
@@ -160,12 +167,12 @@ class PinnConfig(CompareConfig):
     #: More L-BFGS steps continue a run (its first steps are those of the longer run).
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (*CompareConfig.MAY_CHANGE_ON_RESUME, "lbfgs_steps")
 
-    out: Path = ac.option("out", Path("results/nerf-pinn/pinn"))
+    out: Path = option("out", Path("results/nerf-pinn/pinn"))
     depth: int = field(default=8, metadata=_help("hidden layers"))
     width: int = field(default=20, metadata=_help("units per hidden layer"))
     num_boundary: int = field(default=100, metadata=_help("initial and boundary points"))
     num_collocation: int = field(default=1000, metadata=_help("collocation points of the residual"))
-    steps: int = ac.option("steps", 1000, help="Adam steps (L-BFGS follows)")
+    steps: int = option("steps", 1000, help="Adam steps (L-BFGS follows)")
     lbfgs_steps: int = field(default=30, metadata=_help("L-BFGS-B steps after Adam (checkpointed between)"))
     lbfgs_iterations: int = field(default=20, metadata=_help("L-BFGS-B iterations per step (a fresh memory)"))
     lbfgs_tolerance_grad: float = field(
@@ -186,7 +193,7 @@ class PinnConfig(CompareConfig):
     def __post_init__(self) -> None:
         """The shared checks, a positive ``lbfgs_iterations`` and a known precision."""
         super().__post_init__()
-        ac.check_int_fields(self, "lbfgs_iterations")
+        check_int_fields(self, "lbfgs_iterations")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision: expected one of {list(PRECISIONS)}, got {self.precision!r}")
 
@@ -201,13 +208,13 @@ class SirenConfig(CompareConfig):
     (``configs/siren-paper.toml``).
     """
 
-    out: Path = ac.option("out", Path("results/nerf-pinn/siren"))
+    out: Path = option("out", Path("results/nerf-pinn/siren"))
     image: Path | None = field(default=None, metadata=_help("an image file (default: skimage's camera)"))
     size: int = field(default=96, metadata=_help("the image is resized to size x size"))
     depth: int = field(default=4, metadata=_help("sine layers (the first one included)"))
     width: int = field(default=64, metadata=_help("units per layer"))
     omega_0: float = field(default=30.0, metadata=_help("SIREN's frequency factor"))
-    steps: int = ac.option("steps", 400, help="Adam steps (full batch)")
+    steps: int = option("steps", 400, help="Adam steps (full batch)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,8 +226,8 @@ class NerfConfig(CompareConfig):
     256 with the skip at layer 4, view directions, 64 samples per ray (``configs/nerf-paper.toml``).
     """
 
-    out: Path = ac.option("out", Path("results/nerf-pinn/nerf"))
-    weight_matrix: str = ac.option(
+    out: Path = option("out", Path("results/nerf-pinn/nerf"))
+    weight_matrix: str = option(
         "weight_matrix",
         "orf",
         help="orf here: orthogonal projections, a RaLiMP NeRF far less seed-dependent than with base",
@@ -263,7 +270,7 @@ class NerfConfig(CompareConfig):
     near: float | None = field(default=None, metadata=_help("near bound (default: the data's)"))
     far: float | None = field(default=None, metadata=_help("far bound (default: the data's)"))
     batch_rays: int = field(default=256, metadata=_help("rays per step"))
-    steps: int = ac.option("steps", 1200, help="Adam steps")
+    steps: int = option("steps", 1200, help="Adam steps")
     eval_views: int = field(default=4, metadata=_help("held-out views rendered for PSNR"))
 
 

@@ -2,17 +2,17 @@
 
 A family (PINN, SIREN, NeRF) gives a `Family`: how to build each variant, its training loss, optimizers
 and phases, evaluation, inference and plots. `compare` trains the variants one after the other through
-``app_common.Trainer`` (`train_variant`: ``<out>/runs/<kind>/``, resumed from its checkpoint, a finished
-one only restored), then times the
-inference of all of them in interleaved rounds so that each ratio to the dense model is measured in the
-same run under the same load, and writes ``results.jsonl``, ``results.md``, ``results.csv`` and the
-family's plots.
+``app_common.harness.Trainer`` (`train_variant`: ``<out>/runs/<kind>/``, resumed from its checkpoint,
+a finished one only restored), then times the inference of all of them in interleaved rounds so that each
+ratio to the dense model is measured in the same run under the same load, and writes ``results.jsonl``,
+``results.md``, ``results.csv`` and the family's plots.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,16 @@ from typing import Any
 import torch
 from torch import nn
 
-import app_common as ac
+import app_common.results
 import ralimp
+from app_common.config import config_dict
+from app_common.device import resolve_device
+from app_common.fields import run_identity
+from app_common.harness import Trainer
+from app_common.measure import count_parameters, interleaved_medians
+from app_common.records import RESULTS
+from app_common.results import markdown_table, read_jsonl
+from app_common.run import Run
 from nerf_pinn.config import CompareConfig
 from nerf_pinn.layers import DENSE, SHAPE_OPTIONS, inference_parameters, linearize
 
@@ -38,7 +46,7 @@ class Family(abc.ABC):
 
     def __init__(self, config: CompareConfig) -> None:
         self.config = config
-        self.device = ac.resolve_device(config.device)
+        self.device = resolve_device(config.device)
         if config.threads:
             torch.set_num_threads(config.threads)
 
@@ -105,20 +113,32 @@ class Family(abc.ABC):
 
     def settings(self) -> dict[str, Any]:
         """What the records say about the setting (the config, as plain values)."""
-        return ac.config_dict(self.config)
+        return config_dict(self.config)
 
-    def trainer(self, kind: str, on_checkpoint: Callable[[int], None] | None = None) -> ac.Trainer:
-        """The harness of variant ``kind``: ``<out>/runs/<kind>/``, one log line per step, NaN stops it."""
-        return ac.Trainer.from_config(
+    def run(self, kind: str, on_checkpoint: Callable[[int], None] | None = None) -> Run:
+        """The run of variant ``kind``: ``<out>/runs/<kind>/`` under its `identity`, seeded with ``seed``."""
+        return Run.from_config(
             self.config,
             name=kind,
             on_save=on_checkpoint,
             identity=self.identity(kind),
-            steps=sum(count for _, count in self.phases()),
             device=self.device,
+            distributed=False,
+        )
+
+    def trainer(self, run: Run, model: nn.Module) -> Trainer:
+        """The harness of a variant's ``model``: its optimizers, phases, a log line per step, NaN stops it."""
+        optimizers, phases = self.optimizers(model), self.phases()
+        return Trainer.from_config(
+            self.config,
+            run,
+            model,
+            optimizers,
+            steps=sum(count for _, count in phases),
+            phases=phases,
+            state=self.training_state(),
             log_every=1,
             on_nan="stop",
-            distributed=False,
         )
 
     def identity(self, kind: str) -> dict[str, Any]:
@@ -128,7 +148,7 @@ class Family(abc.ABC):
         comparison is the dense run of another that differs only in, say, RaLiMP's fit.
         """
         unused = set(layer_settings(None)) - set(layer_settings(kind))
-        settings = {k: v for k, v in ac.run_identity(self.config).items() if k not in unused}
+        settings = {k: v for k, v in run_identity(self.config).items() if k not in unused}
         return {"family": self.name, "kind": kind, **settings}
 
 
@@ -142,7 +162,9 @@ def layer_settings(kind: str | None) -> tuple[str, ...]:
 
 
 def format_metric(value: float) -> str:
-    """A metric in the table: 3 significant digits."""
+    """A metric in the table: 3 significant digits; ``not finite`` for inf and NaN."""
+    if not math.isfinite(value):
+        return "not finite"
     return f"{value:.3g}" if abs(value) < 1e-2 or abs(value) >= 1e3 else f"{value:.4g}"
 
 
@@ -172,11 +194,11 @@ def results_table(records: list[dict], metric: str) -> str:
             str(r["inference_params"]),
             f"{r['time_ratio']:.2f}",
             f"{r['train_seconds']:.0f}",
-            f"{r['final_loss']:.3g}",
+            format_metric(r["final_loss"]),
         ]
         for r in records
     ]
-    return ac.markdown_table(header, rows)
+    return markdown_table(header, rows)
 
 
 def write_csv(records: list[dict], metric: str, path: Path) -> Path:
@@ -192,7 +214,7 @@ def write_csv(records: list[dict], metric: str, path: Path) -> Path:
         "initial_loss",
         "final_loss",
     ]
-    return ac.write_csv(path, columns, ([r[c] for c in columns] for r in records))
+    return app_common.results.write_csv(path, columns, ([r[c] for c in columns] for r in records))
 
 
 def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = None) -> list[dict]:
@@ -224,7 +246,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
                 family.metric: evaluation[family.metric],
                 **{k: v for k, v in evaluation.items() if k not in ("outputs", family.metric)},
                 **family.summary(),
-                "params": ac.count_parameters(model),
+                "params": count_parameters(model),
                 "inference_params": inference_parameters(model),
                 "fits": ralimp.fit_summary(model),
                 "train_seconds": trainer.train_seconds,
@@ -238,7 +260,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
     for model in models.values():
         model.eval()
     with torch.no_grad():
-        times = ac.interleaved_medians(
+        times = interleaved_medians(
             {kind: functools.partial(family.infer, model) for kind, model in models.items()},
             repeats=config.time_repeats,
             device=family.device,
@@ -246,7 +268,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
     for record in records:
         record["inference_seconds"] = times[record["kind"]]
         record["time_ratio"] = times[record["kind"]] / times[DENSE]
-    results = out / ac.RESULTS
+    results = out / RESULTS
     results.unlink(missing_ok=True)
     for record in records:
         metrics = {family.metric: record[family.metric], "time_ratio": record["time_ratio"]}
@@ -263,15 +285,15 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
 
 def train_variant(
     family: Family, kind: str, *, on_checkpoint: Callable[[int], None] | None = None
-) -> tuple[ac.Trainer, nn.Module, list[float]]:
-    """Variant ``kind`` trained through ``app_common.Trainer`` (or loaded: a finished one only restores).
+) -> tuple[Trainer, nn.Module, list[float]]:
+    """Variant ``kind`` trained through the harness (or loaded: a finished one only restores).
 
     Returns:
         The harness (its ``train_seconds``, ``diverged_at``, ``record``), the model and the per-step losses.
     """
-    trainer = family.trainer(kind, on_checkpoint)
+    run = family.run(kind, on_checkpoint)
     model = family.build(kind)  # seeds itself: the same model fresh or resumed
-    trainer.setup(model, family.optimizers(model), phases=family.phases(), state=family.training_state())
+    trainer = family.trainer(run, model)
 
     def loss(step: int, batch: object) -> torch.Tensor:
         reason = family.stop_reason()
@@ -280,7 +302,7 @@ def train_variant(
         return family.loss(model, step)
 
     trainer.fit(loss)
-    losses = [r["train_loss"] for r in ac.read_jsonl(trainer.log_path, missing_ok=True) if "train_loss" in r]
+    losses = [r["train_loss"] for r in read_jsonl(run.log_path, missing_ok=True) if "train_loss" in r]
     return trainer, model, losses
 
 

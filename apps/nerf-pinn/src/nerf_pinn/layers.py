@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import ralimp
+from spectraformer_core import check_int
 
 DENSE = "dense"
 KINDS = (DENSE, "ralimp", "snnk", "eugen")
@@ -65,6 +66,46 @@ class FeedForward(nn.Module):
     def extra_repr(self) -> str:
         """The activation and the scale."""
         return f"activation={self.activation_name!r}, scale={self.scale:g}"
+
+
+class FeedForwardStack(nn.Module):
+    """``depth`` `FeedForward` layers of ``width`` units, then a linear head (the PINN's and SIREN's form).
+
+    ``layers`` is the stack `linearize` replaces in; a subclass's ``forward`` prepares the input of `stack`.
+
+    Args:
+        in_features: input dimension.
+        out_features: output dimension.
+        depth: layers of the stack.
+        width: units per layer.
+        activation: a name of `ACTIVATIONS`, of every layer.
+        scale: every layer's pre-activation factor.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        depth: int,
+        width: int,
+        activation: str,
+        *,
+        scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        check_int("depth", depth, 1)
+        check_int("width", width, 1)
+        self.layers = nn.ModuleList(
+            FeedForward(in_features if i == 0 else width, width, activation, scale=scale)
+            for i in range(depth)
+        )
+        self.head = nn.Linear(width, out_features)
+
+    def stack(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers, then the head: ``(..., in_features)`` -> ``(..., out_features)``."""
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
 
 
 #: The layer options (``--poly-degree``, ``--num-atoms``, ``--num-freqs``, ``--balance``, ``--fit``) each kind

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-import app_common as ac
+from app_common.seeding import seed_everything
 from nerf_pinn.config import NerfConfig, replaced_layers
 from nerf_pinn.experiment import Family
 from nerf_pinn.layers import DENSE, FeedForward
 from nerf_pinn.render import camera_rays, positional_encoding, stratified_samples, volume_render
 from nerf_pinn.scenes import Scene, load_scene, render_synthetic_scene
 from nerf_pinn.siren import psnr
+from spectraformer_core import check_int
 
 
 class NeRF(nn.Module):
@@ -41,8 +42,8 @@ class NeRF(nn.Module):
         self, depth: int = 8, width: int = 256, skip: int = 4, pos_freqs: int = 10, dir_freqs: int = 4
     ) -> None:
         super().__init__()
-        ac.check_int("depth", depth, 1)
-        ac.check_int("width", width, 1)
+        check_int("depth", depth, 1)
+        check_int("width", width, 1)
         if skip >= depth or skip == 0:
             raise ValueError(f"skip: expected -1 or a trunk layer in [1, {depth - 1}], got {skip}")
         self.pos_freqs, self.dir_freqs, self.skip = pos_freqs, dir_freqs, skip
@@ -143,7 +144,7 @@ class NerfFamily(Family):
     def build(self, kind: str) -> nn.Module:
         """The NeRF; for a linearized kind the trunk layers chosen by ``--replace`` replaced."""
         config = self.config
-        ac.seed_everything(config.seed)
+        seed_everything(config.seed)
         model = NeRF(config.depth, config.width, config.skip, config.pos_freqs, config.dir_freqs).to(
             self.device
         )

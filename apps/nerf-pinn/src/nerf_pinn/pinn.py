@@ -17,14 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
-import app_common as ac
+from app_common.device import autocast
+from app_common.seeding import seed_everything
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig, replaced_layers
 from nerf_pinn.experiment import Family
-from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForwardStack, stack_inputs
 
 
-class PINN(nn.Module):
+class PINN(FeedForwardStack):
     """``u(t, x)``: ``depth`` tanh layers of ``width`` units and a linear output, Xavier-normal initialized.
 
     Args:
@@ -33,11 +34,7 @@ class PINN(nn.Module):
     """
 
     def __init__(self, depth: int = 8, width: int = 20) -> None:
-        super().__init__()
-        ac.check_int("depth", depth, 1)
-        ac.check_int("width", width, 1)
-        self.layers = nn.ModuleList(FeedForward(2 if i == 0 else width, width, "tanh") for i in range(depth))
-        self.head = nn.Linear(width, 1)
+        super().__init__(2, 1, depth, width, "tanh")
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_normal_(module.weight)
@@ -52,10 +49,7 @@ class PINN(nn.Module):
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``u(t, x)`` with the shape of ``t`` (and ``x``)."""
-        h = self.normalize(t, x)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h).squeeze(-1)
+        return self.stack(self.normalize(t, x)).squeeze(-1)
 
 
 def training_points(
@@ -181,7 +175,7 @@ class PinnFamily(Family):
     def build(self, kind: str) -> nn.Module:
         """The PINN; for a linearized kind its hidden layers (or all layers) replaced."""
         config = self.config
-        ac.seed_everything(config.seed)
+        seed_everything(config.seed)
         model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
             sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
@@ -197,7 +191,7 @@ class PinnFamily(Family):
         """Initial/boundary misfit plus PDE residual, both mean squared (derivatives in ``precision``)."""
         t_f = self.t_f.clone().requires_grad_(True)
         x_f = self.x_f.clone().requires_grad_(True)
-        with ac.autocast(self.device, self.config.dtype):
+        with autocast(self.device, self.config.dtype):
             u_f, u_b = model(t_f, x_f), model(self.t_b, self.x_b)
         residual = burgers_residual(u_f.to(self.dtype), t_f, x_f, nu=NU)
         misfit = u_b.to(self.dtype) - self.u_b

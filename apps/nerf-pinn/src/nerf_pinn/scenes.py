@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import app_common as ac
 from nerf_pinn.render import camera_rays, volume_render
+from spectraformer_core import check_int
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def load_blender(
     from PIL import Image
 
     root = Path(root)
-    ac.check_int("downscale", downscale, 1)
+    check_int("downscale", downscale, 1)
     images, poses, splits, angle = [], [], {}, None
     for split in ("train", "val", "test"):
         meta_path = root / f"transforms_{split}.json"
@@ -205,8 +205,8 @@ def render_synthetic_scene(
     by the golden angle), so held-out views lie between training views.
     """
     path = Path(path)
-    ac.check_int("num_views", num_views, 2)
-    ac.check_int("size", size, 4)  # pixels of the image side
+    check_int("num_views", num_views, 2)
+    check_int("size", size, 4)  # pixels of the image side
     focal = 0.5 * size / math.tan(math.radians(20))
     images, poses = [], []
     golden = math.pi * (3 - math.sqrt(5))

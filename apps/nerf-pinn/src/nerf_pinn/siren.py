@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-import app_common as ac
+from app_common.seeding import seed_everything
 from nerf_pinn.config import SirenConfig, replaced_layers
 from nerf_pinn.experiment import Family
-from nerf_pinn.layers import DENSE, FeedForward, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForwardStack, stack_inputs
+from spectraformer_core import check_int
 
 
 def load_image(path: Path | None, size: int) -> torch.Tensor:
@@ -34,7 +35,7 @@ def load_image(path: Path | None, size: int) -> torch.Tensor:
     import skimage.io
     import skimage.transform
 
-    ac.check_int("size", size, 2)  # the image side
+    check_int("size", size, 2)  # the image side
     if path is None:
         image = skimage.data.camera()
     else:
@@ -62,7 +63,7 @@ def psnr(prediction: torch.Tensor, target: torch.Tensor) -> float:
     return 10 * math.log10(1 / max(mse, 1e-12))
 
 
-class Siren(nn.Module):
+class Siren(FeedForwardStack):
     """``depth`` sine layers of ``width`` units and a linear output (Sitzmann et al.'s initialization).
 
     Args:
@@ -81,13 +82,7 @@ class Siren(nn.Module):
         width: int = 64,
         omega_0: float = 30.0,
     ) -> None:
-        super().__init__()
-        ac.check_int("depth", depth, 1)
-        ac.check_int("width", width, 1)
-        self.layers = nn.ModuleList(
-            FeedForward(in_features if i == 0 else width, width, "sin", scale=omega_0) for i in range(depth)
-        )
-        self.head = nn.Linear(width, out_features)
+        super().__init__(in_features, out_features, depth, width, "sin", scale=omega_0)
         with torch.no_grad():
             for i, layer in enumerate(self.layers):
                 d = layer.linear.in_features
@@ -98,10 +93,7 @@ class Siren(nn.Module):
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
         """``(..., in_features)`` -> ``(..., out_features)``."""
-        h = coords
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h)
+        return self.stack(coords)
 
 
 class SirenFamily(Family):
@@ -121,7 +113,7 @@ class SirenFamily(Family):
     def build(self, kind: str) -> nn.Module:
         """The SIREN; for a linearized kind its sine layers chosen by ``--replace`` replaced."""
         config = self.config
-        ac.seed_everything(config.seed)
+        seed_everything(config.seed)
         model = Siren(2, 1, config.depth, config.width, config.omega_0).to(self.device)
         if kind != DENSE:
             sample = self.coords[torch.randperm(self.coords.shape[0], device=self.device)[:2048]]

@@ -3,8 +3,8 @@
 Top-down (`train`): read the data, build the (pretrained) ViT and replace the MLPs of the last k
 blocks (and their attention with ``--attention``), calibrated on a batch of training images
 (`build`); then AdamW steps under linear warm-up and cosine decay with gradient-norm clipping, run by
-``app_common.Trainer``; every ``eval_every`` steps the evaluation split's accuracy goes to the run's log
-and a checkpoint is saved. At the end the model is evaluated once more and timed for inference against the
+``app_common.harness.Trainer``; every ``eval_every`` steps the evaluation split's accuracy goes to the run's
+log and a checkpoint is saved. At the end the model is evaluated once more and timed for inference against the
 dense model built in the same process and against its compressed form, ``fc2`` folded into each
 linearized ``fc1`` (`final_record`), and one JSON line is appended to the results file.
 
@@ -29,6 +29,7 @@ from app_common.device import autocast
 from app_common.distributed import evaluation_sums
 from app_common.harness import TrainData, Trainer
 from app_common.measure import count_parameters, interleaved_medians
+from app_common.run import Run
 from app_common.schedules import param_groups, schedule
 from app_common.seeding import CALIBRATION_SEED
 from vit_finetune import data as vdata
@@ -81,8 +82,8 @@ def throughput(
     """Inference images per second of each model (eval mode): the median of 3 interleaved rounds.
 
     Each round runs every model ``throughput_repeats`` times on the same batch ``x``, one model after
-    another (``app_common.interleaved_medians``, after one uncounted round), so the models see the same
-    machine load.
+    another (``app_common.measure.interleaved_medians``, after one uncounted round), so the models see the
+    same machine load.
     """
 
     def forward_passes(model: torch.nn.Module) -> Callable[[], None]:
@@ -108,7 +109,7 @@ def calibration_images(
     """The images that calibrate the replaced layers: about `CALIBRATION_TOKENS` tokens' worth.
 
     The first ``ceil(CALIBRATION_TOKENS / tokens per image)`` images of a permutation of the training
-    split seeded with ``app_common.CALIBRATION_SEED``, prepared as in evaluation (no augmentation):
+    split seeded with ``app_common.seeding.CALIBRATION_SEED``, prepared as in evaluation (no augmentation):
     ``(B, 3, S, S)`` on ``device``.
     """
     patch = MODELS.get(config.model).config.patch_size
@@ -188,7 +189,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     """Run (or resume) one fine-tuning run and append its record to ``config.results``.
 
     Returns the record, or None when the run finished earlier. The run's folder is
-    ``<out>/runs/<run_name>/`` (``app_common.Trainer``: checkpoint, log, record).
+    ``<out>/runs/<run_name>/`` (``app_common.harness.Trainer``: checkpoint, log, record).
 
     Args:
         config: the run (None fields take the data set's defaults).
@@ -207,18 +208,11 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
     eval_split = "val" if config.tune else "test"
     steps_per_epoch = max(1, len(fit_set) // config.batch_size)
     total = config.steps or config.epochs * steps_per_epoch
-    trainer = Trainer.from_config(
-        config,
-        name=name,
-        on_save=on_checkpoint,
-        steps=total,
-        eval_every=config.eval_every or steps_per_epoch,
-        distributed=False,
-    )
-    if trainer.finished() is not None:
+    run = Run.from_config(config, name=name, on_save=on_checkpoint, distributed=False)
+    if run.finished() is not None:
         print(f"{name}: finished earlier (see {config.results}); nothing to do")
         return None
-    device = trainer.device
+    device = run.device
     model, spec, changed = build(
         config,
         splits.num_classes,
@@ -232,8 +226,14 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         lr_scales=[(f"{layer}.fc1.", config.replaced_lr_scale) for layer in changed["replaced"]],
     )
     warmup = config.warmup_steps if config.warmup_steps is not None else max(1, round(0.1 * total))
-    forward = trainer.setup(
-        model, torch.optim.AdamW(groups, lr=config.lr), schedule=schedule("cosine", warmup, total)
+    trainer = Trainer.from_config(
+        config,
+        run,
+        model,
+        torch.optim.AdamW(groups, lr=config.lr),
+        steps=total,
+        eval_every=config.eval_every or steps_per_epoch,
+        schedule=schedule("cosine", warmup, total),
     )
     augment = torch.Generator()
 
@@ -248,7 +248,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             augment=config.augment,
             generator=augment,
         )
-        return F.cross_entropy(forward(x).float(), labels.to(device, non_blocking=True))
+        return F.cross_entropy(trainer.forward(x).float(), labels.to(device, non_blocking=True))
 
     eval_loader = batches(splits.split(eval_split), config.batch_size, config.workers)
 
@@ -262,7 +262,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         evaluate=validate,
     )
     metrics, details = final_record(config, model, spec, changed, splits, eval_split, device)
-    details.update(log=str(trainer.log_path), fits=ralimp.fit_summary(model))
+    details.update(log=str(run.log_path), fits=ralimp.fit_summary(model))
     record = trainer.finish(trainer.record(config, metrics=metrics, details=details), results=config.results)
     print(
         f"{name}: {eval_split} accuracy {metrics['accuracy']:.4f}, {record['trainable_parameters']:,} "

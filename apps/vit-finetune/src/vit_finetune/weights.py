@@ -13,8 +13,8 @@ mapped onto it, so neither library is needed:
   ``norm1``/``norm2``, ``intermediate.dense``/``output.dense`` become ``mlp.fc1``/``fc2``; the pooler and
   the classifier are dropped.
 
-Files: ``.safetensors`` (read by ``app_common.read_safetensors``: memory-mapped, and the head's tensors
-are never read), or anything
+Files: ``.safetensors`` (read by ``app_common.safetensors.read_safetensors``: memory-mapped, and the
+head's tensors are never read), or anything
 ``torch.load`` reads with ``weights_only=True`` (``.bin``, ``.pth``, ``.pt``), or a folder holding one of
 them.
 """

@@ -5,9 +5,9 @@ is a frozen, keyword-only dataclass that inherits the groups it needs, and redec
 [`option`][app_common.fields.option] where its default differs:
 
     @dataclass(frozen=True, kw_only=True)
-    class TrainConfig(ac.RuntimeFields, ac.OptimizerFields, ac.OutputFields):
+    class TrainConfig(RuntimeFields, OptimizerFields, OutputFields):
         MAY_CHANGE_ON_RESUME = ("workers",)              # besides the groups' own
-        lr: float = ac.option("lr", 1e-2)                # the vocabulary's help, this app's default
+        lr: float = option("lr", 1e-2)                   # the vocabulary's help, this app's default
         workers: int = field(default=0, metadata={"help": "DataLoader workers"})
 
 The one resume policy ([`Checkpointer`][app_common.checkpoint.Checkpointer]): a run's identity is its settings

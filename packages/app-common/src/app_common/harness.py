@@ -1,24 +1,27 @@
 """The apps' one training harness: the app gives its model, data, loss and evaluation; `Trainer` runs them.
 
 In the spirit of Lightning Fabric and accelerate, an app keeps a short top-down ``train`` and the harness
-owns everything around the step:
+owns everything around the step. A run is set up before its model exists
+([`Run`][app_common.run.Run]: threads, device, process group, seeding, the "finished earlier?" check),
+and its trainer is built from the run and the model's parts, complete when constructed:
 
-    trainer = ac.Trainer.from_config(config, name=name)   # out, seed, steps, device, ... from the config
-    if (record := trainer.finished()) is not None:
-        return record                                    # skip a finished run
-    model = build(...).to(trainer.device)
-    optimizer = torch.optim.AdamW(ac.param_groups(model, config.weight_decay), lr=config.lr)
-    warmup = ac.schedule("cosine", config.warmup_steps, config.steps)
-    forward = trainer.setup(model, optimizer, schedule=warmup)
-    trainer.fit(lambda step, batch: F.cross_entropy(forward(batch[0]), batch[1]),
-                data=ac.TrainData(train_set, config.batch_size, collate), evaluate=lambda step: {...})
+    run = Run.from_config(config, name=name)                 # out, seed, device, ... from the config
+    if (record := run.finished()) is not None:
+        return record                                        # skip a finished run
+    model = build(...).to(run.device)
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr)
+    warmup = schedule("cosine", config.warmup_steps, config.steps)
+    trainer = Trainer.from_config(config, run, model, optimizer, schedule=warmup)  # steps, ... too
+    trainer.fit(lambda step, batch: F.cross_entropy(trainer.forward(batch[0]), batch[1]),
+                data=TrainData(train_set, config.batch_size, collate), evaluate=lambda step: {...})
     return trainer.finish(trainer.record(config, metrics={...}, details={...}))
 
 What the harness does, in order, for every run:
 
-1. **Set-up** (`Trainer.from_config`, the one way every app builds its trainer): CPU threads, the
-   device (``--device``), the process group under ``torchrun`` (DistributedDataParallel), seeding
-   everything with ``seed`` (before the app builds its model).
+1. **Set-up** ([`Run.from_config`][app_common.run.Run.from_config], then `Trainer.from_config`, the one
+   way every app builds its run and trainer): CPU threads, the device (``--device``), the process group
+   under ``torchrun``, seeding everything with ``seed`` (before the app builds its model); then the model
+   compiled (``compile``) and wrapped in DistributedDataParallel under ``torchrun``.
 2. **Resume** (`Trainer.fit`, the apps' one policy): with ``resume`` on and ``runs/<name>/checkpoint.pt``
    saved under the same identity, the model, optimizers, the app's extra ``state`` (stateful objects and
    ``torch.Generator``), every process's random state and the counters are loaded and the log is cut back to
@@ -55,32 +58,23 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from app_common.batches import StepBatches
-from app_common.checkpoint import Checkpointer, rewind_log
-from app_common.device import autocast, device_name, resolve_device
-from app_common.distributed import (
-    Distributed,
-    all_gather_object,
-    all_reduce,
-    barrier,
-    setup_distributed,
-    teardown_distributed,
-)
-from app_common.fields import run_identity
+from app_common.checkpoint import rewind_log
+from app_common.device import device_name
+from app_common.distributed import all_gather_object, all_reduce, barrier
 from app_common.measure import Timer, peak_memory, reset_peak_memory
 from app_common.progress import progress
-from app_common.records import CHECKPOINT, LOG, RECORD, finished_record, make_record, run_dir, write_record
+from app_common.records import make_record, write_record
 from app_common.results import append_jsonl
+from app_common.run import Run, config_settings
 from app_common.schedules import Schedule
 from app_common.seeding import rng_state, seed_everything, set_rng_state
-
-T = TypeVar("T")
 
 #: Optimizers whose ``step`` takes a closure that recomputes the loss (their line search).
 CLOSURE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.LBFGS,)
@@ -89,9 +83,9 @@ CLOSURE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.LBFGS
 NAN_POLICIES = ("raise", "stop")
 
 #: The arguments of `Trainer` that `Trainer.from_config` reads from the configuration's fields of the same
-#: name and that every configuration has (its field groups and its seed).
-REQUIRED_CONFIG_SETTINGS = ("out", "seed", "steps", "device", "dtype", "threads", "resume", "grad_clip")
-#: All it reads: those, and the ones it takes where the configuration has them.
+#: name and that every configuration has (``OptimizerFields``).
+REQUIRED_CONFIG_SETTINGS = ("steps", "grad_clip")
+#: All it reads: those, and the ones it takes where the configuration has them (``EvalFields``, ...).
 CONFIG_SETTINGS = (*REQUIRED_CONFIG_SETTINGS, "log_every", "eval_every", "checkpoint_every")
 
 #: ``loss_fn(step, batch) -> scalar loss``: ``batch`` is the step's batch of `TrainData`, or without data
@@ -132,52 +126,76 @@ def _load_stateful(part: Any, state: Any) -> None:
         part.load_state_dict(state)
 
 
+def _phases(
+    phases: Sequence[tuple[str, int]], optimizers: Mapping[str, torch.optim.Optimizer], steps: int
+) -> list[tuple[str, int]]:
+    """The phases given (checked against the optimizers and ``steps``), or the one optimizer's."""
+    if phases:
+        unknown = [name for name, _ in phases if name not in optimizers]
+        if unknown:
+            raise ValueError(f"phases: {unknown} name no optimizer; expected {sorted(optimizers)}")
+        if sum(count for _, count in phases) != steps:
+            raise ValueError(f"phases: {list(phases)} add up to other than steps={steps}")
+        return list(phases)
+    if len(optimizers) == 1:
+        return [(next(iter(optimizers)), steps)]
+    raise ValueError(f"phases: needed to run several optimizers ({sorted(optimizers)})")
+
+
 class Trainer:
     """One run's training harness (see the module's documentation for the full policy).
 
+    Built from the run and the model's parts, it is complete when constructed: `fit` trains, `record`
+    and `finish` write the record.
+
     Args:
-        name: the run's name: its folder ``<out>/runs/<name>/`` and its progress bar.
-        out: the folder holding ``runs/``.
-        identity: the run's identity (``app_common.run_identity``); a checkpoint of another is refused.
-        seed: the run's seed (everything is seeded with it at construction).
+        run: the run (set up, and its model built on ``run.device``, before the trainer).
+        model: the model, on ``run.device``.
+        optimizers: one optimizer, or several by name (with ``phases``).
         steps: optimizer steps of the run (all phases together).
-        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
-        dtype: autocast precision of the loss (``float32``: none).
-        threads: CPU threads of torch (0: leave torch's default).
-        resume: continue the run's checkpoint (and skip a finished run) if there is one.
+        phases: ``[(optimizer name, steps), ...]`` run one after the other (Adam, then L-BFGS); the
+            steps must add up to ``steps``. Default: the one optimizer for every step.
+        schedule: learning-rate factor of the step (`app_common.schedules.schedule`); None: the groups'
+            learning rates as they are.
+        state: further stateful parts the checkpoint carries (``state_dict``/``load_state_dict``
+            objects and ``torch.Generator``), e.g. the app's counters or a ray generator.
+        extra: plain values saved in every checkpoint (e.g. the model's configuration).
+        compile: ``torch.compile`` the model.
         grad_clip: the gradient norm's bound (0: no clipping).
         log_every: steps between training-loss log lines.
         eval_every: steps between evaluations (None: only after the last step).
         checkpoint_every: steps between checkpoints besides those after evaluations (None or 0: none).
         on_nan: ``raise`` or ``stop`` (see the NaN policy).
         show_progress: draw a progress bar (on the main process).
-        on_save: called with the step after each checkpoint (``app_common.testing.kill_at``).
-        distributed: join the ``torchrun`` process group when there is one (False: one process).
+
+    Attributes:
+        forward: the module the loss calls (compiled, and wrapped in DistributedDataParallel under
+            ``torchrun``).
+        eval_forward: the same without the wrapper (for evaluation).
 
     Raises:
-        ValueError: a bad argument, naming it.
+        ValueError: a bad argument, naming it (phases that name no optimizer or do not add up to
+            ``steps`` among them).
     """
 
     def __init__(
         self,
+        run: Run,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
         *,
-        name: str,
-        out: str | Path,
-        identity: Mapping[str, Any],
-        seed: int,
         steps: int,
-        device: str | torch.device = "auto",
-        dtype: str = "float32",
-        threads: int = 0,
-        resume: bool = True,
+        phases: Sequence[tuple[str, int]] = (),
+        schedule: Schedule | None = None,
+        state: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        compile: bool = False,
         grad_clip: float = 0.0,
         log_every: int = 10,
         eval_every: int | None = None,
         checkpoint_every: int | None = None,
         on_nan: str = "raise",
         show_progress: bool = True,
-        on_save: Callable[[int], None] | None = None,
-        distributed: bool = True,
     ) -> None:
         from spectraformer_core import check_int
 
@@ -187,156 +205,57 @@ class Trainer:
             check_int("eval_every", eval_every, minimum=1)
         if checkpoint_every is not None:
             check_int("checkpoint_every", checkpoint_every, minimum=0)
-        check_int("threads", threads, minimum=0)
-        check_int("seed", seed, minimum=0)
         if on_nan not in NAN_POLICIES:
             raise ValueError(f"on_nan: expected one of {', '.join(NAN_POLICIES)}, got {on_nan!r}")
         if isinstance(grad_clip, bool) or not isinstance(grad_clip, int | float) or grad_clip < 0:
             raise ValueError(f"grad_clip: expected a number >= 0, got {grad_clip!r}")
-        if threads:
-            torch.set_num_threads(threads)
-        self.dist: Distributed = (
-            setup_distributed(device) if distributed else Distributed(device=resolve_device(device))
+        self.optimizers: dict[str, torch.optim.Optimizer] = (
+            {"optimizer": optimizers} if isinstance(optimizers, torch.optim.Optimizer) else dict(optimizers)
         )
-        self.device = self.dist.device
-        self.name, self.out, self.seed, self.steps = name, Path(out), seed, steps
-        self.dir = run_dir(out, name)
-        self.dtype, self.resume, self.grad_clip = dtype, resume, float(grad_clip)
-        self.log_every, self.eval_every = log_every, eval_every
+        self.phases: list[tuple[str, int]] = _phases(phases, self.optimizers, steps)
+        self.run, self.model, self.steps, self.schedule = run, model, steps, schedule
+        self.state, self.extra = dict(state or {}), dict(extra or {})
+        self.grad_clip, self.log_every, self.eval_every = float(grad_clip), log_every, eval_every
         self.checkpoint_every = checkpoint_every or None
         self.on_nan, self.show_progress = on_nan, show_progress
-        self.checkpointer = Checkpointer(self.dir / CHECKPOINT, identity, resume=resume, on_save=on_save)
         self.step = 0
         self.train_seconds = 0.0
         self.stopped: str | None = None
         self.diverged_at: int | None = None
         self.window: list[float] = []  # losses of the steps since the last log line
         self.metrics: dict[str, Any] = {}  # the last evaluation's metrics
-        self.model: torch.nn.Module | None = None
-        self.forward: torch.nn.Module | None = None
-        self.eval_forward: torch.nn.Module | None = None
-        self.optimizers: dict[str, torch.optim.Optimizer] = {}
-        self.phases: list[tuple[str, int]] = []
-        self.schedule: Schedule | None = None
-        self.state: dict[str, Any] = {}
-        self.extra: dict[str, Any] = {}
-        self._peaks: dict[str, list[float]] = {}
+        self._peaks = {name: [g["lr"] for g in o.param_groups] for name, o in self.optimizers.items()}
         self._restored = False
-        seed_everything(seed)
-
-    # ------------------------------------------------------------------------------------------ set-up
-    @property
-    def is_main(self) -> bool:
-        """True on the process that writes logs, checkpoints, records and progress bars."""
-        return self.dist.is_main
-
-    @property
-    def log_path(self) -> Path:
-        """``<out>/runs/<name>/log.jsonl``."""
-        return self.dir / LOG
-
-    def autocast(self) -> contextlib.AbstractContextManager[None]:
-        """Autocast to the run's ``dtype`` on its device (for the app's evaluation)."""
-        return autocast(self.device, self.dtype)
+        forward: torch.nn.Module = torch.compile(model) if compile else model  # type: ignore[assignment]
+        self.eval_forward = forward
+        if run.dist.enabled:
+            ids = [run.device.index] if run.device.type == "cuda" else None
+            forward = DistributedDataParallel(forward, device_ids=ids)
+        self.forward = forward
 
     @classmethod
     def from_config(
-        cls, config: Any, *, name: str, on_save: Callable[[int], None] | None = None, **overrides: Any
+        cls,
+        config: Any,
+        run: Run,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
+        **arguments: Any,
     ) -> Trainer:
         """A trainer set from a configuration of the shared field groups: every app builds its trainer so.
 
-        Each argument of ``CONFIG_SETTINGS`` comes from ``config``'s field of that name: ``out``,
-        ``seed``, ``steps``, ``device``, ``dtype``, ``threads``, ``resume`` and ``grad_clip`` always,
-        ``log_every``, ``eval_every`` and ``checkpoint_every`` where ``config`` has them (else
-        `Trainer`'s defaults). The identity is
-        [`run_identity`][app_common.fields.run_identity]``(config)``. ``overrides`` replace any of these (a
-        grid point's ``seed``, an identity without the grid) or set the other arguments of `Trainer`.
+        Each argument of ``CONFIG_SETTINGS`` comes from ``config``'s field of that name: ``steps`` and
+        ``grad_clip`` always, ``log_every``, ``eval_every`` and ``checkpoint_every`` where ``config`` has
+        them (else `Trainer`'s defaults). ``arguments`` replace any of these (steps counted from the data)
+        or set the other arguments of `Trainer` (``phases``, ``schedule``, ``state``, ...).
 
         Raises:
-            AttributeError: ``config`` lacks a field of ``REQUIRED_CONFIG_SETTINGS`` that ``overrides``
+            AttributeError: ``config`` lacks a field of ``REQUIRED_CONFIG_SETTINGS`` that ``arguments``
                 does not give either.
         """
-        missing = [k for k in REQUIRED_CONFIG_SETTINGS if k not in overrides and not hasattr(config, k)]
-        if missing:
-            raise AttributeError(
-                f"config: {type(config).__name__} has no field {', '.join(missing)}; expected the shared "
-                "field groups (RuntimeFields, OptimizerFields, OutputFields) and a seed, or them as overrides"
-            )
-        given = [k for k in CONFIG_SETTINGS if k not in overrides and hasattr(config, k)]
-        settings = {k: getattr(config, k) for k in given}
-        if "identity" not in overrides:
-            settings["identity"] = run_identity(config)
-        return cls(name=name, on_save=on_save, **settings, **overrides)
-
-    def finished(self) -> dict[str, Any] | None:
-        """The run's record if it finished earlier and ``resume`` is on, else None.
-
-        Without ``resume`` a finished run's record file is removed: the run starts over.
-        """
-        if not self.resume:
-            if self.is_main:
-                (self.dir / RECORD).unlink(missing_ok=True)
-            return None
-        return finished_record(self.out, self.name)
-
-    def setup(
-        self,
-        model: torch.nn.Module,
-        optimizers: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
-        *,
-        phases: Sequence[tuple[str, int]] = (),
-        schedule: Schedule | None = None,
-        state: Mapping[str, Any] | None = None,
-        extra: Mapping[str, Any] | None = None,
-        compile: bool = False,
-    ) -> torch.nn.Module:
-        """Register the model and its optimizers; returns the module the loss function calls.
-
-        Args:
-            model: the model, on `device`.
-            optimizers: one optimizer, or several by name (with ``phases``).
-            phases: ``[(optimizer name, steps), ...]`` run one after the other (Adam, then L-BFGS); the
-                steps must add up to ``steps``. Default: the one optimizer for every step.
-            schedule: learning-rate factor of the step (`app_common.schedule`); None: the groups'
-                learning rates as they are.
-            state: further stateful parts the checkpoint carries (``state_dict``/``load_state_dict``
-                objects and ``torch.Generator``), e.g. the app's counters or a ray generator.
-            extra: plain values saved in every checkpoint (e.g. the model's configuration).
-            compile: ``torch.compile`` the model.
-
-        Returns:
-            The module to call for training (compiled, and wrapped in DistributedDataParallel under
-            ``torchrun``); `eval_forward` is the same without the wrapper (for evaluation).
-
-        Raises:
-            ValueError: phases that name no optimizer or do not add up to ``steps``.
-        """
-        self.model = model
-        self.optimizers = (
-            {"optimizer": optimizers} if isinstance(optimizers, torch.optim.Optimizer) else dict(optimizers)
-        )
-        if phases:
-            unknown = [name for name, _ in phases if name not in self.optimizers]
-            if unknown:
-                raise ValueError(f"phases: {unknown} name no optimizer; expected {sorted(self.optimizers)}")
-            if sum(count for _, count in phases) != self.steps:
-                raise ValueError(f"phases: {list(phases)} add up to other than steps={self.steps}")
-            self.phases = list(phases)
-        elif len(self.optimizers) == 1:
-            self.phases = [(next(iter(self.optimizers)), self.steps)]
-        else:
-            raise ValueError(f"phases: needed to run several optimizers ({sorted(self.optimizers)})")
-        self.schedule = schedule
-        self.state = dict(state or {})
-        self.extra = dict(extra or {})
-        self._peaks = {name: [g["lr"] for g in o.param_groups] for name, o in self.optimizers.items()}
-        forward: torch.nn.Module = torch.compile(model) if compile else model  # type: ignore[assignment]
-        self.eval_forward = forward
-        if self.dist.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            forward = DistributedDataParallel(forward, device_ids=ids)
-        self.forward = forward
-        return forward
+        optional = CONFIG_SETTINGS[len(REQUIRED_CONFIG_SETTINGS) :]
+        settings = config_settings(config, REQUIRED_CONFIG_SETTINGS, optional, arguments)
+        return cls(run, model, optimizers, **settings, **arguments)
 
     # ----------------------------------------------------------------------------------------- resume
     def restore(self) -> bool:
@@ -345,22 +264,20 @@ class Trainer:
         Raises:
             ValueError: a checkpoint of another identity, or saved by another number of processes.
         """
-        if self.model is None:
-            raise RuntimeError("Trainer.restore: call setup(model, optimizers) first")
         if self._restored:
             return self.step > 0
         self._restored = True
-        state = self.checkpointer.load(map_location=self.device)
+        state = self.run.checkpointer.load(map_location=self.run.device)
         if state is None:
-            if self.is_main:
-                self.log_path.unlink(missing_ok=True)
-            seed_everything(training_stream_seed(self.seed, self.dist.rank))
+            if self.run.is_main:
+                self.run.log_path.unlink(missing_ok=True)
+            seed_everything(training_stream_seed(self.run.seed, self.run.dist.rank))
             return False
         saved_world = len(state["rng"])
-        if saved_world != self.dist.world_size:
+        if saved_world != self.run.dist.world_size:
             raise ValueError(
-                f"{self.checkpointer.path}: saved by {saved_world} processes; resume it with as many "
-                f"(now {self.dist.world_size}), or pass --no-resume to start over"
+                f"{self.run.checkpointer.path}: saved by {saved_world} processes; resume it with as many "
+                f"(now {self.run.dist.world_size}), or pass --no-resume to start over"
             )
         self.model.load_state_dict(state["model"])
         for name, optimizer in self.optimizers.items():
@@ -372,16 +289,15 @@ class Trainer:
         self.stopped, self.diverged_at = counters["stopped"], counters["diverged_at"]
         self.window = list(counters["window"])
         self.metrics = dict(counters["metrics"])
-        set_rng_state(state["rng"][self.dist.rank])
-        if self.is_main:
-            print(f"{self.name}: resuming at step {self.step} from {self.checkpointer.path}")
-            rewind_log(self.log_path, self.step)
+        set_rng_state(state["rng"][self.run.dist.rank])
+        if self.run.is_main:
+            print(f"{self.run.name}: resuming at step {self.step} from {self.run.checkpointer.path}")
+            rewind_log(self.run.log_path, self.step)
         barrier()
         return True
 
     def save(self) -> None:
         """Checkpoint the run now (every process takes part; the main one writes)."""
-        assert self.model is not None  # set up
         rngs = all_gather_object(rng_state())
         counters = {
             "train_seconds": self.train_seconds,
@@ -398,7 +314,7 @@ class Trainer:
             "rng": rngs,
             **self.extra,
         }
-        self.checkpointer.save(self.step, state, write=self.is_main)
+        self.run.checkpointer.save(self.step, state, write=self.run.is_main)
         barrier()
 
     def stop(self, reason: str) -> None:
@@ -426,24 +342,22 @@ class Trainer:
             batch_sampler=StepBatches(
                 len(data.dataset),  # type: ignore[arg-type]
                 data.batch_size,
-                seed=self.seed,
+                seed=self.run.seed,
                 start_step=self.step,
-                rank=self.dist.rank,
-                world_size=self.dist.world_size,
+                rank=self.run.dist.rank,
+                world_size=self.run.dist.world_size,
             ),
             collate_fn=data.collate,
             num_workers=data.workers,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self.run.device.type == "cuda",
             # The iterator draws its base seed from this generator, not from the global stream (dropout),
             # so that the global stream is the same whether the loop starts fresh or resumes.
-            generator=torch.Generator().manual_seed(self.seed),
+            generator=torch.Generator().manual_seed(self.run.seed),
         )
         return iter(loader)
 
     def _take_step(self, loss_fn: LossFn, step: int, batch: Any, accumulate: int) -> float:
         """One optimizer step; the loss averaged over micro-batches and processes (before the update)."""
-        assert self.model is not None
-        assert self.forward is not None
         name, optimizer = self._optimizer_at(step)
         if self.schedule is not None:
             factor = self.schedule(step)
@@ -453,7 +367,7 @@ class Trainer:
 
             def closure() -> torch.Tensor:
                 optimizer.zero_grad(set_to_none=True)
-                with self.autocast():
+                with self.run.autocast():
                     loss = loss_fn(step, batch)
                 loss.backward()
                 return loss
@@ -465,13 +379,13 @@ class Trainer:
             return value
         optimizer.zero_grad(set_to_none=True)
         # One batch per process (its share of the global batch), or this process's share of the micro-batches.
-        local = 1 if accumulate == 1 else accumulate // self.dist.world_size
-        total = torch.zeros((), device=self.device)
+        local = 1 if accumulate == 1 else accumulate // self.run.dist.world_size
+        total = torch.zeros((), device=self.run.device)
         for i in range(local):
-            micro = batch if accumulate == 1 else self.dist.rank + i * self.dist.world_size
-            sync = i == local - 1 or not self.dist.enabled
+            micro = batch if accumulate == 1 else self.run.dist.rank + i * self.run.dist.world_size
+            sync = i == local - 1 or not self.run.dist.enabled
             no_sync = contextlib.nullcontext() if sync else self.forward.no_sync()  # type: ignore[operator]
-            with no_sync, self.autocast():
+            with no_sync, self.run.autocast():
                 loss = loss_fn(step, micro)
                 if local > 1:
                     loss = loss / local
@@ -488,7 +402,7 @@ class Trainer:
 
     def _diverged(self, step: int, value: float) -> None:
         if self.on_nan == "raise":
-            raise RuntimeError(f"{self.name}: the training loss became {value} at step {step + 1}")
+            raise RuntimeError(f"{self.run.name}: the training loss became {value} at step {step + 1}")
         self.diverged_at = step
 
     def fit(
@@ -518,26 +432,25 @@ class Trainer:
         from spectraformer_core import check_int
 
         check_int("accumulate", accumulate, minimum=1)
-        if accumulate > 1 and accumulate % self.dist.world_size:
+        if accumulate > 1 and accumulate % self.run.dist.world_size:
             raise ValueError(
                 f"accumulate: {accumulate} micro-batches are not divisible by the "
-                f"{self.dist.world_size} processes"
+                f"{self.run.dist.world_size} processes"
             )
         if data is not None and accumulate != 1:
             raise ValueError("accumulate: micro-batches are drawn by the loss itself; pass data=None")
         self.restore()
-        assert self.model is not None  # restore checked
         if self.done:
             return
-        reset_peak_memory(self.device)
+        reset_peak_memory(self.run.device)
         batches = self._batches(data) if data is not None else None
-        timer = Timer(self.device, elapsed=self.train_seconds)
+        timer = Timer(self.run.device, elapsed=self.train_seconds)
         bar = progress(
             total=self.steps,
             initial=self.step,
-            desc=self.name,
+            desc=self.run.name,
             leave=False,
-            disable=not (self.is_main and self.show_progress),
+            disable=not (self.run.is_main and self.show_progress),
         )
         window = self.window
         self.model.train()
@@ -548,7 +461,9 @@ class Trainer:
             value = self._take_step(loss_fn, step, batch, accumulate)
             self.train_seconds = timer.stop()
             if self.diverged_at is not None:
-                bar.write(f"{self.name}: the loss became {value} at step {step}; training stops (diverged)")
+                bar.write(
+                    f"{self.run.name}: the loss became {value} at step {step}; training stops (diverged)"
+                )
                 self.save()
                 break
             self.step = step + 1
@@ -560,8 +475,8 @@ class Trainer:
                 window.clear()
                 bar.set_postfix(loss=f"{mean:.4g}")
                 lr = self._optimizer_at(step)[1].param_groups[0]["lr"]
-                if self.is_main:
-                    append_jsonl(self.log_path, {"step": self.step, "train_loss": mean, "lr": lr})
+                if self.run.is_main:
+                    append_jsonl(self.run.log_path, {"step": self.step, "train_loss": mean, "lr": lr})
             evaluated = evaluate is not None and (
                 last or (self.eval_every is not None and self.step % self.eval_every == 0)
             )
@@ -569,8 +484,8 @@ class Trainer:
                 assert evaluate is not None
                 self.metrics = dict(evaluate(self.step))
                 self.model.train()
-                if self.is_main:
-                    append_jsonl(self.log_path, {"step": self.step, **self.metrics})
+                if self.run.is_main:
+                    append_jsonl(self.run.log_path, {"step": self.step, **self.metrics})
             every = self.checkpoint_every
             if evaluated or last or self.stopped or (every is not None and self.step % every == 0):
                 self.save()
@@ -591,14 +506,13 @@ class Trainer:
         peak memory (the largest over processes) with its kind.
         """
         model = model if model is not None else self.model
-        assert model is not None  # set up
-        peak = peak_memory(self.device)
-        peak_bytes = int(all_reduce(torch.tensor([float(peak.bytes)], device=self.device), "max").item())
+        peak = peak_memory(self.run.device)
+        peak_bytes = int(all_reduce(torch.tensor([float(peak.bytes)], device=self.run.device), "max").item())
         return make_record(
-            name=self.name,
+            name=self.run.name,
             config=config,
-            seed=self.seed,
-            device=device_name(self.device),
+            seed=self.run.seed,
+            device=device_name(self.run.device),
             model=model,
             train_seconds=self.train_seconds,
             metrics=metrics,
@@ -606,8 +520,8 @@ class Trainer:
             steps=self.step,
             stopped=self.stopped,
             diverged_at=self.diverged_at,
-            world_size=self.dist.world_size,
-            dtype=self.dtype,
+            world_size=self.run.dist.world_size,
+            dtype=self.run.dtype,
             peak_memory_bytes=peak_bytes,
             memory_kind=peak.kind,
         )
@@ -619,26 +533,7 @@ class Trainer:
             record: the run's record (`record`).
             results: the results file (default ``<out>/results.jsonl``).
         """
-        if self.is_main:
-            write_record(self.out, record, results=results)
+        if self.run.is_main:
+            write_record(self.run.out, record, results=results)
         barrier()
         return dict(record)
-
-    def close(self) -> None:
-        """Leave the process group, if `Trainer` joined one."""
-        teardown_distributed()
-
-    def run_unless_finished(self, body: Callable[[Trainer], T]) -> T | None:
-        """``body(self)``, or None when the run finished earlier (said once); the trainer is closed after.
-
-        The one rule of every app's run: a finished run is skipped, and the process group is left
-        whatever happens.
-        """
-        try:
-            if self.finished() is not None:
-                if self.is_main:
-                    print(f"{self.name}: finished earlier (see {self.dir}); nothing to do")
-                return None
-            return body(self)
-        finally:
-            self.close()

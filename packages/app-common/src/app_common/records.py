@@ -87,7 +87,7 @@ def make_record(
         name: the run's name (its folder under ``runs/``).
         config: the run's configuration (a dataclass instance, stored as plain values, or a dict).
         seed: the run's seed.
-        device: the device's name (``app_common.device_name``).
+        device: the device's name (``app_common.device.device_name``).
         model: the trained model (parameters counted: all, and those that train).
         train_seconds: wall-clock seconds of the training steps (not evaluation or checkpoints).
         metrics: the run's headline numbers (accuracy, perplexity, PSNR, MSE).

@@ -1,9 +1,11 @@
-"""Test helpers the apps' test suites share: resume equality, the flag-vocabulary contract, no import cycle.
+"""Test helpers the apps' test suites share: resume equality, the flag-vocabulary contract.
 
 Every app's suite calls [`assert_resume_equals_unbroken`][app_common.testing.assert_resume_equals_unbroken]
 with its own (small) run (the one resume policy of [`Trainer`][app_common.harness.Trainer], checked in every
-app), [`assert_vocabulary`][app_common.testing.assert_vocabulary] with its parser (one flag, one meaning) and
-[`assert_no_import_cycle`][app_common.testing.assert_no_import_cycle] with its import name.
+app) and [`assert_app_contract`][app_common.testing.assert_app_contract] with its parser and import name:
+[`assert_vocabulary`][app_common.testing.assert_vocabulary] (one flag, one meaning) and the import-cycle
+check every package shares,
+[`spectraformer_core.testing.assert_no_import_cycle`][spectraformer_core.testing.assert_no_import_cycle].
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 import torch
 
 from app_common.config import flag
-from app_common.imports import import_cycles
 from app_common.records import CHECKPOINT, LOG, RECORD, RUNS
 from app_common.results import read_jsonl
 from app_common.vocabulary import ALIASES, FLAGS
+from spectraformer_core.testing import assert_no_import_cycle
 
 #: Record keys that differ between two runs of one configuration (wall-clock readings).
 CLOCK_KEYS = ("train_seconds", "finished_at", "peak_memory_bytes")
@@ -160,10 +162,10 @@ MARKUP = re.compile(r"``|:\w+:`|\]\[")
 def vocabulary_problems(parser: argparse.ArgumentParser) -> list[str]:
     """What an app's command line breaks of the shared vocabulary (empty when it keeps to it).
 
-    Checks every subcommand: no flag is an alias of a vocabulary flag (`app_common.ALIASES`), every
-    vocabulary flag's help starts with its one meaning (`app_common.FLAGS`, what `app_common.option`
-    writes), every subcommand's ``--help`` is plain text (no reST literals or roles, no cross-reference
-    links: `MARKUP`), and the app has the subcommands of `REQUIRED_COMMANDS`.
+    Checks every subcommand: no flag is an alias of a vocabulary flag (`app_common.vocabulary.ALIASES`), every
+    vocabulary flag's help starts with its one meaning (`app_common.vocabulary.FLAGS`, what
+    `app_common.fields.option` writes), every subcommand's ``--help`` is plain text (no reST literals or
+    roles, no cross-reference links: `MARKUP`), and the app has the subcommands of `REQUIRED_COMMANDS`.
     """
     problems = []
     commands = dict(_subcommands(parser, parser.prog))
@@ -192,8 +194,12 @@ def assert_vocabulary(parser: argparse.ArgumentParser) -> None:
         raise AssertionError("flag vocabulary:\n" + "\n".join(problems))
 
 
-def assert_no_import_cycle(package: str) -> None:
-    """Fail, naming each cycle, when modules of ``package`` import each other (`app_common.imports`)."""
-    cycles = import_cycles(package)
-    if cycles:
-        raise AssertionError(f"{package}: import cycles " + "; ".join(" <-> ".join(c) for c in cycles))
+def assert_app_contract(parser: argparse.ArgumentParser, package: str) -> None:
+    """Fail when an app breaks what every app keeps to (its suite's one contract test).
+
+    Args:
+        parser: the app's parser: the flag vocabulary and the required subcommands (`assert_vocabulary`).
+        package: the app's import name: no import cycle among its modules (``spectraformer_core.testing``).
+    """
+    assert_vocabulary(parser)
+    assert_no_import_cycle(package)

@@ -39,7 +39,7 @@ FLAGS: dict[str, str] = {
     "file)",
     "init": "start of the replaced MLPs: psi (the paper's Psi(W)), lstsq (readout fitted to the dense MLP on "
     "a calibration batch), auto (lstsq when the MLPs are pretrained, psi otherwise)",
-    "weight_decay": "AdamW weight decay of the matrices (app_common.param_groups: none on vectors, "
+    "weight_decay": "AdamW weight decay of the matrices (app_common.schedules.param_groups: none on vectors, "
     "embeddings or RaLiMP's coefficients)",
     "dropout": "dropout rate of the model's blocks",
     "workers": "DataLoader worker processes",

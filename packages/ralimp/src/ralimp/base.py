@@ -177,6 +177,37 @@ class LinearReplacement(nn.Module, abc.ABC):
         self.in_features = check_positive_int("in_features", in_features)
         self.out_features = check_positive_int("out_features", out_features)
 
+    def set_up(
+        self,
+        in_features: int,
+        out_features: int,
+        activation: str | Elementwise,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> Factory:
+        """`set_features`, then ``activation_name`` and ``fn`` (`resolve_activation`); returns the factory.
+
+        The baselines' first step; the factory's dtype defaults to torch's default dtype.
+        """
+        self.set_features(in_features, out_features)
+        self.activation_name, self.fn = resolve_activation(activation)
+        return {"device": device, "dtype": dtype or torch.get_default_dtype()}
+
+
+class ExactActivation(LinearReplacement):
+    """``activation(A x)`` with an explicit linear map ``A`` (`Dense`, `LowRank`): the activation is exact."""
+
+    fn: Elementwise
+
+    @abc.abstractmethod
+    def linear_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``A x``: ``(..., in_features)`` -> ``(..., out_features)``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``activation(A x)``: ``(..., in_features)`` -> ``(..., out_features)``."""
+        check_input(x, self.in_features)
+        return self.fn(self.linear_map(x))
+
 
 class FeatureLinearization(LinearReplacement):
     """A layer ``y = Psi(W) Phi(x)`` standing in for ``activation(x @ W.T + b)``.
@@ -296,6 +327,14 @@ class ReadoutLinearization(FeatureLinearization):
     """A `FeatureLinearization` whose ``Psi`` is one trainable matrix ``psi_weight`` (EUGen, SNNK)."""
 
     psi_weight: nn.Parameter
+
+    def init_readout(self, width: int, bias: bool, factory: Factory) -> None:
+        """A trainable ``Psi`` ``(out_features, width)`` loaded from a fresh ``nn.Linear`` (`default_linear`).
+
+        The constructors' last step.
+        """
+        self.psi_weight = nn.Parameter(torch.zeros(self.out_features, width, **factory))
+        self.load_linear(*default_linear(self.out_features, self.in_features, bias, factory))
 
     def weight_features(self) -> torch.Tensor:
         """The trainable ``Psi``, ``(out_features, F)``."""

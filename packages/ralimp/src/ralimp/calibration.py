@@ -140,24 +140,33 @@ def rms_preactivation(weight: torch.Tensor, bias: torch.Tensor | None, sample: t
     return float((w.pow(2).sum(-1) + b.to(w).pow(2)).mean().sqrt())
 
 
-def rms_input_norm(dim: int, sample: torch.Tensor | None) -> float:
-    r"""RMS of $\lVert[x; 1]\rVert$ over ``sample``, else $\sqrt{\mathrm{dim} + 1}$ (standard normal)."""
+def rms_input_norm(dim: int, sample: torch.Tensor | None, *, augmented: bool = True) -> float:
+    r"""RMS of $\lVert[x; 1]\rVert$ over ``sample``, else $\sqrt{\mathrm{dim} + 1}$ (standard normal).
+
+    ``augmented=False``: of $\lVert x\rVert$ (else $\sqrt{\mathrm{dim}}$).
+    """
+    one = 1 if augmented else 0
     if sample is None:
-        return math.sqrt(dim + 1)
+        return math.sqrt(dim + one)
     x = sample.detach().reshape(-1, dim).to(torch.float64)
-    return float((x.pow(2).sum(-1) + 1).mean().sqrt())
+    return float((x.pow(2).sum(-1) + one).mean().sqrt())
 
 
-def auto_balance(weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None) -> float:
+def auto_balance(
+    weight: torch.Tensor, bias: torch.Tensor | None, sample: torch.Tensor | None, *, augmented: bool = True
+) -> float:
     r"""$\lambda$ of ``balance="auto"``, shared by RaLiMP and SNNK (a departure from the papers).
 
-    $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert / \operatorname{RMS} \lVert[w; b]\rVert$.
+    $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert / \operatorname{RMS} \lVert[w; b]\rVert$, or
+    $\operatorname{RMS} \lVert x\rVert / \operatorname{RMS} \lVert w\rVert$ with ``augmented=False`` (features
+    of $x$ and $w$ alone: SNNK's, whose bias is a phase of $\Psi$).
 
     It minimizes $\mathbb E \lVert x/\lambda + \lambda w\rVert^2$, the exponent of the complex-exponential
     estimators' variance (Prop. 1); ``sample`` None: standard-normal inputs.
     """
-    w_norm = float((weight.double().pow(2).sum(-1) + (0 if bias is None else bias.double() ** 2)).mean())
-    return (rms_input_norm(weight.shape[1], sample) / max(w_norm**0.5, 1e-12)) ** 0.5
+    b2 = 0 if bias is None or not augmented else bias.double() ** 2
+    w_norm = float((weight.double().pow(2).sum(-1) + b2).mean())
+    return (rms_input_norm(weight.shape[1], sample, augmented=augmented) / max(w_norm**0.5, 1e-12)) ** 0.5
 
 
 def check_scale(name: str, value: object) -> None:

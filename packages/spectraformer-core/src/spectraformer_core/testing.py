@@ -1,14 +1,22 @@
-"""What the tests of every package share: the relative-error comparison, seeded draws, a thread count.
+"""What the tests of every package share: relative errors, seeded draws, thread counts, no import cycle.
 
 The comparison in the style of flash-linear-attention's tests: one number per comparison, the norm of the
 difference over the norm of the reference, so a tolerance means the same at every shape and scale, and a
 failure says how far off the result is.
+
+The import graph counts every import wherever it stands: one inside a function or under ``TYPE_CHECKING``
+is an edge like any other, so two modules that need each other share a third, leaf module instead. Every
+package's, app's and the benchmarks' test suite runs
+[`assert_no_import_cycle`][spectraformer_core.testing.assert_no_import_cycle] on its import name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ast
+import importlib.util
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -83,3 +91,101 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def _modules(package: str) -> dict[str, Path]:
+    """Module name -> source file, for ``package`` and every module below it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package: {package!r} is not an installed package")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imported(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``module``'s source imports, at any depth of its syntax tree.
+
+    A relative import is resolved against ``module``'s package. ``from p import m`` is an edge to ``p.m``
+    when that is a module, else to ``p``; ``from p.m import name`` and ``import p.m`` are edges to ``p.m``
+    alone, not to the packages above it; a name that is no module counts as the nearest module above it.
+    """
+
+    def owner(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    names: set[str] = set()
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(owner(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parent = node.module or ""
+            if node.level:
+                head = base[: len(base) - node.level + 1]
+                parent = ".".join([*head, parent] if parent else head)
+            names.update(owner(f"{parent}.{alias.name}") for alias in node.names)
+    return {name for name in names if name and name != module}
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (every import statement, wherever it stands).
+
+    The sources are read, nothing is imported. ``package`` is an import name (``"ralimp"``).
+
+    Raises:
+        ValueError: ``package`` is not an installed package.
+    """
+    modules = _modules(package)
+    return {module: _imported(module, path, modules) for module, path in modules.items()}
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """The import cycles inside ``package``: each strongly connected group of two or more modules, sorted."""
+    graph = import_graph(package)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def assert_no_import_cycle(package: str) -> None:
+    """Fail, naming each cycle, when modules of ``package`` import each other (every import counts).
+
+    Raises:
+        AssertionError: one or more cycles, e.g. ``pkg: import cycles pkg.a <-> pkg.b``.
+    """
+    cycles = import_cycles(package)
+    if cycles:
+        raise AssertionError(f"{package}: import cycles " + "; ".join(" <-> ".join(c) for c in cycles))

@@ -7,11 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ralimp.base import Elementwise, LinearReplacement, LinearSource, check_input, resolve_activation
+from ralimp.base import Elementwise, ExactActivation, LinearSource
 from ralimp.budget import BudgetError, check_count
 
 
-class Dense(LinearReplacement):
+class Dense(ExactActivation):
     """``activation(linear(x))`` itself: the dense reference, `ralimp.create`'s ``"dense"``.
 
     Args:
@@ -39,9 +39,8 @@ class Dense(LinearReplacement):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.set_features(in_features, out_features)
-        self.activation_name, self.fn = resolve_activation(activation)
-        self.linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        factory = self.set_up(in_features, out_features, activation, device, dtype)
+        self.linear = nn.Linear(in_features, out_features, bias=bias, **factory)
 
     @property
     def feature_dim(self) -> int:
@@ -64,7 +63,6 @@ class Dense(LinearReplacement):
         """A copy of ``linear`` (exact: ``sample`` and ``init`` change nothing)."""
         self.linear.load_state_dict(source.linear.state_dict())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``activation(W x + b)``."""
-        check_input(x, self.in_features)
-        return self.fn(self.linear(x))
+    def linear_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``W x + b``."""
+        return self.linear(x)

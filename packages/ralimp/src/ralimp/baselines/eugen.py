@@ -6,17 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 import rf_matrices
 from ralimp.base import (
     Elementwise,
-    Factory,
     ReadoutLinearization,
     augmented,
     check_input,
-    default_linear,
-    resolve_activation,
     seeds,
     weight_matrices,
     work_dtype,
@@ -72,10 +68,8 @@ class EUGen(ReadoutLinearization):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.set_features(in_features, out_features)
+        factory = self.set_up(in_features, out_features, activation, device, dtype)
         self.poly_degree = check_positive_int("poly_degree", poly_degree)
-        factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        self.activation_name, self.fn = resolve_activation(activation)
         self.interval = None if interval is None else (float(interval[0]), float(interval[1]))
         self.fit = self._polynomial_fit(self.interval or DEFAULT_INTERVAL)
         self.matrices: Sequence[WeightMatrix] = weight_matrices(
@@ -84,9 +78,7 @@ class EUGen(ReadoutLinearization):
             )
             for s in seeds(seed, poly_degree)
         )
-        width = 1 + sum(m.num_features for m in self.matrices)
-        self.psi_weight = nn.Parameter(torch.zeros(out_features, width, **factory))
-        self.load_linear(*default_linear(out_features, in_features, bias, factory))
+        self.init_readout(1 + sum(m.num_features for m in self.matrices), bias, factory)
 
     def _polynomial_fit(self, interval: tuple[float, float]) -> RationalFunction:
         """The least-squares polynomial of degree $K$ of the activation on ``interval``."""

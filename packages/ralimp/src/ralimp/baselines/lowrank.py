@@ -8,12 +8,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ralimp.base import Elementwise, Factory, LinearReplacement, LinearSource, check_input, resolve_activation
+from ralimp.base import Elementwise, ExactActivation, LinearSource, check_input
 from ralimp.budget import check_budget, check_count, refuse_fixed
 from spectraformer_core import check_positive_int
 
 
-class LowRank(LinearReplacement):
+class LowRank(ExactActivation):
     """``activation(U (V x) + b)`` with ``W ~ U V`` of rank ``r`` (the truncated SVD of a pretrained ``W``).
 
     Args:
@@ -40,10 +40,8 @@ class LowRank(LinearReplacement):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.set_features(in_features, out_features)
+        factory = self.set_up(in_features, out_features, activation, device, dtype)
         self.rank = check_positive_int("rank", rank)
-        self.activation_name, self.fn = resolve_activation(activation)
-        factory: Factory = {"device": device, "dtype": dtype}
         self.down = nn.Linear(in_features, rank, bias=False, **factory)
         self.up = nn.Linear(rank, out_features, bias=bias, **factory)
         if seed is not None:
@@ -100,7 +98,6 @@ class LowRank(LinearReplacement):
         if linear.bias is not None:
             self.up.bias.copy_(linear.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``activation(U (V x) + b)``."""
-        check_input(x, self.in_features)
-        return self.fn(self.up(self.down(x)))
+    def linear_map(self, x: torch.Tensor) -> torch.Tensor:
+        """``U (V x) + b``."""
+        return self.up(self.down(x))

@@ -3,20 +3,16 @@ r"""SNNK (Sehanobish et al. 2024): scalable neural network kernel layers, Fourie
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch import nn
 
 import rf_matrices
 from ralimp.base import (
     Elementwise,
-    Factory,
     ReadoutLinearization,
     augmented,
     check_input,
-    default_linear,
-    resolve_activation,
     seeds,
     work_dtype,
 )
@@ -29,15 +25,18 @@ from ralimp.rational import DEFAULT_INTERVAL
 class SNNK(ReadoutLinearization):
     r"""Scalable neural network kernel layer (Sehanobish et al. 2024) with a trainable $\Psi$.
 
-    ``variant="fourier"`` (default): $\phi(u)_r = \exp(a_r g_r \cdot u - a_r^2 \lVert u\rVert^2 / 2)$ with the
-    complex $a_r = (1 + i) \sqrt{\xi_r / 2}$ (so $a_r^2 = i \xi_r$), which gives
-    $\mathbb E[\phi_r(x) \phi_r(w)] = \exp(i \xi_r\, x \cdot w)$; the frequencies $\xi_r$ are drawn from the
-    activation's Fourier representation $f(t) \approx \operatorname{Re} \sum_j F_j \exp(i \xi_j t)$ (a
-    least-squares cosine/sine series on ``interval`` with period $4 T$), with probability
-    $|F_j| / \sum |F|$ and weight $A_r = F_j / (m p_j)$, so that
-    $\operatorname{Re} \sum_r A_r \phi_r(x) \phi_r(w)$ is unbiased for the series at $t = x \cdot w + b$.
-    Real features $[\operatorname{Re} \phi(x), \operatorname{Im} \phi(x)]$; $\Psi$ is initialized as
-    $[\operatorname{Re}(A \phi(w)), -\operatorname{Im}(A \phi(w))]$. As in RaLiMP, ``balance`` evaluates the
+    ``variant="fourier"`` (default), the paper's universal random features:
+    $f(x \cdot w + b) \approx \operatorname{Re} \sum_r A_r \phi_r(x) \phi_r(w) e^{i \xi_r b}$ with
+    $\phi_r(u) = \exp(a_r g_r \cdot u - a_r^2 \lVert u\rVert^2 / 2)$, $g_r$ the rows of $G$ and the complex
+    $a_r = (1 + i) \sqrt{\xi_r / 2}$ ($a_r^2 = i \xi_r$), so that
+    $\mathbb E[\phi_r(x) \phi_r(w)] = e^{i \xi_r\, x \cdot w}$; the bias is the exact phase $e^{i \xi_r b}$ of
+    $\Psi$, as in the paper. The frequencies come from the activation's Fourier representation
+    $f(t) \approx \operatorname{Re} \sum_j F_j e^{i \xi_j t}$ on ``interval``
+    (`fourier_representation`): $\xi_r = \xi_j$ with probability $p_j = |F_j| / \sum |F|$ and weight
+    $A_r = F_j / (m p_j)$, unbiased for the series at $t = x \cdot w + b$. Real features
+    $[\operatorname{Re} \phi(x), \operatorname{Im} \phi(x)]$, $\Psi$ initialized as
+    $[\operatorname{Re} V, -\operatorname{Im} V]$ with $V_r = A_r \phi_r(w) e^{i \xi_r b}$. The variance of a
+    draw grows like $(\sum |F|)^2 e^{\xi_r \lVert x + w\rVert^2}$. As in RaLiMP, ``balance`` evaluates the
     features at $x / \lambda$ and $\lambda w$.
 
     ``variant="relu"``: SNNK's ReLU variant $\phi(u) = \operatorname{relu}(G u) / \sqrt m$ on $u = [x; 1]$,
@@ -52,12 +51,12 @@ class SNNK(ReadoutLinearization):
         variant: ``"fourier"`` or ``"relu"``.
         num_terms: terms of the Fourier series.
         balance: $\lambda$ (1, the default, is the plain estimator) or ``"auto"``:
-            $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert / \operatorname{RMS} \lVert[w; b]\rVert$
+            $\lambda^2 = \operatorname{RMS} \lVert x\rVert / \operatorname{RMS} \lVert w\rVert$
             on the ``sample`` of ``from_linear`` (a departure).
         bias: fold a bias in.
         weight_matrix: ``rf_matrices`` name of ``G``.
         seed: seed of ``G`` and of the frequency draw.
-        interval: interval of the Fourier fit.
+        interval: interval of the Fourier series.
         device: where parameters live.
         dtype: parameter dtype.
     """
@@ -86,14 +85,17 @@ class SNNK(ReadoutLinearization):
         super().__init__()
         if variant not in ("fourier", "relu"):
             raise ValueError(f"variant: expected 'fourier' or 'relu', got {variant!r}")
-        self.set_features(in_features, out_features)
+        factory = self.set_up(in_features, out_features, activation, device, dtype)
         check_scale("balance", balance)
         self.variant, self.balance_option = variant, balance
-        factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        self.activation_name, self.fn = resolve_activation(activation)
         matrix_seed, draw_seed = seeds(seed, 2)
         self.matrix = rf_matrices.create(  # exp(a g . u) and relu(g . u) are not even in g
-            weight_matrix, num_features, in_features + 1, seed=matrix_seed, even_in_omega=False, **factory
+            weight_matrix,
+            num_features,
+            in_features + (variant == "relu"),  # the ReLU variant acts on [x; 1]
+            seed=matrix_seed,
+            even_in_omega=False,
+            **factory,
         )
         m = self.matrix.num_features
         self.register_buffer("scale", torch.ones((), **factory))
@@ -105,31 +107,26 @@ class SNNK(ReadoutLinearization):
             )
             self.register_buffer("freqs", freqs[index].to(**factory))
             self._amplitude = amplitudes[index] / (m * prob[index])  # complex, float64
-            width = 2 * m
-        else:
-            width = m
-        self.psi_weight = nn.Parameter(torch.zeros(out_features, width, **factory))
-        self.load_linear(*default_linear(out_features, in_features, bias, factory))
+        self.init_readout(2 * m if variant == "fourier" else m, bias, factory)
 
     @staticmethod
     def fourier_representation(
         fn: Elementwise, interval: tuple[float, float], num_terms: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""$(\xi_j, F_j)$ with $f(t) \approx \operatorname{Re} \sum_j F_j \exp(i \xi_j t)$ on ``interval``.
+        r"""$(\xi_j, F_j)$, ``(num_terms,)`` each: $f(t) \approx \operatorname{Re} \sum_j F_j e^{i \xi_j t}$.
 
-        $\xi_j = 2 \pi j / (4 T)$ with $T$ the interval's half-width.
-
-        $F_j = \alpha_j - i \beta_j$ from the least-squares fit
-        $f \approx \sum_j \alpha_j \cos + \beta_j \sin$.
+        The half-range cosine series of $f$ on ``interval`` $[a, b]$,
+        $f(t) \approx \sum_j c_j \cos(\xi_j (t - a))$ with $\xi_j = j \pi / (b - a)$, so
+        $F_j = c_j e^{-i \xi_j a}$ ($c_j$ by least squares on 2001 points). It is the Fourier series of $f$
+        reflected across $a$ and $b$, a continuous periodic function: its coefficients decay and do not cancel
+        ($\sum |F| = 1.55$ for tanh on $[-4, 4]$), and $\sum |F|$ is the weight every random feature carries.
         """
         a, b = interval
-        half = max(abs(a), abs(b))
         t = torch.linspace(a, b, 2001, dtype=torch.float64)
-        xi = 2 * math.pi * torch.arange(num_terms, dtype=torch.float64) / (4 * half)
-        basis = torch.cat([torch.cos(t[:, None] * xi), torch.sin(t[:, None] * xi[1:])], -1)
+        xi = math.pi * torch.arange(num_terms, dtype=torch.float64) / (b - a)
+        basis = torch.cos((t[:, None] - a) * xi)
         coef = torch.linalg.lstsq(basis, fn(t).unsqueeze(-1)).solution.squeeze(-1)
-        beta = torch.cat([torch.zeros(1, dtype=torch.float64), coef[num_terms:]])
-        return xi, torch.complex(coef[:num_terms], -beta)
+        return xi, coef * torch.exp(-1j * a * xi)
 
     @property
     def num_random_features(self) -> int:
@@ -147,48 +144,49 @@ class SNNK(ReadoutLinearization):
             return {"num_features": budget}
         return {"num_features": exact_share(budget, 2, "[Re phi, Im phi]", budget)}
 
-    def _features(
-        self, u: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
-        g = self.matrix.matrix().to(dtype)
-        if self.variant == "relu":
-            return torch.relu(u @ g.mT) / math.sqrt(g.shape[0])
-        return complex_exponential_features(u, g, self.freqs.to(dtype))
+    def _fourier_features(self, u: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Re phi(u), Im phi(u))``, each ``(..., m)``."""
+        return complex_exponential_features(u, self.matrix.matrix().to(dtype), self.freqs.to(dtype))
+
+    def _relu_features(self, u: torch.Tensor) -> torch.Tensor:
+        """``relu(G u) / sqrt(m)``, ``(..., m)``."""
+        g = self.matrix.matrix().to(u.dtype)
+        return torch.relu(u @ g.mT) / math.sqrt(g.shape[0])
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        r"""$[\operatorname{Re} \phi(x), \operatorname{Im} \phi(x)]$ (Fourier).
+        r"""$[\operatorname{Re} \phi(x / \lambda), \operatorname{Im} \phi(x / \lambda)]$, ``(..., 2 m)``.
 
-        The ReLU variant: $\max(G [x; 1], 0) / \sqrt m$.
+        The ReLU variant: $\max(G [x; 1], 0) / \sqrt m$, ``(..., m)``.
         """
         check_input(x, self.in_features)
         dtype = work_dtype(x.dtype)
-        u = augmented(x.to(dtype))
+        x = x.to(dtype)
         if self.variant == "relu":
-            return cast(torch.Tensor, self._features(u, dtype))  # relu: one tensor, not (re, im)
-        re, im = self._features(u / self.scale.to(dtype), dtype)
+            return self._relu_features(augmented(x))
+        re, im = self._fourier_features(x / self.scale.to(dtype), dtype)
         return torch.cat([re, im], -1)
 
     @torch.no_grad()
     def load_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, sample: torch.Tensor | None = None
     ) -> None:
-        r"""$\Psi = \phi([w; b])$ with the representation's weights folded in.
+        r"""$\Psi = [\operatorname{Re} V, -\operatorname{Im} V]$, $V_r = A_r \phi_r(\lambda w) e^{i \xi_r b}$.
 
-        ``sample`` calibrates ``balance="auto"``.
+        The ReLU variant: $\Psi = \phi([w; b])$. ``sample`` calibrates ``balance="auto"``.
         """
         dtype = torch.float64
-        b = torch.zeros_like(weight[:, :1]) if bias is None else bias.unsqueeze(-1)
-        u = torch.cat([weight, b], -1).to(dtype)
+        w = weight.to(dtype)
+        b = torch.zeros_like(w[:, :1]) if bias is None else bias.to(dtype).unsqueeze(-1)
         if self.variant == "relu":
-            self.psi_weight.copy_(cast(torch.Tensor, self._features(u, dtype)))  # relu: one tensor
+            self.psi_weight.copy_(self._relu_features(torch.cat([w, b], -1)))
             return
         lam = (
-            auto_balance(weight, bias, sample)
+            auto_balance(weight, bias, sample, augmented=False)
             if self.balance_option == "auto"
             else float(self.balance_option)
         )
         self.scale.fill_(lam)
-        re, im = self._features(u * lam, dtype)
-        amp = self._amplitude.to(u.device)
-        value = torch.complex(re, im) * amp
+        re, im = self._fourier_features(w * lam, dtype)
+        freqs = self.freqs.to(w)
+        value = torch.complex(re, im) * self._amplitude.to(w.device) * torch.exp(1j * b * freqs)
         self.psi_weight.copy_(torch.cat([value.real, -value.imag], -1))

@@ -1,0 +1,182 @@
+"""The run: what exists before the model (its folder, identity, seed, device and process group).
+
+An app needs the device, the seeding, the process group and the "finished earlier?" answer before it
+builds its model, and the harness ([`Trainer`][app_common.harness.Trainer]) needs the model before it
+can train. So a run is two objects, built one after the other and each complete when constructed:
+
+    run = Run.from_config(config, name=name)               # seeds everything, joins torchrun's group
+    model = build(config).to(run.device)
+    trainer = Trainer.from_config(config, run, model, optimizer)
+
+`Run` has its own module because nothing in it depends on the step loop: it is the run's place
+(``<out>/runs/<name>/``), its checkpoint's identity and its environment (threads, device, precision, the
+``torchrun`` process group), which an app also uses around the loop (evaluation under `Run.autocast`,
+the main process's printing, skipping a finished run with `Run.unless_finished`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from app_common.checkpoint import Checkpointer
+from app_common.device import autocast, resolve_device
+from app_common.distributed import Distributed, setup_distributed, teardown_distributed
+from app_common.fields import run_identity
+from app_common.records import CHECKPOINT, LOG, RECORD, finished_record, run_dir
+from app_common.seeding import seed_everything
+
+T = TypeVar("T")
+
+#: The arguments of `Run` that `Run.from_config` reads from the configuration's fields of the same name
+#: (``RuntimeFields``, ``OutputFields`` and its seed): every configuration has them.
+RUN_CONFIG_SETTINGS = ("out", "seed", "device", "dtype", "threads", "resume")
+
+
+def config_settings(
+    config: Any, required: Sequence[str], optional: Sequence[str], overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``config``'s fields ``required`` and those of ``optional`` it has, less the ones in ``overrides``.
+
+    The one rule of `Run.from_config` and [`Trainer.from_config`][app_common.harness.Trainer.from_config].
+
+    Raises:
+        AttributeError: ``config`` lacks a field of ``required`` that ``overrides`` does not give either.
+    """
+    missing = [k for k in required if k not in overrides and not hasattr(config, k)]
+    if missing:
+        raise AttributeError(
+            f"config: {type(config).__name__} has no field {', '.join(missing)}; expected the shared "
+            "field groups (RuntimeFields, OptimizerFields, OutputFields) and a seed, or them as overrides"
+        )
+    return {
+        k: getattr(config, k) for k in (*required, *optional) if k not in overrides and hasattr(config, k)
+    }
+
+
+class Run:
+    """One run's place, identity and environment, set up at construction: its model comes next.
+
+    Construction sets torch's CPU threads, joins the ``torchrun`` process group (or resolves the one
+    device) and seeds everything with ``seed``, so that the model the app builds next is the same on
+    every process and in a fresh or a resumed run.
+
+    Args:
+        name: the run's name: its folder ``<out>/runs/<name>/`` and its progress bar.
+        out: the folder holding ``runs/``.
+        identity: the run's identity ([`run_identity`][app_common.fields.run_identity]); a checkpoint of
+            another is refused.
+        seed: the run's seed.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
+        dtype: autocast precision of the loss (``float32``: none).
+        threads: CPU threads of torch (0: leave torch's default).
+        resume: continue the run's checkpoint (and skip a finished run) if there is one.
+        on_save: called with the step after each checkpoint (``app_common.testing.kill_at``).
+        distributed: join the ``torchrun`` process group when there is one (False: one process).
+
+    Attributes:
+        dir: ``<out>/runs/<name>/``.
+        dist: this process's place in the process group (one process without ``torchrun``).
+        device: this process's device.
+        checkpointer: ``<out>/runs/<name>/checkpoint.pt`` under ``identity`` and ``resume``.
+
+    Raises:
+        ValueError: a bad argument, naming it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        out: str | Path,
+        identity: Mapping[str, Any],
+        seed: int,
+        device: str | torch.device = "auto",
+        dtype: str = "float32",
+        threads: int = 0,
+        resume: bool = True,
+        on_save: Callable[[int], None] | None = None,
+        distributed: bool = True,
+    ) -> None:
+        from spectraformer_core import check_int
+
+        check_int("threads", threads, minimum=0)
+        check_int("seed", seed, minimum=0)
+        if threads:
+            torch.set_num_threads(threads)
+        self.dist: Distributed = (
+            setup_distributed(device) if distributed else Distributed(device=resolve_device(device))
+        )
+        self.device = self.dist.device
+        self.name, self.out, self.dir, self.seed = name, Path(out), run_dir(out, name), seed
+        self.dtype, self.resume = dtype, resume
+        self.checkpointer = Checkpointer(self.dir / CHECKPOINT, identity, resume=resume, on_save=on_save)
+        seed_everything(seed)
+
+    @classmethod
+    def from_config(
+        cls, config: Any, *, name: str, on_save: Callable[[int], None] | None = None, **overrides: Any
+    ) -> Run:
+        """A run set from a configuration of the shared field groups: every app sets its runs up so.
+
+        Each argument of ``RUN_CONFIG_SETTINGS`` comes from ``config``'s field of that name: ``out``,
+        ``seed``, ``device``, ``dtype``, ``threads`` and ``resume``. The identity is
+        [`run_identity`][app_common.fields.run_identity]``(config)``. ``overrides`` replace any of these (a
+        grid point's ``seed``, an identity without the grid) or set the other arguments of `Run`.
+
+        Raises:
+            AttributeError: ``config`` lacks a field of ``RUN_CONFIG_SETTINGS`` that ``overrides`` does
+                not give either.
+        """
+        settings = config_settings(config, RUN_CONFIG_SETTINGS, (), overrides)
+        if "identity" not in overrides:
+            settings["identity"] = run_identity(config)
+        return cls(name=name, on_save=on_save, **settings, **overrides)
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that writes logs, checkpoints, records and progress bars."""
+        return self.dist.is_main
+
+    @property
+    def log_path(self) -> Path:
+        """``<out>/runs/<name>/log.jsonl``."""
+        return self.dir / LOG
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """Autocast to the run's ``dtype`` on its device (the loss; the app's evaluation)."""
+        return autocast(self.device, self.dtype)
+
+    def finished(self) -> dict[str, Any] | None:
+        """The run's record if it finished earlier and ``resume`` is on, else None.
+
+        Without ``resume`` a finished run's record file is removed: the run starts over.
+        """
+        if not self.resume:
+            if self.is_main:
+                (self.dir / RECORD).unlink(missing_ok=True)
+            return None
+        return finished_record(self.out, self.name)
+
+    def close(self) -> None:
+        """Leave the process group, if the run joined one."""
+        teardown_distributed()
+
+    def unless_finished(self, body: Callable[[Run], T]) -> T | None:
+        """``body(self)``, or None when the run finished earlier (said once); the run is closed after.
+
+        The one rule of every app's run: a finished run is skipped, and the process group is left
+        whatever happens.
+        """
+        try:
+            if self.finished() is not None:
+                if self.is_main:
+                    print(f"{self.name}: finished earlier (see {self.dir}); nothing to do")
+                return None
+            return body(self)
+        finally:
+            self.close()
