@@ -96,6 +96,17 @@ def test_the_papers_gpt2_layer_without_the_choice_of_atoms_has_exactly_128_featu
     assert {"atom_a", "atom_b", "atom_p", "atom_q_raw"} <= trainable
 
 
+def test_fit_and_num_atoms_reach_ralimp_only_and_the_papers_fit_keeps_the_atom():
+    config = GPTConfig(**TINY, layer="ralimp", last_k=2, fit="paper")
+    assert config.layer_options() == {**LAYER_OPTIONS["ralimp"], "fit": "paper", "num_atoms": 1}
+    model = GPT(config)
+    layers = [block.mlp.c_fc for block in model.transformer.h[-2:]]
+    assert [(layer.num_atoms, layer.options.fit) for layer in layers] == [(1, "paper")] * 2
+    assert GPTConfig(**TINY, layer="eugen", fit="paper").layer_options() == LAYER_OPTIONS["eugen"]
+    with pytest.raises(ValueError, match="--num-atoms: expected an integer >= 0, got -1"):
+        GPTConfig(**TINY, num_atoms=-1)
+
+
 @pytest.mark.parametrize("layer", ["ralimp", "eugen", "snnk", "lowrank"])
 def test_every_kind_spends_the_budget_exactly(layer):
     model = GPT(GPTConfig(**{**TINY, "features": 128}, layer=layer, last_k=1))

@@ -74,6 +74,8 @@ def test_every_method_spends_the_budget_exactly_through_ralimp_create(budget):
     assert layer.poly_matrices[0].num_features == 32 - 24 * layer.num_atoms
     assert all(m.num_features == 4 for m in layer.freq_matrices)
     assert float(layer.tau) == 1.0
+    paper = build("ralimp-paper", "gelu", 32, dim=16, seed=0, sample=x).layer
+    assert (paper.num_atoms, paper.options.fit, paper.num_random_features) == (1, "paper", 32)
 
 
 def test_paper_literal_turns_off_balance_and_the_output_head_and_records_the_departures():

@@ -45,6 +45,15 @@ def test_replacing_the_last_k_mlps_leaves_the_first_blocks_untouched_and_the_out
     assert torch.isfinite(y).all()
 
 
+def test_the_papers_fit_keeps_one_atom_in_every_replaced_block(tiny_config):
+    torch.manual_seed(0)
+    model = ViT(tiny_config).eval()
+    replace_mlps(model, "ralimp", last_k=2, features=32, seed=0, fit="paper", num_atoms=1)
+    layers = [model.blocks[index].mlp.fc1 for index in (2, 3)]
+    assert [(layer.num_atoms, layer.options.fit) for layer in layers] == [(1, "paper")] * 2
+    assert all(layer.num_random_features == 32 for layer in layers)
+
+
 def test_dense_layer_changes_nothing(tiny_config):
     model = ViT(tiny_config)
     before = copy.deepcopy(model)

@@ -32,6 +32,7 @@ from app_common.fields import (
     LayerFields,
     OptimizerFields,
     OutputFields,
+    RaLiMPFields,
     RuntimeFields,
     check_int_fields,
     identity_digest,
@@ -185,6 +186,15 @@ def test_vocabulary_flags_name_themselves_in_errors():
         LayerFields(features=0)
     with pytest.raises(KeyError, match="not in the flag vocabulary"):
         option("learning_rate")
+    with pytest.raises(ValueError, match="--num-atoms: expected an integer >= 0, got -1"):
+        RaLiMPFields(num_atoms=-1)
+
+
+def test_ralimp_fields_default_to_ralimps_fit_and_reach_only_a_ralimp_layer():
+    fields = RaLiMPFields()
+    assert (fields.fit, fields.num_atoms) == ("variance", 1)
+    assert RaLiMPFields(fit="paper").ralimp_options("ralimp") == {"fit": "paper", "num_atoms": 1}
+    assert RaLiMPFields(fit="paper").ralimp_options("eugen") == {}
 
 
 def test_check_int_fields_names_the_flag_checks_each_grid_value_and_refuses_floats_and_bools():

@@ -165,3 +165,77 @@ def test_a_least_squares_readout_on_the_variance_aware_features_generalizes():
         target = F.gelu(linear(test))
         error = relative_error(layer(test), target) ** 2
     assert error < 1.0
+
+
+def _draws_of(layer, x, m, draws):
+    """``(N, l, draws)``: the outputs of ``draws`` independent layers of ``m`` rows packed into ``layer``."""
+    with torch.no_grad():
+        phi, psi = layer.feature_map(x)[:, 1:], layer.weight_features()[:, 1:]
+        group = (torch.arange(phi.shape[-1]) % (m * draws)) // m
+        shares = torch.zeros(x.shape[0], psi.shape[0], draws, dtype=torch.float64)
+        shares.index_add_(-1, group, phi.unsqueeze(1) * psi.unsqueeze(0))
+        return layer.poly_coef[0] + draws * shares
+
+
+@pytest.mark.parametrize("atoms", [0, 1])
+def test_atom_tradeoff_bias_and_variance_match_monte_carlo_over_projection_draws(atoms):
+    # budget 12 = 4 polynomial rows + 2 x 1 node x 4 rows with the atom, 12 polynomial rows without
+    gen = torch.Generator().manual_seed(5)
+    linear = torch.nn.Linear(3, 2, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(F.normalize(torch.randn(2, 3, generator=gen, dtype=torch.float64), dim=-1) / 2)
+        linear.bias.zero_()
+    x = F.normalize(torch.randn(6, 3, generator=gen, dtype=torch.float64), dim=-1) / 2
+    options = {"sample": x, "num_freqs": 1, "fit": "discretized"}
+    layer = ralimp.create("ralimp", linear, "gelu", budget=12, freq_features=4, seed=0, **options)
+    row = next(r for r in analysis.atom_tradeoff(layer) if (r["atoms"], r["fit"]) == (atoms, "discretized"))
+    m, draws = (4, 20_000) if atoms else (12, 20_000)
+    sizes = (
+        {"poly_features": m * draws, "freq_features": m * draws} if atoms else {"poly_features": m * draws}
+    )
+    big = ralimp.RaLiMP.from_linear(linear, "gelu", num_atoms=atoms, seed=1, **sizes, **options)
+    outputs, t = _draws_of(big, x, m, draws), linear(x).detach()
+    target = F.gelu(t)
+    with torch.no_grad():
+        expected = big.expected_output(t)
+    assert float((expected - target).pow(2).mean()) == pytest.approx(row["bias2"], rel=1e-6)
+    assert row["signal"] == pytest.approx(float(target.pow(2).mean()), rel=1e-6)
+    # the atom's estimator is log-normal: a sample sees little of its tail and falls a little short
+    low = 0.85 if atoms else 0.98
+    sampled = float(outputs.var(-1).mean()) / row["variance"]
+    total = float((outputs - target.unsqueeze(-1)).pow(2).mean()) / row["total"]
+    assert low < sampled < 1.02
+    assert low < total < 1.02
+
+
+def _tradeoff():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 8)
+    layer = ralimp.create("ralimp", linear, "tanh", budget=32, sample=torch.randn(128, 4), seed=0)
+    return layer, {(r["atoms"], r["fit"]): r for r in analysis.atom_tradeoff(layer)}
+
+
+def test_the_variance_aware_fit_has_the_least_expected_error_and_an_atom_lowers_the_least_squares_bias():
+    _, rows = _tradeoff()
+    assert rows[0, "variance"]["total"] <= rows[0, "discretized"]["total"] * (1 + 1e-9)
+    assert rows[1, "discretized"]["bias2"] < rows[0, "discretized"]["bias2"]
+    assert all(row["variance"] >= -1e-12 for row in rows.values())
+
+
+def test_the_atoms_table_reports_the_choice_the_variance_aware_fit_made():
+    layer, rows = _tradeoff()
+    table = analysis.atoms_table([("block", layer)]).splitlines()
+    assert [c.strip() for c in table[0].strip("|").split("|")] == list(analysis.ATOM_COLUMNS)
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[0] == "block"
+    assert int(cells[-1]) == layer.num_atoms
+    assert float(cells[3]) == pytest.approx(
+        rows[0, "discretized"]["bias2"] - rows[1, "discretized"]["bias2"], rel=0.05
+    )
+
+
+def test_the_spread_of_an_exact_replacement_is_zero_and_a_random_one_is_not():
+    torch.manual_seed(0)
+    linear, x = torch.nn.Linear(4, 8), torch.randn(64, 4)
+    assert analysis.relative_spread(linear, "tanh", x, "dense", budget=None, seeds=2) < 1e-6
+    assert analysis.relative_spread(linear, "tanh", x, "eugen", budget=8, seeds=2) > 1e-3

@@ -25,8 +25,10 @@ from app_common.fields import (
     EvalFields,
     OptimizerFields,
     OutputFields,
+    RaLiMPFields,
     RuntimeFields,
     check_int_fields,
+    group_settings,
     option,
 )
 from app_common.records import RESULTS
@@ -180,7 +182,7 @@ QUICK_RUN = TrainConfig(
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuickConfig(RuntimeFields, OptimizerFields, OutputFields):
+class QuickConfig(RuntimeFields, OptimizerFields, OutputFields, RaLiMPFields):
     """``gpt-uptrain quick``: a small character-level GPT on the stdlib corpus, dense and each replacement.
 
     The runs are `QUICK_RUN` with the flags given here (the warm-up stays 5% of ``--steps``, the
@@ -210,6 +212,7 @@ class QuickConfig(RuntimeFields, OptimizerFields, OutputFields):
             features=self.features,
             attention=self.attention,
             seed=self.seed,
+            **group_settings(self, RaLiMPFields),
         )
         return dataclasses.replace(
             QUICK_RUN,

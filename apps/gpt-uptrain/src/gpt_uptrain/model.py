@@ -29,7 +29,7 @@ from torch import nn
 
 import ralimp
 import rf_attention
-from app_common.fields import option
+from app_common.fields import RaLiMPFields, option
 from app_common.schedules import param_groups
 from gpt_uptrain import hf
 from spectraformer_core import check_int
@@ -58,7 +58,7 @@ LAYER_OPTIONS: dict[str, dict] = {
 }
 
 #: The `GPTConfig` fields that say how the MLPs are replaced (the rest is the dense architecture).
-REPLACEMENT_FIELDS = ("layer", "last_k", "features", "weight_matrix")
+REPLACEMENT_FIELDS = ("layer", "last_k", "features", "weight_matrix", "fit", "num_atoms")
 
 #: The initializations of a replacement layer: ``lstsq`` (readout fitted on real activations) or ``psi``.
 INITS = ("lstsq", "psi")
@@ -70,7 +70,7 @@ def is_random_feature(attention: str) -> bool:
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(RaLiMPFields):
     """The architecture (defaults: GPT-2 small's shape with nanoGPT's padded vocabulary).
 
     Attributes:
@@ -92,6 +92,8 @@ class GPTConfig:
         features: feature budget of a replacement (128 in the paper), spent by ``ralimp.create``.
         weight_matrix: ``rf_matrices`` name of the replacements' projections; None: the layer's default.
         seed: seed of every random projection (attention features, replacement layers).
+        fit: RaLiMP's fit mode (``--fit``, `app_common.fields.RaLiMPFields`).
+        num_atoms: RaLiMP's most atoms $J$ (``--num-atoms``).
     """
 
     block_size: int = field(default=1024, metadata={"help": "context length (crops a pretrained one)"})
@@ -118,6 +120,7 @@ class GPTConfig:
     seed: int = option("seed", 0)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "attention_features"):
             check_int(name, getattr(self, name), minimum=1)
         if self.learnable_attention and not is_random_feature(self.attention):
@@ -135,6 +138,11 @@ class GPTConfig:
             check_int("features", self.features, minimum=1)
         if self.last_k is not None:
             check_int("last_k", self.last_k, 1, maximum=self.n_layer)  # at most n_layer blocks
+
+    def layer_options(self) -> dict[str, object]:
+        """``ralimp.create``'s keywords beside the budget: `LAYER_OPTIONS`, the fit, the projections."""
+        options = LAYER_OPTIONS.get(self.layer, {}) | self.ralimp_options(self.layer)
+        return options if self.weight_matrix is None else options | {"weight_matrix": self.weight_matrix}
 
     @property
     def replaced_blocks(self) -> int:
@@ -259,8 +267,9 @@ class GPT(nn.Module):
         """Replace the MLPs of the last ``config.replaced_blocks`` blocks by ``config.layer`` layers in place.
 
         Each ``c_fc`` + tanh GELU becomes ``ralimp.create(layer, c_fc, "gelu_tanh", budget=features,
-        **LAYER_OPTIONS[layer])`` (through ``ralimp.replace_mlp``; block ``i`` of the replaced ones gets seed
-        ``config.seed + i``): the replacement fits the activation GPT-2 computes. Nothing for ``"dense"``.
+        **config.layer_options())`` (through ``ralimp.replace_mlp``; block ``i`` of the replaced ones
+        gets seed ``config.seed + i``): the replacement fits the activation GPT-2 computes. Nothing for
+        ``"dense"``.
 
         Args:
             calibration: token ids ``(B, T)``; the model runs on them once (eval mode) and each replaced
@@ -287,9 +296,6 @@ class GPT(nn.Module):
         c = self.config
         if c.layer == "dense":
             return []
-        options = dict(LAYER_OPTIONS.get(c.layer, {}))
-        if c.weight_matrix is not None:
-            options["weight_matrix"] = c.weight_matrix
         self.replaced = ralimp.replace_mlp(
             self,
             c.layer,
@@ -299,7 +305,7 @@ class GPT(nn.Module):
             inputs=calibration,
             init=init,
             seed=c.seed,
-            **options,
+            **c.layer_options(),
         )
         return self.replaced
 

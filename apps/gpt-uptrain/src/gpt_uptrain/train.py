@@ -40,7 +40,7 @@ from app_common.seeding import CALIBRATION_SEED
 from gpt_uptrain import hf
 from gpt_uptrain.config import TrainConfig
 from gpt_uptrain.data import TokenData
-from gpt_uptrain.model import GPT, LAYER_OPTIONS, REPLACEMENT_FIELDS, GPTConfig
+from gpt_uptrain.model import GPT, REPLACEMENT_FIELDS, GPTConfig
 
 EVAL_SEED = 20_240_607  # validation batches are the same for every run and every evaluation
 #: Tokens of the batch that calibrates the replaced MLPs: as many as ``ralimp.replace_mlp`` keeps per layer
@@ -328,7 +328,7 @@ def _train(config: TrainConfig, run: Run) -> dict:
             "features": model.config.features,
             "init": config.start,
             "fits": ralimp.fit_summary(model),
-            "layer_options": LAYER_OPTIONS.get(model.config.layer, {}),
+            "layer_options": model.config.layer_options(),
             "attention": model.config.attention,
             "transfer": transfer.report,
             "weights": config.weights,

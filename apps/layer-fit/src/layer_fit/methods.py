@@ -10,6 +10,8 @@ paper's counting; table in the RaLiMP guide):
 - ``snnk``: SNNK (Fourier variant), ``B`` complex projections;
 - ``ralimp``: RaLiMP with ``K = 2``, one atom at 3 Gauss-Laguerre nodes, ``tau = 1`` (App. D.1): at
   ``B = 32`` 8 polynomial + 2 x 3 x 4 = 24 rational features;
+- ``ralimp-paper``: the same RaLiMP with the paper's start, ``fit="paper"``: one atom whatever its variance
+  (``ralimp`` keeps the atom only where the variance-aware fit finds it pays);
 - ``ralimp-psi``: the same RaLiMP, compressed at initialization with an identity following layer
   (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as
   EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
@@ -64,6 +66,15 @@ def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, 
     """RaLiMP of `RALIMP_SHAPE` spending ``budget``; ``balance`` calibrated on ``sample``."""
     return ralimp.create(
         "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **RALIMP_SHAPE
+    )
+
+
+@METHODS.register("ralimp-paper")
+def build_ralimp_paper(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+    """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept)."""
+    shape = RALIMP_SHAPE | {"fit": "paper"}
+    return ralimp.create(
+        "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **shape
     )
 
 

@@ -1,153 +1,75 @@
-r"""What an atom costs and buys in a linearized layer: bias$^2$ against estimator variance (Props. 1-2).
+r"""What an atom costs and buys in each family's linearized layers, and each replacement's spread at them.
 
-For a layer $f(W x + b)$ and a sample of its inputs, `atom_tradeoff` fits RaLiMP's activation with $J = 0$
-and $J = 1$ atoms at the same feature budget, in each fit mode (``variance``, ``discretized``, ``paper``),
-and splits each fit's expected squared error on the calibration pairs (`ralimp.fits.expected_squared_error`)
-into the squared bias of the expectation and the exact variance of the random-feature readout. The
-variance-aware fit (RaLiMP's default) keeps the $J$ of the least total; the other two modes fit the bias
-alone. `relative_spread` measures any replacement's relative error at the layer's inputs by Monte Carlo.
-`main` prints both for the hidden layers the PINN of ``configs/pinn-paper.toml`` linearizes::
+`main` builds a family's RaLiMP model as its run does (seed 0, the family's defaults, or a TOML file's
+settings) and prints `ralimp.analysis.atoms_table` for its linearized layers: the squared bias one atom
+removes, the estimator variance it adds at the budget, and the atoms the variance-aware fit keeps. For the
+PINN it also prints each kind's relative error at the layers' inputs (`ralimp.analysis.relative_spread`)::
 
-    uv run --frozen --package nerf-pinn python -c "from nerf_pinn.atoms import main; main()"
+    uv run --frozen --package nerf-pinn python -m nerf_pinn.atoms pinn   # siren, nerf; --config FILE.toml
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import tomllib
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 
 import ralimp
-from nerf_pinn.config import PinnConfig, replaced_layers
+from nerf_pinn.cli import family_class
+from nerf_pinn.config import FAMILIES, PinnConfig, replaced_layers
+from nerf_pinn.experiment import Family
 from nerf_pinn.layers import FeedForward, stack_inputs
 from nerf_pinn.pinn import PINN, PinnFamily
 from spectraformer_core import markdown_table
 
-#: The numbers of a row of `atom_tradeoff`, in the table's order.
-NUMBERS = ("bias2", "variance", "total", "signal")
 
-#: The fit modes compared: RaLiMP's default and the two that fit the bias only.
-MODES = ("variance", "discretized", "paper")
-
-PAPER_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pinn-paper.toml"
+def family(name: str, config: Path | None = None) -> Family:
+    """The family ``name`` at its defaults or at the settings of the TOML file ``config``, on one thread."""
+    settings = {} if config is None else tomllib.loads(config.read_text())
+    return family_class(name)(FAMILIES[name](**{k: v for k, v in settings.items() if k != "out"}, threads=1))
 
 
-def atom_tradeoff(
-    layer: FeedForward,
-    sample: torch.Tensor,
-    *,
-    budget: int,
-    num_freqs: int = 1,
-    balance: float | str = "auto",
-) -> list[dict[str, Any]]:
-    r"""Bias$^2$ and variance of RaLiMP's fits of ``layer`` with 0 and 1 atom, one row per (atoms, mode).
-
-    Args:
-        layer: the dense layer ``activation(scale (W x + b))``.
-        sample: its inputs ``(n, in_features)`` (the calibration sample).
-        budget: random features of the layer (``ralimp.create``'s budget).
-        num_freqs: Gauss-Laguerre nodes per atom.
-        balance: RaLiMP's ``balance``.
-
-    Returns:
-        Rows ``{"atoms", "fit", "bias2", "variance", "total", "signal"}``: mean squared bias of the layer's
-        expectation, mean variance of its output over the projections, their sum, and the mean of
-        $f(t)^2$ on the calibration pairs, for scale.
-    """
-    linear = layer.scaled_linear()
-    rows = []
-    for atoms in (0, 1):
-        built = ralimp.create(
-            "ralimp",
-            linear,
-            layer.activation_name,
-            budget=budget,
-            sample=sample,
-            num_atoms=atoms,
-            num_freqs=num_freqs,
-            balance=balance,
-            fit="discretized",
-        )
-        assert isinstance(built, ralimp.RaLiMP)
-        cal, sizes, fn = built.calibration, built.sizes(), built.target
-        signal = float(fn(cal.t).double().pow(2).mean())
-        for mode in MODES[: 3 if atoms else 2]:  # without atoms "paper" is the least-squares polynomial
-            options = dataclasses.replace(built.options, fit=mode)
-            fit = ralimp.fits.FITS.get(mode)(fn, cal, sizes, options)
-            bias2 = float((fit(cal.t) - fn(cal.t).double()).pow(2).mean())
-            total = ralimp.fits.expected_squared_error(fit, fn, cal, sizes)
-            rows.append(
-                {"atoms": atoms, "fit": mode, "bias2": bias2, "variance": total - bias2, "total": total}
-                | {"signal": signal}
-            )
-    return rows
-
-
-def relative_spread(
-    layer: FeedForward,
-    sample: torch.Tensor,
-    kind: str,
-    *,
-    budget: int | None,
-    seeds: int = 16,
-    **options: Any,
-) -> float:
-    r"""$\sqrt{\operatorname{mean} (\hat y - y)^2 / \operatorname{mean} y^2}$: a ``kind`` layer at ``sample``.
-
-    $y$ is ``layer``'s output, $\hat y$ the replacement's (``ralimp.create(kind, ..., seed=s)``) at
-    initialization, the mean over the sample, the outputs and ``seeds`` draws of the projections: the
-    estimator's relative root-mean-square error (bias and variance together), by Monte Carlo.
-    """
-    linear = layer.scaled_linear()
-    with torch.no_grad():
-        target = layer(sample)
-        errors = [
-            (
-                ralimp.create(
-                    kind, linear, layer.activation_name, budget=budget, sample=sample, seed=s, **options
-                )(sample)
-                - target
-            )
-            .pow(2)
-            .mean()
-            for s in range(seeds)
-        ]
-    return float((torch.stack(errors).mean() / target.pow(2).mean()).sqrt())
+def ralimp_layers(model: torch.nn.Module) -> list[tuple[str, ralimp.RaLiMP]]:
+    """``(module path, layer)`` of every RaLiMP of ``model``."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, ralimp.RaLiMP)]
 
 
 def pinn_layers(config: PinnConfig) -> list[tuple[int, FeedForward, torch.Tensor]]:
     """``(index, layer, its inputs)`` of every layer the PINN of ``config`` linearizes, at initialization."""
-    family = PinnFamily(config)
-    model = cast(PINN, family.build("dense"))
-    inputs = stack_inputs(model.layers, model.normalize(family.t_f[:1024], family.x_f[:1024]))
+    pinn = PinnFamily(config)
+    model = cast(PINN, pinn.build("dense"))
+    inputs = stack_inputs(model.layers, model.normalize(pinn.t_f[:1024], pinn.x_f[:1024]))
     indices = replaced_layers(config.replace, config.depth)
     return [(i, cast(FeedForward, model.layers[i]), inputs[i]) for i in indices]
 
 
-def main() -> None:
-    """Print `atom_tradeoff` and every kind's `relative_spread` for ``configs/pinn-paper.toml`` (seed 0)."""
-    settings = tomllib.loads(PAPER_CONFIG.read_text())
-    config = PinnConfig(**{k: v for k, v in settings.items() if k != "out"}, threads=1)
-    layers = pinn_layers(config)
-    balance, budget = config.balance_value(), config.features
-    header = ["layer", "atoms", "fit", "bias^2", "variance", "bias^2 + variance", "mean f(t)^2"]
-    rows = [
-        [str(i), str(r["atoms"]), r["fit"], *(f"{r[k]:.2e}" for k in NUMBERS)]
-        for i, layer, x in layers
-        for r in atom_tradeoff(layer, x, budget=budget, num_freqs=config.num_freqs, balance=balance)
-    ]
-    print(markdown_table(header, rows))
-    kinds: dict[str, dict[str, Any]] = {
-        "ralimp": {"num_freqs": config.num_freqs, "balance": balance},
-        "eugen": {},
-        "snnk": {"balance": balance},
-    }
-    spread = [
-        [str(i), *(f"{relative_spread(layer, x, k, budget=budget, **o):.3g}" for k, o in kinds.items())]
-        for i, layer, x in layers
-    ]
+def main(argv: list[str] | None = None) -> None:
+    """Print the atoms table of a family's RaLiMP model (and, for the PINN, each kind's spread)."""
+    parser = argparse.ArgumentParser(prog="python -m nerf_pinn.atoms", description=__doc__.splitlines()[0])
+    parser.add_argument("family", choices=tuple(FAMILIES))
+    parser.add_argument("--config", type=Path, default=None, help="TOML settings (default: the quick run's)")
+    args = parser.parse_args(argv)
+    chosen = family(args.family, args.config)
+    print(ralimp.analysis.atoms_table(ralimp_layers(chosen.build("ralimp"))))
+    if not isinstance(chosen, PinnFamily):
+        return
+    config = chosen.config
+    budget, balance = config.features, config.balance_value()
+    kinds = {"ralimp": {"num_freqs": config.num_freqs, "balance": balance}, "eugen": {}}
+    kinds["snnk"] = {"balance": balance}
+    spread = []
+    for i, layer, x in pinn_layers(cast(PinnConfig, config)):
+        linear, act = layer.scaled_linear(), layer.activation_name
+        errors = [
+            ralimp.analysis.relative_spread(linear, act, x, k, budget=budget, **o) for k, o in kinds.items()
+        ]
+        spread.append([str(i), *(f"{e:.3g}" for e in errors)])
     print()
     print(markdown_table(["layer", *(f"{k}: relative RMS error" for k in kinds)], spread))
+
+
+if __name__ == "__main__":
+    main()

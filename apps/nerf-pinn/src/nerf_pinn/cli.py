@@ -84,7 +84,8 @@ class CheckConfig:
     quadrature_nodes: int = field(default=100, metadata={"help": "Gauss-Hermite nodes"})
 
 
-def _family(name: str):
+def family_class(name: str):
+    """The `nerf_pinn.experiment.Family` subclass of family ``name`` (``pinn``, ``siren``, ``nerf``)."""
     from nerf_pinn.nerf import NerfFamily
     from nerf_pinn.pinn import PinnFamily
     from nerf_pinn.siren import SirenFamily
@@ -106,7 +107,7 @@ def _run_family(args: argparse.Namespace) -> None:
         flags = ", ".join(flag(k) for k in foreign)
         raise ValueError(f"{flags}: not a setting of the {family} family (see nerf-pinn {family} --help)")
     config = config_from(FAMILIES[family], args, toml=table)
-    compare(_family(family)(config))
+    compare(family_class(family)(config))
     print((Path(config.out) / "results.md").read_text())
     print(f"records: {Path(config.out) / 'results.jsonl'}; plots: {Path(config.out)}/*.png")
 
@@ -140,7 +141,7 @@ def _report(args: argparse.Namespace) -> None:
     records = [flat_record(r) for r in read_jsonl(config.results)]
     if not records:
         raise ValueError(f"{config.results}: no results yet")
-    metric = _family(records[0]["family"]).metric
+    metric = family_class(records[0]["family"]).metric
     out = report_folder(config.results, config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(records, metric)

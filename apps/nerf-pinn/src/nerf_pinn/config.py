@@ -70,7 +70,7 @@ class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
     )
     features: int = option("features", 32)
     poly_degree: int = field(default=2, metadata=_help("K of RaLiMP and EUGen"))
-    num_atoms: int = field(default=1, metadata=_help("J, the atoms of RaLiMP's rational fit"))
+    num_atoms: int = option("num_atoms", 1)
     num_freqs: int = field(
         default=1, metadata=_help("Gauss-Laguerre nodes per atom (1: lowest variance at initialization)")
     )
@@ -96,15 +96,7 @@ class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
             "range of the layer's calibration sample, snnk on [-4, 4]; sin always on the sample's range)"
         ),
     )
-    fit: str = field(
-        default="variance",
-        metadata=_help(
-            "how RaLiMP fits its activation: variance (bias^2 + the exact variance at the calibration "
-            "sample), discretized (least squares in the layer's basis) or paper (the continuous fit, node "
-            "k weighted by gamma_k)",
-            choices=FIT_MODES,
-        ),
-    )
+    fit: str = option("fit", "variance", choices=FIT_MODES)
     seed: int = option("seed", 0)
     lr: float = option("lr", 1e-3, help="Adam")
     grad_clip: float = option("grad_clip", 0.0)
@@ -232,12 +224,11 @@ class NerfConfig(CompareConfig):
         "orf",
         help="orf here: orthogonal projections, a RaLiMP NeRF far less seed-dependent than with base",
     )
-    num_atoms: int = field(
-        default=0,
-        metadata=_help(
-            "J of RaLiMP (0: the polynomial block only; an atom's variance grows exponentially with the "
-            "layer's inputs, and the trunk's pre-activations grow up to 35x in training)"
-        ),
+    num_atoms: int = option(
+        "num_atoms",
+        0,
+        help="0 here, the polynomial block only: an atom's variance grows exponentially with the layer's "
+        "inputs, and the trunk's pre-activations grow up to 35x in training",
     )
     fit_range: float = field(
         default=4.0,
@@ -246,14 +237,12 @@ class NerfConfig(CompareConfig):
             "pre-activations grow up to 35x in training, far beyond the range they start in)"
         ),
     )
-    fit: str = field(
-        default="discretized",
-        metadata=_help(
-            "how RaLiMP fits relu: discretized (least squares in the layer's basis, the default here: the "
-            "variance-aware fit weighs the variance at the initial pre-activations and shrinks the quadratic "
-            "term the trunk trains against), variance or paper",
-            choices=FIT_MODES,
-        ),
+    fit: str = option(
+        "fit",
+        "discretized",
+        help="discretized here: the variance-aware fit weighs the variance at the initial pre-activations "
+        "and shrinks the quadratic term the trunk trains against",
+        choices=FIT_MODES,
     )
     data: Path | None = field(
         default=None, metadata=_help("Blender folder or tiny_nerf npz (default: synthetic)")

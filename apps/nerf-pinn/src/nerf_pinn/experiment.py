@@ -30,8 +30,8 @@ from app_common.measure import count_parameters, interleaved_medians
 from app_common.records import RESULTS
 from app_common.results import markdown_table, read_jsonl
 from app_common.run import Run
-from nerf_pinn.config import CompareConfig
-from nerf_pinn.layers import DENSE, SHAPE_OPTIONS, inference_parameters, linearize
+from nerf_pinn.config import CompareConfig, replaced_layers
+from nerf_pinn.layers import DENSE, SHAPE_OPTIONS, inference_parameters, linearize, stack_inputs
 
 
 class Family(abc.ABC):
@@ -41,8 +41,11 @@ class Family(abc.ABC):
     name: str
     #: Name of the task metric in the records and the table.
     metric: str
-    #: Whether a larger metric is better (PSNR) or a smaller one (relative L2 error).
-    higher_is_better: bool
+
+    def __init_subclass__(cls, *, name: str, metric: str, **kwargs: Any) -> None:
+        """Name and metric as class keywords: ``class PinnFamily(Family, name="pinn", metric="l2")``."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.metric = name, metric
 
     def __init__(self, config: CompareConfig) -> None:
         self.config = config
@@ -109,6 +112,16 @@ class Family(abc.ABC):
             fit_range=config.fit_range,
             fit=config.fit,
             seed=config.seed,
+        )
+
+    def linearize_stack(self, layers: nn.ModuleList, kind: str, depth: int, sample: torch.Tensor) -> None:
+        """`linearize` the layers of a stack that ``--replace`` names, on their inputs from ``sample``.
+
+        ``sample`` is ``(n, in_features)``: each replaced layer is calibrated on what it receives when the
+        stack reads it.
+        """
+        self.linearize(
+            layers, kind, replaced_layers(self.config.replace, depth), stack_inputs(layers, sample)
         )
 
     def settings(self) -> dict[str, Any]:

@@ -109,12 +109,8 @@ def render_rays(
     return colour
 
 
-class NerfFamily(Family):
+class NerfFamily(Family, name="nerf", metric="psnr"):
     """The NeRF family of `nerf_pinn.experiment.compare`."""
-
-    name = "nerf"
-    metric = "psnr"
-    higher_is_better = True
 
     def __init__(self, config: NerfConfig) -> None:
         super().__init__(config)

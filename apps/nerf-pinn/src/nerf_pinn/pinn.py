@@ -20,9 +20,9 @@ from torch import nn
 from app_common.device import autocast
 from app_common.seeding import seed_everything
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
-from nerf_pinn.config import PinnConfig, replaced_layers
+from nerf_pinn.config import PinnConfig
 from nerf_pinn.experiment import Family
-from nerf_pinn.layers import DENSE, FeedForwardStack, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForwardStack
 
 
 class PINN(FeedForwardStack):
@@ -154,12 +154,8 @@ class ScipyLBFGSB(torch.optim.LBFGS):
         return torch.tensor(result.fun, dtype=params[0].dtype)
 
 
-class PinnFamily(Family):
+class PinnFamily(Family, name="pinn", metric="relative_l2"):
     """The PINN family of `nerf_pinn.experiment.compare`."""
-
-    name = "pinn"
-    metric = "relative_l2"
-    higher_is_better = False
 
     def __init__(self, config: PinnConfig) -> None:
         super().__init__(config)
@@ -179,12 +175,7 @@ class PinnFamily(Family):
         model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
             sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
-            self.linearize(
-                model.layers,
-                kind,
-                replaced_layers(config.replace, config.depth),
-                stack_inputs(model.layers, sample),
-            )
+            self.linearize_stack(model.layers, kind, config.depth, sample)
         return model
 
     def loss(self, model: nn.Module, step: int = 0) -> torch.Tensor:

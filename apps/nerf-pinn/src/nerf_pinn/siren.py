@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from app_common.seeding import seed_everything
-from nerf_pinn.config import SirenConfig, replaced_layers
+from nerf_pinn.config import SirenConfig
 from nerf_pinn.experiment import Family
-from nerf_pinn.layers import DENSE, FeedForwardStack, stack_inputs
+from nerf_pinn.layers import DENSE, FeedForwardStack
 from spectraformer_core import check_int
 
 
@@ -96,12 +96,8 @@ class Siren(FeedForwardStack):
         return self.stack(coords)
 
 
-class SirenFamily(Family):
+class SirenFamily(Family, name="siren", metric="psnr"):
     """The SIREN family of `nerf_pinn.experiment.compare`."""
-
-    name = "siren"
-    metric = "psnr"
-    higher_is_better = True
 
     def __init__(self, config: SirenConfig) -> None:
         super().__init__(config)
@@ -117,12 +113,7 @@ class SirenFamily(Family):
         model = Siren(2, 1, config.depth, config.width, config.omega_0).to(self.device)
         if kind != DENSE:
             sample = self.coords[torch.randperm(self.coords.shape[0], device=self.device)[:2048]]
-            self.linearize(
-                model.layers,
-                kind,
-                replaced_layers(config.replace, config.depth),
-                stack_inputs(model.layers, sample),
-            )
+            self.linearize_stack(model.layers, kind, config.depth, sample)
         return model
 
     def loss(self, model: nn.Module, step: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from app_common.fields import (
     EvalFields,
     LayerFields,
     OutputFields,
+    RaLiMPFields,
     RuntimeFields,
     check_int_fields,
     identity_digest,
@@ -37,6 +38,7 @@ class TrainConfig(
     RuntimeFields,
     EvalFields,
     LayerFields,
+    RaLiMPFields,
     AttentionFields,
     OutputFields,
 ):
@@ -161,7 +163,7 @@ class SweepConfig(GridFields):
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuickConfig(RuntimeFields):
+class QuickConfig(RuntimeFields, RaLiMPFields):
     """``vit-finetune quick``: the offline demo (a small random-init ViT on scikit-learn's digits, CPU)."""
 
     out: Path = option("out", Path("runs/vit-finetune-quick"), help="and of report/")

@@ -39,6 +39,7 @@ def replace_mlps(
     inputs: torch.Tensor | None = None,
     init: str = "psi",
     weight_matrix: str | None = None,
+    **options: object,
 ) -> list[str]:
     """Replace the MLPs of the last ``last_k`` blocks by ``layer`` layers spending ``features``, in place.
 
@@ -58,6 +59,7 @@ def replace_mlps(
             ``init="lstsq"``).
         init: ``"psi"`` (the paper's ``Psi(W)``) or ``"lstsq"`` (needs ``inputs``).
         weight_matrix: ``rf_matrices`` name of the projections; None: the layer's default.
+        **options: more keywords of ``ralimp.create`` (``fit``, ``num_atoms``), over `LAYER_OPTIONS`.
 
     Returns:
         The names of the replaced MLP modules (``[]`` for ``dense``).
@@ -66,7 +68,7 @@ def replace_mlps(
         return []
     if layer not in ralimp.LAYERS:
         raise ValueError(f"layer: unknown {layer!r}; expected one of {', '.join(layer_names())}")
-    overrides = dict(LAYER_OPTIONS.get(layer, {}))
+    overrides = dict(LAYER_OPTIONS.get(layer, {})) | options
     if weight_matrix is not None:
         overrides["weight_matrix"] = weight_matrix
     return ralimp.replace_mlp(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from app_common.fields import RuntimeFields, group_settings
+from app_common.fields import RaLiMPFields, RuntimeFields, group_settings
 from app_common.grid import run_grid
 from app_common.records import RESULTS
 from vit_finetune.config import QuickConfig, ReportConfig, SweepConfig, TrainConfig, run_name
@@ -57,6 +57,7 @@ def quick(config: QuickConfig) -> str:
         attention=config.attention,
         seed=config.seed,
         **group_settings(config, RuntimeFields),
+        **group_settings(config, RaLiMPFields),
         out=out,
         results=out / RESULTS,
     )

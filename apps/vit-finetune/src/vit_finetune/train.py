@@ -170,6 +170,7 @@ def build(
             inputs=inputs,
             init=start,
             weight_matrix=config.weight_matrix,
+            **config.ralimp_options(config.layer),
         ),
         "init": start,
     }

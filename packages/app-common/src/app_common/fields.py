@@ -153,6 +153,28 @@ class LayerFields(Fields):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RaLiMPFields(Fields):
+    """``--fit``, ``--num-atoms``: how a ``ralimp`` replacement fits its activation (RaLiMP's defaults).
+
+    ``--fit paper`` with ``--num-atoms 1`` or more is the paper's layout (an atom in every layer);
+    ``--fit variance`` (the default) may keep fewer atoms than ``--num-atoms`` (`ralimp.fits.choose_atoms`).
+    The fit mode is checked where the layer is built (``ralimp.fits.FITS``).
+    """
+
+    fit: str = option("fit", "variance", metavar="variance|discretized|paper")
+    num_atoms: int = option("num_atoms", 1)
+
+    def __post_init__(self) -> None:
+        """``num_atoms`` >= 0."""
+        super().__post_init__()
+        check_int_fields(self, "num_atoms", minimum=0)
+
+    def ralimp_options(self, layer: str) -> dict[str, Any]:
+        """``ralimp.create``'s keywords from this group for a ``layer`` replacement (none but ralimp's)."""
+        return {"fit": self.fit, "num_atoms": self.num_atoms} if layer == "ralimp" else {}
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttentionFields(Fields):
     """``--attention``, ``--attention-features``: the attention and its random-feature count."""
 

@@ -22,6 +22,10 @@ FLAGS: dict[str, str] = {
     "layer": "MLP replacement kind (ralimp.create): ralimp, eugen, snnk, lowrank or dense",
     "features": "random features of each replacement layer (ralimp.create's budget, exactly)",
     "weight_matrix": "rf_matrices name of the replacement layers' random projections",
+    "fit": "how a ralimp layer fits its activation (ralimp.fits): variance (bias^2 + the estimator's exact "
+    "variance on the calibration sample; it may keep fewer atoms), discretized (least squares in the "
+    "layer's basis) or paper (the paper's: the continuous rational fit, node k weighted by gamma_k)",
+    "num_atoms": "J, the atoms of a ralimp layer's rational fit (fit=variance keeps the best 0..J)",
     "last_k": "replace the MLPs of the last k blocks",
     "attention": "attention: any name of rf_attention.names()",
     "attention_features": "random features of the attention (rows of its weight matrix)",

@@ -12,19 +12,34 @@ $\lVert x/\lambda + \lambda w\rVert^2 \ge 2 \lVert x\rVert \lVert w\rVert + 2 t$
 $$\log \mathbb E|Y_k|^2 = 2\sigma_k^2 \ge 2 s_k |u| \left(\frac{1}{|\cos\theta|} - 1\right)$$
 
 with $u = t / q$ and $\theta$ the angle between $[x; 1]$ and $[w; b]$ (`log_second_moment_bound`).
+
+What an atom costs and buys in a built layer (`atom_tradeoff`, `atoms_table`): its fits with $J = 0$ and
+$J = 1$ at its budget, each split into the squared bias of the expectation and the exact variance over the
+projections; `relative_spread` measures any replacement's error at a layer's inputs by Monte Carlo.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
+from torch import nn
 
 from ralimp.baselines import EUGen
+from ralimp.discretized import DiscretizedFit
+from ralimp.fits import FITS, Sizes, expected_squared_error
 from ralimp.layer import RaLiMP
 from ralimp.moments import node_covariance, node_log_growth, product_covariance
+from ralimp.rational import RationalFunction
+from ralimp.replace import create
 from rf_matrices import Base
+from spectraformer_core import markdown_table
+
+#: The fit modes `atom_tradeoff` compares: RaLiMP's default and the two that fit the bias alone.
+MODES = ("variance", "discretized", "paper")
 
 
 def _pair_terms(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -161,3 +176,115 @@ def log_second_moment_bound(
     """
     u = torch.as_tensor(t, dtype=torch.float64).abs() / q
     return 2 * torch.as_tensor(node, dtype=torch.float64) * u * (1 / torch.as_tensor(cos_theta).abs() - 1)
+
+
+def atom_tradeoff(layer: RaLiMP, *, freq_features: int | None = None) -> list[dict[str, Any]]:
+    r"""Bias$^2$ and variance of ``layer``'s fits with 0 and 1 atom at its budget, a row per (atoms, mode).
+
+    On the layer's calibration pairs (its sample, $\tau$, balance and fit range), with its $K$, nodes per
+    atom and budget count, $J = 0$ and $J = 1$ spend the layer's budget (`RaLiMP.budget_options`); each is
+    fitted in every mode of `MODES` (``"paper"`` only with the atom: without one it is the least-squares
+    polynomial) and its expected squared error (`ralimp.fits.expected_squared_error`, i.i.d.
+    $\mathcal N(0, I)$ rows) split into the mean squared bias of the layer's expectation and the mean
+    variance of its output.
+
+    Args:
+        layer: a RaLiMP of an elementwise activation, as built (its own fit and $J$ do not matter).
+        freq_features: projections per node with the atom; None: the layer's own, or ralimp's split
+            (`RaLiMP.budget_options`) when it has no atom.
+
+    Returns:
+        Rows ``{"atoms", "fit", "bias2", "variance", "total", "signal"}``; ``signal`` is the mean of
+        $f(t)^2$ on the pairs, for scale.
+    """
+    if isinstance(layer.target, RationalFunction | DiscretizedFit):
+        raise ValueError("layer: expected a RaLiMP of an elementwise activation, not of a given rational fit")
+    cal, fn, count = layer.calibration, layer.target, layer.options.budget_count
+    budget = layer.num_random_features if count == "paper" else layer.feature_dim
+    if freq_features is None and layer.num_atoms:
+        freq_features = layer.freq_matrices[0].num_features
+    signal = float(fn(cal.t).double().pow(2).mean())
+    rows = []
+    for atoms in (0, 1):
+        shape = {"poly_degree": layer.poly_degree, "num_atoms": atoms, "num_freqs": layer.num_freqs}
+        fixed = {"freq_features": freq_features} if atoms and freq_features is not None else {}
+        sizes = Sizes.of(shape | RaLiMP.budget_options(budget, count=count, **shape, **fixed))
+        for mode in MODES[: 3 if atoms else 2]:
+            fit = FITS.get(mode)(fn, cal, sizes, dataclasses.replace(layer.options, fit=mode))
+            bias2 = float((fit(cal.t) - fn(cal.t).double()).pow(2).mean())
+            total = expected_squared_error(fit, fn, cal, sizes)
+            rows.append(
+                {"atoms": atoms, "fit": mode, "bias2": bias2, "variance": total - bias2, "total": total}
+                | {"signal": signal}
+            )
+    return rows
+
+
+#: The columns of `atoms_table`.
+ATOM_COLUMNS = (
+    "layer",
+    "mean f(t)^2",
+    "bias^2 without atom",
+    "bias^2 removed by one atom",
+    "variance added by it",
+    "variance, paper's fit",
+    "variance-aware bias^2 + variance, no atom / one atom",
+    "atoms chosen",
+)
+
+
+def atoms_table(layers: Iterable[tuple[str, RaLiMP]], *, freq_features: int | None = None) -> str:
+    r"""A Markdown table of `ATOM_COLUMNS`, a row per named layer: what one atom buys and costs there.
+
+    From `atom_tradeoff`: the least-squares fits (``"discretized"``, bias alone) with and without the atom
+    give the squared bias it removes and the variance it adds; the paper's fit with the atom gives the
+    variance of the paper's layout; the variance-aware fit keeps the $J$ of the least bias$^2$ + variance
+    (both given). Bias and variance are means over the layer's calibration pairs.
+    """
+    rows = []
+    for name, layer in layers:
+        found = {(r["atoms"], r["fit"]): r for r in atom_tradeoff(layer, freq_features=freq_features)}
+        none, one = found[0, "discretized"], found[1, "discretized"]
+        chosen = int(found[1, "variance"]["total"] < found[0, "variance"]["total"])
+        added = one["variance"] - none["variance"]
+        numbers = [
+            none["signal"],
+            none["bias2"],
+            none["bias2"] - one["bias2"],
+            added,
+            found[1, "paper"]["variance"],
+        ]
+        totals = f"{found[0, 'variance']['total']:.2g} / {found[1, 'variance']['total']:.2g}"
+        rows.append([name, *(f"{v:.2g}" for v in numbers), totals, str(chosen)])
+    return markdown_table(list(ATOM_COLUMNS), rows)
+
+
+def relative_spread(
+    linear: nn.Linear,
+    activation: str | Callable[[torch.Tensor], torch.Tensor],
+    sample: torch.Tensor,
+    kind: str,
+    *,
+    budget: int | None,
+    seeds: int = 16,
+    **options: Any,
+) -> float:
+    r"""$\sqrt{\operatorname{mean} (\hat y - y)^2 / \operatorname{mean} y^2}$: a ``kind`` layer at ``sample``.
+
+    $y = f(\text{linear}(x))$, $\hat y$ the replacement's output (``create(kind, ..., seed=s)``) at
+    initialization, the mean over the sample, the outputs and ``seeds`` draws of the projections: the
+    estimator's relative root-mean-square error (bias and variance together), by Monte Carlo.
+    """
+    fn = create("dense", linear, activation, budget=None)
+    with torch.no_grad():
+        target = fn(sample)
+        errors = [
+            (
+                create(kind, linear, activation, budget=budget, sample=sample, seed=s, **options)(sample)
+                - target
+            )
+            .pow(2)
+            .mean()
+            for s in range(seeds)
+        ]
+    return float((torch.stack(errors).mean() / target.pow(2).mean()).sqrt())
