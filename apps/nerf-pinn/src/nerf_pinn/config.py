@@ -85,8 +85,8 @@ class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
     balance: str = field(
         default="auto",
         metadata=_help(
-            "ralimp and snnk: auto (features at x/lambda and lambda w, a departure from the paper; without "
-            "it SNNK's PINN loss starts at 1e13) or a number (1: the paper's layer)"
+            "ralimp and snnk: auto (features at x/lambda and lambda w, lambda from |x| and |w|: a departure "
+            "from the paper) or a number (1: the paper's layer)"
         ),
     )
     fit_range: float = field(
