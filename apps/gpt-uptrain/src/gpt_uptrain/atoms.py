@@ -25,8 +25,7 @@ from gpt_uptrain.train import build_model
 def replaced_layers(config: TrainConfig) -> list[tuple[str, ralimp.RaLiMP]]:
     """``(module path, layer)`` of every RaLiMP of the run ``config`` at initialization, on the CPU."""
     seed_everything(config.seed)  # as the run's harness does before it builds the model
-    model = build_model(config, TokenData(config.data), torch.device("cpu"))
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, ralimp.RaLiMP)]
+    return ralimp.analysis.ralimp_layers(build_model(config, TokenData(config.data), torch.device("cpu")))
 
 
 def main() -> None:

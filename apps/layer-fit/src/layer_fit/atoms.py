@@ -21,9 +21,14 @@ def ralimp_layer(activation: str, config: FitConfig, *, budget: int = 32, seed: 
     data = make_data(
         activation, samples=config.samples, dim=config.dim, seed=config.data_seed, center=config.center
     )
-    sample = data.x[: min(len(data.x), 4096)]
     model = build(
-        "ralimp", activation, budget, dim=config.dim, seed=seed, sample=sample, balance=config.balance
+        "ralimp",
+        activation,
+        budget,
+        dim=config.dim,
+        seed=seed,
+        sample=data.calibration_sample,
+        balance=config.balance,
     )
     assert isinstance(model.layer, ralimp.RaLiMP)
     return model.layer

@@ -48,6 +48,11 @@ class LayerData:
     y: torch.Tensor
     activation: str
 
+    @property
+    def calibration_sample(self) -> torch.Tensor:
+        """The inputs a replacement is calibrated on: the first 4096 rows of ``x`` (all, if fewer)."""
+        return self.x[:4096]
+
 
 def make_data(
     activation: str,

@@ -99,7 +99,7 @@ def fit_one(
         budget,
         dim=data.x.shape[-1],
         seed=seed,
-        sample=data.x[: min(len(data.x), 4096)],
+        sample=data.calibration_sample,
         balance=config.balance,
         output_affine=config.affine,
         device=device,

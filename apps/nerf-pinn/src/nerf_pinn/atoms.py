@@ -32,16 +32,11 @@ def family(name: str, config: Path | None = None) -> Family:
     return family_class(name)(FAMILIES[name](**{k: v for k, v in settings.items() if k != "out"}, threads=1))
 
 
-def ralimp_layers(model: torch.nn.Module) -> list[tuple[str, ralimp.RaLiMP]]:
-    """``(module path, layer)`` of every RaLiMP of ``model``."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, ralimp.RaLiMP)]
-
-
 def pinn_layers(config: PinnConfig) -> list[tuple[int, FeedForward, torch.Tensor]]:
     """``(index, layer, its inputs)`` of every layer the PINN of ``config`` linearizes, at initialization."""
     pinn = PinnFamily(config)
     model = cast(PINN, pinn.build("dense"))
-    inputs = stack_inputs(model.layers, model.normalize(pinn.t_f[:1024], pinn.x_f[:1024]))
+    inputs = stack_inputs(model.layers, pinn.calibration_sample(model))
     indices = replaced_layers(config.replace, config.depth)
     return [(i, cast(FeedForward, model.layers[i]), inputs[i]) for i in indices]
 
@@ -53,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=None, help="TOML settings (default: the quick run's)")
     args = parser.parse_args(argv)
     chosen = family(args.family, args.config)
-    print(ralimp.analysis.atoms_table(ralimp_layers(chosen.build("ralimp"))))
+    print(ralimp.analysis.atoms_table(ralimp.analysis.ralimp_layers(chosen.build("ralimp"))))
     if not isinstance(chosen, PinnFamily):
         return
     config = chosen.config

@@ -168,14 +168,17 @@ class PinnFamily(Family, name="pinn", metric="relative_l2"):
         tt, xx = torch.meshgrid(t.to(self.dtype), x.to(self.dtype), indexing="xy")  # (256, 100) like u
         self.eval_t, self.eval_x = tt.to(self.device), xx.to(self.device)
 
+    def calibration_sample(self, model: PINN) -> torch.Tensor:
+        """The inputs the linearized layers are calibrated on: 1,024 collocation points, normalized."""
+        return model.normalize(self.t_f[:1024], self.x_f[:1024])
+
     def build(self, kind: str) -> nn.Module:
         """The PINN; for a linearized kind its hidden layers (or all layers) replaced."""
         config = self.config
         seed_everything(config.seed)
         model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
-            sample = model.normalize(self.t_f[:1024], self.x_f[:1024])
-            self.linearize_stack(model.layers, kind, config.depth, sample)
+            self.linearize_stack(model.layers, kind, config.depth, self.calibration_sample(model))
         return model
 
     def loss(self, model: nn.Module, step: int = 0) -> torch.Tensor:

@@ -30,7 +30,7 @@ def replaced_layers(config: TrainConfig) -> list[tuple[str, ralimp.RaLiMP]]:
         splits.num_classes,
         calibration=lambda spec, size: calibration_images(fit_set, config, spec, size, "cpu"),
     )
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, ralimp.RaLiMP)]
+    return ralimp.analysis.ralimp_layers(model)
 
 
 def main() -> None:

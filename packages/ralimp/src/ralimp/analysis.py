@@ -203,7 +203,8 @@ def atom_tradeoff(layer: RaLiMP, *, freq_features: int | None = None) -> list[di
     budget = layer.num_random_features if count == "paper" else layer.feature_dim
     if freq_features is None and layer.num_atoms:
         freq_features = layer.freq_matrices[0].num_features
-    signal = float(fn(cal.t).double().pow(2).mean())
+    target = fn(cal.t).double()
+    signal = float(target.pow(2).mean())
     rows = []
     for atoms in (0, 1):
         shape = {"poly_degree": layer.poly_degree, "num_atoms": atoms, "num_freqs": layer.num_freqs}
@@ -211,13 +212,16 @@ def atom_tradeoff(layer: RaLiMP, *, freq_features: int | None = None) -> list[di
         sizes = Sizes.of(shape | RaLiMP.budget_options(budget, count=count, **shape, **fixed))
         for mode in MODES[: 3 if atoms else 2]:
             fit = FITS.get(mode)(fn, cal, sizes, dataclasses.replace(layer.options, fit=mode))
-            bias2 = float((fit(cal.t) - fn(cal.t).double()).pow(2).mean())
+            bias2 = float((fit(cal.t) - target).pow(2).mean())
             total = expected_squared_error(fit, fn, cal, sizes)
-            rows.append(
-                {"atoms": atoms, "fit": mode, "bias2": bias2, "variance": total - bias2, "total": total}
-                | {"signal": signal}
-            )
+            row = {"atoms": atoms, "fit": mode, "bias2": bias2, "variance": total - bias2, "total": total}
+            rows.append(row | {"signal": signal})
     return rows
+
+
+def ralimp_layers(model: nn.Module) -> list[tuple[str, RaLiMP]]:
+    """``(module path, layer)`` of every RaLiMP of ``model``: the rows `atoms_table` takes."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, RaLiMP)]
 
 
 #: The columns of `atoms_table`.
