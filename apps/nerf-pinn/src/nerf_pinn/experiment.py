@@ -43,7 +43,7 @@ class Family(abc.ABC):
     metric: str
 
     def __init_subclass__(cls, *, name: str, metric: str, **kwargs: Any) -> None:
-        """Name and metric as class keywords: ``class PinnFamily(Family, name="pinn", metric="l2")``."""
+        """Name and metric as class keywords: ``class SirenFamily(Family, name="siren", metric="psnr")``."""
         super().__init_subclass__(**kwargs)
         cls.name, cls.metric = name, metric
 
