@@ -415,6 +415,21 @@ def test_float64_carries_larger_exponents_than_float32():
         assert torch.isfinite(layer.double()(x.double())).all()  # exponent ~440 < 701.8
 
 
+def test_without_the_exponent_guard_the_bound_is_not_the_computed_exponent():
+    # the guard's number bounds the log second moment of the estimator (Prop. 1) for the worst aligned
+    # pair; the features' own exponent is far smaller, so with the guard off the same batch is finite
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 64)
+    x = 8 * F.normalize(torch.randn(1, 64), dim=-1)
+    kw = dict(seed=0, fit="discretized", interval=(-4.0, 4.0), tau=1.0)
+    guarded = RaLiMP.from_linear(linear, "relu", **kw)
+    with pytest.raises(ValueError, match="reaches"):
+        guarded(x)
+    unguarded = RaLiMP.from_linear(linear, "relu", exponent_guard=False, **kw)
+    with torch.no_grad():
+        assert torch.isfinite(unguarded(x)).all()
+
+
 def test_the_overflow_check_keeps_a_compiled_graph_whole(small_layer_data):
     # the guard reads no Python float while torch.compile traces (fullgraph=True fails on a graph break)
     linear, x = small_layer_data

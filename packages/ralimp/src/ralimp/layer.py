@@ -109,6 +109,9 @@ class RaLiMP(FeatureLinearization):
         device: where parameters live.
         dtype: parameter dtype.
         matrix_kw: extra keyword arguments of ``rf_matrices.create``.
+        exponent_guard: raise before a forward pass whose feature exponent bound exceeds the work dtype's
+            limit (`check_exponent`). False runs the layer as the paper writes it, whatever its variance
+            does.
     """
 
     # buffers, or parameters when ``learn_poles`` (``register_buffer``/``register_parameter``)
@@ -149,8 +152,10 @@ class RaLiMP(FeatureLinearization):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         matrix_kw: dict[str, Any] | None = None,
+        exponent_guard: bool = True,
     ) -> None:
         super().__init__()
+        self.exponent_guard = exponent_guard
         self.set_features(in_features, out_features)
         check_int("poly_degree", poly_degree, 0)
         check_int("num_atoms", num_atoms, 0)
@@ -476,7 +481,7 @@ class RaLiMP(FeatureLinearization):
         check is skipped, so the compiled graph has no break; a compiled model relies on its trainer's
         non-finite-loss stop instead.
         """
-        if not u.numel() or not freqs.numel() or torch.compiler.is_compiling():
+        if not self.exponent_guard or not u.numel() or not freqs.numel() or torch.compiler.is_compiling():
             return
         exponent = self.exponent_bound(u, freqs)
         limit = exponent_limit(u.dtype)
