@@ -421,7 +421,7 @@ def test_without_the_exponent_guard_the_bound_is_not_the_computed_exponent():
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 64)
     x = 8 * F.normalize(torch.randn(1, 64), dim=-1)
-    kw = dict(seed=0, fit="discretized", interval=(-4.0, 4.0), tau=1.0)
+    kw = {"seed": 0, "fit": "discretized", "interval": (-4.0, 4.0), "tau": 1.0}
     guarded = RaLiMP.from_linear(linear, "relu", **kw)
     with pytest.raises(ValueError, match="reaches"):
         guarded(x)
