@@ -1,6 +1,7 @@
 """Attention transfer (stage 1) and the stage-2 helpers, on tiny models built here (no download)."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -9,8 +10,10 @@ from torch import nn
 import rf_attention
 from rf_attention.transfer import (
     attention_transfer,
+    attention_weight_divergence,
     feature_map_parameters,
     freeze_statistics,
+    learning_rate_factor,
     teacher_forced,
 )
 
@@ -84,9 +87,9 @@ def test_transfer_restores_requires_grad_and_train_modes():
     assert "attend" not in vars(model.attns[0])
 
 
-@pytest.mark.parametrize("pair", ["posrf-orf", "saderf-orf"])
+@pytest.mark.parametrize("pair", ["posrf-orf", "saderf-orf", "hedgehog"])
 def test_every_layers_mse_falls_on_a_teacher_with_peaked_attention(pair):
-    report = attention_transfer(rf_model(pair), token_batches(), steps=40, lr=3e-2)
+    report = attention_transfer(rf_model(pair, input_map=True), token_batches(), steps=40)
     for before, after in zip(report.mse_before, report.mse_after, strict=True):
         assert after < 0.6 * before
 
@@ -155,3 +158,88 @@ def test_frozen_statistics_stay_fixed_in_training():
     freeze_statistics(model)
     model(token_batches(1)[0])
     assert all(float(attn.feature_map.running_a.abs().max()) == 0.0 for attn in model.attns)
+
+
+def test_layer_by_layer_transfer_learns_the_joint_transfers_maps():
+    # teacher forcing makes each layer's loss depend on its own map only: with the same batches in the same
+    # order (and no global clipping to couple them) one layer at a time gives the same maps
+    joint, layerwise = rf_model(), rf_model()
+    batches = token_batches(3)
+    attention_transfer(joint, batches, steps=3, max_grad_norm=None)
+    report = attention_transfer(layerwise, batches, steps=3, max_grad_norm=None, layerwise=True)
+    assert report.steps == 3 * LAYERS
+    for a, b in zip(feature_map_parameters(joint), feature_map_parameters(layerwise), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_a_layer_by_layer_step_stops_the_forward_pass_after_the_layer_in_training(layerwise):
+    model = rf_model()
+    calls = [0] * LAYERS
+    for i, mlp in enumerate(model.mlps):
+        mlp.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+    attention_transfer(model, token_batches(2), steps=2, layerwise=layerwise)
+    # the report's two evaluations run every block; a joint step too, a step of layer i the blocks before i
+    assert calls == ([2 + 2, 2] if layerwise else [2 + 2, 2 + 2])
+
+
+def test_cosine_schedule_warms_up_linearly_then_decays_to_zero():
+    factors = [learning_rate_factor(step, 10, "cosine", 2) for step in range(10)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert all(a > b for a, b in itertools.pairwise(factors[2:]))
+    assert factors[-1] < 0.05
+    assert [learning_rate_factor(step, 10, "constant", 0) for step in range(3)] == [1.0, 1.0, 1.0]
+
+
+def naive_divergence(q, k, fm, rows, causal, keep):
+    """KL(P || A) from the full N x N matrices in float64 (no stabilization)."""
+    scale = q.shape[-1] ** -0.25
+    phi_q, phi_k = fm(q * scale, k * scale, key_padding_mask=~keep, query_padding_mask=~keep)
+    a = phi_q @ phi_k.mT
+    p = torch.exp(q @ k.mT / q.shape[-1] ** 0.5)
+    n = q.shape[-2]
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed & keep[:, None, None, :]
+    a, p = torch.where(allowed, a, 0.0), torch.where(allowed, p, 0.0)
+    a, p = (x / x.sum(-1, keepdim=True).masked_fill(~allowed.any(-1, keepdim=True), 1.0) for x in (a, p))
+    a, p = torch.where(allowed, a, 1.0), torch.where(allowed, p, 1.0)  # no log(0), not even masked out
+    kl = torch.where(allowed, p * (p.log() - a.log()), 0.0).sum(-1)[..., rows]  # (B, H, r)
+    valid = (keep[:, None, rows] & allowed[..., rows, :].any(-1)).expand_as(kl)
+    return kl[valid].mean()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("component", ["posrf", "oprf", "hedgehog"])
+def test_attention_weight_divergence_equals_the_plain_formula_with_peaked_logits(component, causal):
+    import rf_features
+
+    fm = rf_features.create(
+        component, num_features=6, dim=4, seed=0, learnable=True, num_heads=2, statistics_mode="batch"
+    ).double()
+    g = torch.Generator().manual_seed(0)
+    q, k = (4 * torch.randn(2, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, :3] = False  # left padding
+    rows = torch.tensor([0, 2, 5, 8])
+    got = attention_weight_divergence(q, k, fm, rows, causal=causal, keep=keep)
+    want = naive_divergence(q, k, fm, rows, causal, keep)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert float(got.detach()) > 0.1  # peaked logits: far from 0, a real comparison
+    (grad,) = torch.autograd.grad(got, [fm.weight_matrix.weight])
+    (want_grad,) = torch.autograd.grad(want, [fm.weight_matrix.weight])
+    torch.testing.assert_close(grad, want_grad, rtol=1e-7, atol=1e-10)
+
+
+def test_attention_weight_loss_trains_and_lowers_the_divergence():
+    model = rf_model()
+    batches = token_batches()
+    report = attention_transfer(model, batches, steps=20, attention_weight=1.0, attention_rows=8)
+    assert report.losses[-1] < report.losses[0]
+    assert all(after < before for before, after in zip(report.mse_before, report.mse_after, strict=True))
+
+
+def test_trigrf_transfer_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="normalizer can come arbitrarily near 0"):
+        attention_transfer(rf_model("trigrf-orf"), token_batches(1), steps=1)

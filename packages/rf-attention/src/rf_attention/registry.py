@@ -20,6 +20,10 @@ AttentionFactory = Callable[..., nn.Module]
 
 ATTENTIONS: Registry[AttentionFactory] = Registry("attention")
 
+#: The weight matrix whose seeded draw starts a learned map's projection (``hedgehog``: the rows past the
+#: identity; ``t2r``: all of them).
+LEARNED_MAP_MATRIX = "orf"
+
 
 def register(name: str, *, override: bool = False) -> Callable[[AttentionFactory], AttentionFactory]:
     """Decorator adding an attention class (or factory) under ``name``.
@@ -49,6 +53,17 @@ def names(pattern: str | None = None) -> list[str]:
     return _all_names().names(pattern)
 
 
+def feature_pair(name: str) -> tuple[str, str] | None:
+    """The ``rf_features.create`` component and matrix behind an attention name, or None for other attentions.
+
+    ``"posrf-hyp-orf"`` -> ``("posrf-hyp", "orf")`` (see `split_pair`); a learned map of
+    ``rf_features.learned_names()`` -> ``(name, LEARNED_MAP_MATRIX)``, the matrix whose draw starts it.
+    """
+    if name.lower() in rf_features.learned_names():
+        return name.lower(), LEARNED_MAP_MATRIX
+    return split_pair(name)
+
+
 def split_pair(name: str) -> tuple[str, str] | None:
     """``"posrf-hyp-orf"`` -> ``("posrf-hyp", "orf")``; None unless a component and a matrix match."""
     for matrix in rf_matrices.names():
@@ -72,8 +87,10 @@ def create(
     """A multi-head self-attention module ``(B, N, dim) -> (B, N, dim)`` by name.
 
     Names: ``"softmax"``, ``"performer"`` (= ``"posrf-orf"``, FAVOR+), every ``"<component>-<matrix>"`` pair
-    of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), and the baselines
-    of [`names`][rf_attention.names]. Extra keyword arguments go to the attention (``kernel``,
+    of ``rf_features.names()`` and ``rf_matrices.names()`` (e.g. ``"oprf-fastfoodl"``), the learned maps
+    ``"hedgehog"`` and ``"t2r"`` (``rf_features.learned``: per-head trainable projections, a learned kernel
+    rather than an estimate of softmax's), and the baselines of [`names`][rf_attention.names]. Extra keyword
+    arguments go to the attention (``kernel``,
     ``redraw_interval``, ``attention_dropout``, ``matrix_options``, ...).
 
     ``seed`` seeds all of the module's randomness except dropout (which draws from the global torch RNG):
@@ -112,3 +129,16 @@ def _softmax(
 def _performer(dim: int, num_heads: int, **kw: Any) -> nn.Module:
     """FAVOR+ (Choromanski et al. 2021): positive random features with orthogonal rows, ``posrf-orf``."""
     return RandomFeatureAttention(dim, num_heads, component="posrf", weight_matrix="orf", **kw)
+
+
+def _learned_map_attention(
+    dim: int, num_heads: int, *, component: str, learnable: bool = True, **kw: Any
+) -> nn.Module:
+    """Kernelized attention with the learned map ``component`` (``rf_features.learned``), per head."""
+    return RandomFeatureAttention(
+        dim, num_heads, component=component, weight_matrix=LEARNED_MAP_MATRIX, learnable=learnable, **kw
+    )
+
+
+for _learned in rf_features.learned_names():
+    register(_learned)(functools.partial(_learned_map_attention, component=_learned))

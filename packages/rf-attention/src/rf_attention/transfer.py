@@ -23,6 +23,7 @@ Create the maps learnable: ``rf_attention.create(pair, ..., learnable=True)``, o
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from torch import nn
 import rf_features
 from rf_attention.functional import softmax_attention
 from rf_attention.modules import RandomFeatureAttention
+from rf_attention.ops.common import finite_or_zero
+from rf_attention.ops.features import qk_scale
 from spectraformer_core import check_int
 
 if TYPE_CHECKING:
@@ -41,6 +44,11 @@ if TYPE_CHECKING:
 
 #: The ``attn_implementation`` name under which an HF model runs during `teacher_forced`.
 HF_TRANSFER_NAME = "rf-attention-transfer"
+
+#: `attention_transfer`'s default peak learning rate and attention-weight divergence weight (measured on the
+#: peaked teacher of the guide "Linearizing a pretrained model").
+DEFAULT_LR = 4e-2
+DEFAULT_ATTENTION_WEIGHT = 0.0
 
 #: A batch: ``input_ids (B, N)``, or keyword arguments of the model (``attention_mask``: 1 at tokens).
 Batch = torch.Tensor | Mapping[str, Any]
@@ -56,7 +64,10 @@ class TransferReport:
             before training.
         mse_after: the same after training (same batch, eval mode).
         steps: optimizer steps taken (fewer than asked when ``batches`` ran out).
-        losses: the summed per-layer MSE of each training step.
+        losses: the objective of each training step (the summed per-layer MSE, plus the weighted
+            attention-weight divergences).
+        skipped_steps: steps whose gradient was not finite (a feature or normalizer out of float32's
+            range on that batch), so the maps were left as they were.
     """
 
     layers: tuple[str, ...]
@@ -64,6 +75,7 @@ class TransferReport:
     mse_after: tuple[float, ...]
     steps: int
     losses: tuple[float, ...]
+    skipped_steps: int = 0
 
 
 def masked_mse(
@@ -86,19 +98,49 @@ def masked_mse(
 
 
 class LayerLosses:
-    """Each attention layer's MSE against softmax in the last forward pass under `teacher_forced`.
+    """Each attention layer's losses against softmax in the last forward pass under `teacher_forced`.
 
     Attributes:
         layers: the attention modules, in the model's order.
-        values: per layer, the scalar MSE (with its graph in grad mode), or None if the layer did not run.
+        values: per layer, the scalar output MSE (with its graph in grad mode), or None if the layer did not
+            run its random-feature attention.
+        divergences: per layer, the attention-weight divergence
+            ([`attention_weight_divergence`][rf_attention.transfer.attention_weight_divergence]) on
+            ``attention_rows`` sampled query positions, or None (not asked, or the layer did not run).
         keep: bool ``(B, N)``, True at the tokens the losses count (None: all), set before a forward pass.
+        attention_rows: query positions per layer and pass that the divergence samples; 0: none computed.
+        active: the index of the one layer whose random-feature attention runs (layer-by-layer transfer):
+            the others pass the softmax output on without computing theirs, and the forward pass stops
+            after it; None: every layer runs.
+        generator: draws the sampled query positions.
     """
 
     def __init__(self, layers: list[nn.Module]) -> None:
         self.layers = layers
         self._index = {id(layer): i for i, layer in enumerate(layers)}
         self.values: list[torch.Tensor | None] = [None] * len(layers)
+        self.divergences: list[torch.Tensor | None] = [None] * len(layers)
         self.keep: torch.Tensor | None = None
+        self.attention_rows = 0
+        self.active: int | None = None
+        self.generator = torch.Generator().manual_seed(0)
+
+    def runs(self, layer: nn.Module) -> bool:
+        """Whether ``layer`` computes its random-feature attention in this pass (see ``active``)."""
+        return self.active is None or self._index[id(layer)] == self.active
+
+    def keep_for(self, student: torch.Tensor, token_dim: int) -> torch.Tensor | None:
+        """``keep`` if it fits this call's ``(B, N)``, else None (a call on other tokens: all count)."""
+        keep = self.keep
+        if keep is not None and keep.shape != (student.shape[0], student.shape[token_dim]):
+            return None
+        return keep
+
+    def sampled_rows(self, n: int) -> torch.Tensor | None:
+        """``min(attention_rows, n)`` distinct query positions in ``[0, n)``, or None when none are asked."""
+        if not self.attention_rows:
+            return None
+        return torch.randperm(n, generator=self.generator)[: self.attention_rows].sort().values
 
     def record(
         self,
@@ -107,26 +149,132 @@ class LayerLosses:
         teacher: torch.Tensor,
         keep: torch.Tensor | None,
         token_dim: int,
+        divergence: torch.Tensor | None = None,
     ) -> None:
-        """Store ``layer``'s MSE (only this scalar stays, with the graph autograd needs for it)."""
-        if keep is not None and keep.shape != (student.shape[0], student.shape[token_dim]):
-            keep = None  # a call on other tokens (packed or cached): every token counts
-        self.values[self._index[id(layer)]] = masked_mse(student, teacher, keep, token_dim)
+        """Store ``layer``'s MSE and divergence (only these scalars stay, with the graph autograd needs).
+
+        Raises:
+            _ActiveLayerDone: ``layer`` is the active one of a layer-by-layer pass (nothing after it runs).
+        """
+        index = self._index[id(layer)]
+        self.values[index] = masked_mse(student, teacher, keep, token_dim)
+        self.divergences[index] = divergence
+        if self.active == index:
+            raise _ActiveLayerDone
 
     def clear(self) -> None:
         """Forget the last pass's losses."""
         self.values = [None] * len(self.layers)
+        self.divergences = [None] * len(self.layers)
 
-    def total(self) -> torch.Tensor:
-        """The sum of the recorded losses (the stage-1 objective)."""
+    def total(self, attention_weight: float = 0.0) -> torch.Tensor:
+        """The summed MSE plus ``attention_weight`` times the summed divergences (the stage-1 objective)."""
         recorded = [v for v in self.values if v is not None]
         if not recorded:
             raise ValueError("model: no random-feature attention layer ran in the forward pass")
-        return torch.stack(recorded).sum()
+        total = torch.stack(recorded).sum()
+        divergences = [d for d in self.divergences if d is not None]
+        if attention_weight and divergences:
+            total = total + attention_weight * torch.stack(divergences).sum()
+        return total
 
     def floats(self) -> tuple[float, ...]:
-        """The recorded losses as floats (NaN for a layer that did not run)."""
-        return tuple(math.nan if v is None else float(v) for v in self.values)
+        """The recorded MSEs as floats (NaN for a layer that did not run)."""
+        return tuple(math.nan if v is None else float(v.detach()) for v in self.values)
+
+
+class _ActiveLayerDone(Exception):
+    """Raised by the active layer of a layer-by-layer pass once its loss is recorded: the pass ends there."""
+
+
+def attention_weight_divergence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    feature_map: rf_features.FeatureMap,
+    rows: torch.Tensor,
+    *,
+    causal: bool,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""$\mathrm{KL}(P \,\|\, A)$ of softmax's attention weights $P$ and the map's $A$, on sampled rows.
+
+    $P_{ij} = \operatorname{softmax}_j(q_i \cdot k_j / \sqrt{D_h})$ and
+    $A_{ij} = \phi(q_i) \cdot \phi(k_j) / \sum_{j'} \phi(q_i) \cdot \phi(k_{j'})$ with the features of
+    [`rf_attention`][rf_attention.rf_attention] (inputs scaled by $D_h^{-1/4}$), over the keys each row may
+    see (causal, padding). Hedgehog's cross-entropy $-\sum_j P_{ij} \log A_{ij}$ less the teacher's entropy:
+    the same gradient, and 0 at a perfect match. Computed in log space with stabilizers that cancel, so
+    peaked rows neither overflow nor lose their small weights to underflow before the logarithm.
+
+    Args:
+        q: ``(B, H, N, Dh)`` queries (as given to ``rf_attention``).
+        k: ``(B, H, N, Dh)`` keys.
+        feature_map: the layer's map, run with its current statistics (running ones are not updated).
+        rows: ``(r,)`` query positions; the mean is over them (padded ones and those with no visible key
+            left out), the batch and the heads.
+        causal: row ``i`` sees keys ``j <= i``.
+        keep: bool ``(B, N)``, True at tokens (padding neither queries nor is attended to), or None.
+
+    Returns:
+        A scalar (with its graph in grad mode).
+
+    Raises:
+        ValueError: the features have signs (TrigRF's), so the weights ``A`` are no distribution.
+    """
+    n, head_dim = k.shape[-2], k.shape[-1]
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q, k = q.to(work), k.to(work)
+    rows = rows.to(q.device)
+    keep = None if keep is None else keep.to(q.device)
+    padding = None if keep is None else ~keep
+    scale = qk_scale(head_dim)
+    frozen = feature_map.statistics_frozen
+    feature_map.statistics_frozen = True  # the forward pass already updated the running statistics
+    try:
+        stats = feature_map.current_statistics(
+            q * scale, k * scale, key_padding_mask=padding, query_padding_mask=padding
+        )
+    finally:
+        feature_map.statistics_frozen = frozen
+    q_rows = q[..., rows, :]
+    log_q = _log_features(feature_map, q_rows * scale, stats, is_query=True)  # (B, H, r, m)
+    log_k = _log_features(feature_map, k * scale, stats, is_query=False)  # (B, H, N, m)
+    allowed = torch.ones(len(rows), n, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed & (torch.arange(n, device=q.device) <= rows.unsqueeze(-1))
+    allowed = allowed.expand(q.shape[0], 1, len(rows), n)
+    if keep is not None and padding is not None:
+        allowed = allowed & keep[:, None, None, :]
+        log_k = log_k.masked_fill(padding[:, None, :, None], -math.inf)
+    # log sum_f exp(log_q[i, f] + log_k[j, f]) by one product of stabilized exponentials
+    key_top = finite_or_zero(log_k.detach().amax(dim=-2, keepdim=True))  # (B, H, 1, m)
+    shifted = log_q + key_top
+    query_top = finite_or_zero(shifted.detach().amax(dim=-1, keepdim=True))  # (B, H, r, 1)
+    products = torch.exp(shifted - query_top) @ torch.exp(log_k - key_top).mT
+    student = products.clamp_min(torch.finfo(work).tiny).log() + query_top
+    teacher = (q_rows @ k.mT) * head_dim**-0.5
+    log_a = torch.log_softmax(student.masked_fill(~allowed, -math.inf), dim=-1)
+    log_p = torch.log_softmax(teacher.masked_fill(~allowed, -math.inf), dim=-1)
+    terms = torch.where(allowed, log_p.exp() * (log_p - log_a), 0.0).sum(-1)  # (B, H, r)
+    valid = allowed.any(-1)
+    if keep is not None:
+        valid = valid & keep[:, None, rows]
+    valid = valid.expand_as(terms)
+    return torch.where(valid, terms, 0.0).sum() / valid.sum().clamp_min(1)
+
+
+def _log_features(
+    feature_map: rf_features.FeatureMap, x: torch.Tensor, stats: dict[str, torch.Tensor], *, is_query: bool
+) -> torch.Tensor:
+    """``log phi(x)`` ``(..., n, m)`` of non-negative features (a multiplier's logarithm added)."""
+    log_x, multiplier = feature_map.weighted_log_features(x, stats, is_query=is_query, stabilized=True)
+    if multiplier is not None:
+        if bool((multiplier < 0).any()):
+            raise ValueError(
+                f"attention_weight: {type(feature_map).__name__}'s features have signs, so its attention "
+                "weights are no distribution to compare with softmax's; use attention_weight=0"
+            )
+        log_x = log_x + multiplier.log()
+    return log_x.expand(*x.shape[:-1], feature_map.num_features)
 
 
 def feature_maps(model: nn.Module) -> list[rf_features.FeatureMap]:
@@ -209,19 +357,27 @@ def teacher_forced(model: nn.Module) -> Iterator[LayerLosses]:
 
 @contextlib.contextmanager
 def _module_teacher(layer: RandomFeatureAttention, losses: LayerLosses) -> Iterator[None]:
-    """``layer.attend`` records its MSE against softmax and returns the softmax output (restored on exit)."""
+    """``layer.attend`` records its losses against softmax and returns softmax's output (restored on exit)."""
     student_attend = layer.attend
 
     def attend(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        student = student_attend(q, k, v, key_padding_mask)
         with torch.no_grad():
             teacher = softmax_attention(q, k, v, causal=layer.causal, key_padding_mask=key_padding_mask)
-        keep = losses.keep
+        if not losses.runs(layer):
+            return teacher
+        student = student_attend(q, k, v, key_padding_mask)
+        keep = losses.keep_for(student, token_dim=2)
         if keep is None and key_padding_mask is not None:
             keep = ~key_padding_mask
-        losses.record(layer, student, teacher, keep, token_dim=2)
+        rows = losses.sampled_rows(q.shape[-2])
+        divergence = None
+        if rows is not None:
+            divergence = attention_weight_divergence(
+                q, k, layer.feature_map, rows, causal=layer.causal, keep=keep
+            )
+        losses.record(layer, student, teacher.to(student.dtype), keep, 2, divergence)
         return teacher.to(student.dtype)
 
     layer.attend = attend  # type: ignore[method-assign]  # an instance attribute, deleted on exit
@@ -238,6 +394,8 @@ def _hf_teacher(model: nn.Module, name: str, losses: LayerLosses) -> Iterator[No
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    from rf_attention.hf.masks import packed_cu_seqlens
+
     student_attention: Callable[..., tuple[torch.Tensor, Any]] = AttentionInterface()[name]  # type: ignore[no-untyped-call]
 
     def attention(
@@ -248,10 +406,29 @@ def _hf_teacher(model: nn.Module, name: str, losses: LayerLosses) -> Iterator[No
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        student, _ = student_attention(module, query, key, value, attention_mask, **kwargs)
         with torch.no_grad():
             teacher, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        losses.record(module, student, teacher, losses.keep, token_dim=1)
+        if not losses.runs(module):
+            return teacher, None
+        student, _ = student_attention(module, query, key, value, attention_mask, **kwargs)
+        keep = losses.keep_for(student, token_dim=1)
+        n = query.shape[-2]
+        rows = losses.sampled_rows(n)
+        divergence = None
+        if rows is not None and key.shape[-2] == n and packed_cu_seqlens(kwargs, query.shape[0], n) is None:
+            groups = query.shape[1] // key.shape[1]
+            scaling = kwargs.get("scaling")
+            q = query if scaling is None else query * (scaling * query.shape[-1] ** 0.5)
+            causal = kwargs.get("is_causal")
+            divergence = attention_weight_divergence(
+                q,
+                key.repeat_interleave(groups, dim=1),
+                _layer_feature_map(module),
+                rows,
+                causal=getattr(module, "is_causal", True) if causal is None else bool(causal),
+                keep=keep,
+            )
+        losses.record(module, student, teacher.to(student.dtype), keep, 1, divergence)
         return teacher.to(student.dtype), None
 
     AttentionInterface.register(HF_TRANSFER_NAME, attention)
@@ -288,7 +465,8 @@ def _forward(model: nn.Module, batch: Batch, device: torch.device, losses: Layer
     losses.clear()
     if isinstance(batch, torch.Tensor):
         losses.keep = None
-        model(batch.to(device), **options)
+        with contextlib.suppress(_ActiveLayerDone):
+            model(batch.to(device), **options)
         return
     if not isinstance(batch, Mapping):
         raise ValueError(
@@ -297,7 +475,8 @@ def _forward(model: nn.Module, batch: Batch, device: torch.device, losses: Layer
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     mask = inputs.get("attention_mask")
     losses.keep = None if mask is None else mask.bool()
-    model(**inputs, **options)
+    with contextlib.suppress(_ActiveLayerDone):
+        model(**inputs, **options)
 
 
 def _evaluate(model: nn.Module, batch: Batch, device: torch.device, losses: LayerLosses) -> tuple[float, ...]:
@@ -318,74 +497,171 @@ def _batches(batches: Iterable[Batch]) -> Iterator[Batch]:
             return
 
 
+#: Learning-rate schedules of `attention_transfer`: after the warmup, constant or a cosine decay to 0.
+SCHEDULES = ("constant", "cosine")
+
+
+def learning_rate_factor(step: int, steps: int, schedule: str, warmup_steps: int) -> float:
+    """The factor of the peak learning rate at ``step`` (from 0) of ``steps``.
+
+    Linear warmup over the first ``warmup_steps`` (from ``1 / warmup_steps``), then 1 (``"constant"``) or
+    half a cosine period from 1 down to 0 at ``steps`` (``"cosine"``).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def attention_transfer(
     model: nn.Module,
     batches: Iterable[Batch],
     *,
     steps: int,
-    lr: float = 1e-2,
+    lr: float = DEFAULT_LR,
+    schedule: str = "cosine",
+    warmup: float = 0.1,
     weight_decay: float = 0.0,
     max_grad_norm: float | None = 1.0,
+    attention_weight: float = DEFAULT_ATTENTION_WEIGHT,
+    attention_rows: int = 32,
+    layerwise: bool = False,
 ) -> TransferReport:
     r"""Stage 1: train only the feature maps, so each attention layer matches softmax on its ``q, k, v``.
 
     The objective is the sum over layers of the per-layer MSE between random-feature and softmax attention
-    outputs, with the softmax output passed on to the next layer
+    outputs, plus ``attention_weight`` times the divergence of their attention weights on
+    ``attention_rows`` sampled query positions
+    ([`attention_weight_divergence`][rf_attention.transfer.attention_weight_divergence], Hedgehog's
+    loss), with the softmax output passed on to the next layer
     ([`teacher_forced`][rf_attention.transfer.teacher_forced]), minimized by AdamW over
     [`feature_map_parameters`][rf_attention.transfer.feature_map_parameters] only. Every other parameter is
     frozen (and bit-identical afterwards); ``requires_grad`` flags and train/eval modes are restored. The
     model runs in eval mode (no dropout) except its feature maps, whose running statistics (OPRF, SADERF)
-    follow the data.
+    follow the data. The defaults are those measured best on a peaked teacher (the guide "Linearizing a
+    pretrained model").
+
+    Maps whose features have signs (TrigRF's) are refused: their normalizer can come arbitrarily near 0,
+    and the transfer diverges on the unbounded outputs there.
 
     Args:
         model: a model whose attention layers are RF with learnable feature maps.
         batches: ``input_ids`` tensors ``(B, N)``, or dicts of the model's keyword arguments; an
             ``attention_mask`` (1 at tokens, 0 at padding) excludes padded positions from the loss. Cycled
             when it can be iterated again, until ``steps``.
-        steps: optimizer steps.
-        lr: AdamW learning rate.
+        steps: optimizer steps (per layer with ``layerwise``).
+        lr: AdamW's peak learning rate.
+        schedule: ``"cosine"`` or ``"constant"`` after the warmup
+            ([`learning_rate_factor`][rf_attention.transfer.learning_rate_factor]).
+        warmup: the share of ``steps`` with a linear warmup (0: none).
         weight_decay: AdamW weight decay.
-        max_grad_norm: gradient clipping of the feature-map parameters (None: none).
+        max_grad_norm: gradient clipping of the feature-map parameters (None: none). A step whose
+            gradient is not finite is skipped (``report.skipped_steps``).
+        attention_weight: weight of the attention-weight divergence (0: output MSE only).
+        attention_rows: query positions per layer and step that the divergence samples (its cost is
+            ``attention_rows x N`` per head, not ``N x N``).
+        layerwise: train the layers one after the other, ``steps`` each, with a forward pass that runs the
+            random-feature attention of the one layer in training only and stops after it: the memory of
+            one layer's graph, for models whose every layer's graph does not fit at once.
 
     Returns:
         A [`TransferReport`][rf_attention.transfer.TransferReport]: per-layer MSE on the first batch before
         and after, the steps taken and the loss of each step.
     """
     check_int("steps", steps, minimum=0)
-    attention_layers(model)  # an HF model's feature maps are attached here, before the optimizer is built
+    check_int("attention_rows", attention_rows)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+    if not 0.0 <= warmup <= 1.0:
+        raise ValueError(f"warmup: expected a share of the steps in [0, 1], got {warmup}")
+    if attention_weight < 0:
+        raise ValueError(f"attention_weight: expected a non-negative weight, got {attention_weight}")
+    layers = attention_layers(model)  # an HF model's feature maps are attached here, before any optimizer
     parameters = feature_map_parameters(model)
     if not parameters:
         raise ValueError(
             "model: its feature maps have no parameters to train; create the attention with learnable=True"
         )
+    for fm in feature_maps(model):
+        _check_unsigned(fm)
     device = parameters[0].device
     stream = _batches(batches)
     first = next(stream, None)
     if first is None:
         raise ValueError("batches: expected at least one batch, got none")
     history: list[float] = []
+    skipped = 0
     with _only_feature_maps_train(model, parameters), teacher_forced(model) as losses:
         names = {id(m): n for n, m in model.named_modules()}
         before = _evaluate(model, first, device, losses)
-        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+        groups = (
+            [(i, list(_layer_feature_map(layer).parameters())) for i, layer in enumerate(layers)]
+            if layerwise
+            else []
+        )
+        warmup_steps = math.ceil(warmup * steps)
+        rounds = [(index, group) for index, group in groups if group] if layerwise else [(None, parameters)]
         batch: Batch | None = first
-        while batch is not None and len(history) < steps:
-            for fm in feature_maps(model):
-                fm.train()
-            _forward(model, batch, device, losses)
-            total = losses.total()
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-            optimizer.step()
-            history.append(float(total.detach()))
-            for fm in feature_maps(model):
-                fm.eval()
-            batch = next(stream, None)
+        for active, trained in rounds:
+            losses.active = active
+            optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=weight_decay)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer,
+                functools.partial(
+                    learning_rate_factor, steps=steps, schedule=schedule, warmup_steps=warmup_steps
+                ),
+            )
+            taken = 0
+            while batch is not None and taken < steps:
+                for fm in feature_maps(model):
+                    fm.train()
+                losses.attention_rows = attention_rows if attention_weight else 0
+                _forward(model, batch, device, losses)
+                losses.attention_rows = 0
+                total = losses.total(attention_weight)
+                optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                norm = torch.nn.utils.clip_grad_norm_(trained, max_grad_norm or math.inf)
+                if bool(torch.isfinite(norm)):
+                    optimizer.step()
+                else:  # float32 ran out of range in this batch's features: the maps stay as they were
+                    skipped += 1
+                scheduler.step()
+                history.append(float(total.detach()))
+                taken += 1
+                for fm in feature_maps(model):
+                    fm.eval()
+                batch = next(stream, None)
+        losses.active = None
         after = _evaluate(model, first, device, losses)
-        layers = tuple(names[id(layer)] for layer in losses.layers)
-    return TransferReport(layers, before, after, len(history), tuple(history))
+        names_of_layers = tuple(names[id(layer)] for layer in losses.layers)
+    return TransferReport(names_of_layers, before, after, len(history), tuple(history), skipped)
+
+
+def _layer_feature_map(layer: nn.Module) -> rf_features.FeatureMap:
+    """The feature map of an attention layer of `attention_layers` (a module's, or an HF module's)."""
+    fm = layer.feature_map if isinstance(layer, RandomFeatureAttention) else layer.rf_feature_map
+    if not isinstance(fm, rf_features.FeatureMap):
+        raise ValueError(f"layer: expected a feature map on {type(layer).__name__}, got {type(fm).__name__}")
+    return fm
+
+
+def _check_unsigned(fm: rf_features.FeatureMap) -> None:
+    """Refuse to transfer a map whose features can be negative (TrigRF's waves, negative quadrature weights).
+
+    Its normalizer ``sum_j phi(q) . phi(k_j)`` has no sign guarantee: where it nears 0 the output has no
+    bound, those few rows dominate the MSE and its gradient, and training follows them (the last block of
+    a GPT's trigrf-sorf went from MSE 9.16 to 891); its attention weights are no distribution either.
+    """
+    if isinstance(fm, rf_features.TrigRF) or fm.weight_matrix.signed_weights:
+        raise ValueError(
+            f"model: its {type(fm).__name__} feature map over {type(fm.weight_matrix).__name__} has features "
+            "with signs, whose attention normalizer can come arbitrarily near 0: outputs without bound "
+            "dominate the transfer loss and training diverges; transfer a pair with positive features "
+            "(posrf, oprf, saderf, gerf, posrf-hyp, or a learned map) instead"
+        )
 
 
 def lora_config(

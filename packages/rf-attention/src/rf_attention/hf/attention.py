@@ -18,8 +18,8 @@ from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, pa
 from rf_attention.hf.persistence import saved_feature_map_file
 from rf_attention.hf.statistics import statistics_where_saved
 from rf_attention.ops.recurrent import decode
+from rf_attention.registry import feature_pair
 from rf_attention.registry import names as attention_names
-from rf_attention.registry import split_pair
 
 #: Prefix of the names registered with ``transformers.AttentionInterface``.
 PREFIX = "rf-"
@@ -231,8 +231,8 @@ def register(
     """Register (or re-register with new options) ``"rf-<pair>"`` attentions with transformers.
 
     Args:
-        names: attention names such as ``"posrf-orf"`` or ``"rf-posrf-orf"``; default: every pair and
-            ``performer``.
+        names: attention names such as ``"posrf-orf"`` or ``"rf-posrf-orf"``, or a learned map
+            (``"hedgehog"``, ``"t2r"``); default: every pair, ``performer`` and the learned maps.
         num_features: rows ``s`` of each layer's weight matrix.
         seed: layer ``i`` draws from ``seed + i``.
         **feature_options: more ``rf_features.create`` arguments.
@@ -243,7 +243,7 @@ def register(
     pairs = {}
     for name in names if names is not None else [*attention_names(), "performer"]:
         bare = name.removeprefix(PREFIX)
-        pair = ("posrf", "orf") if bare == "performer" else split_pair(bare)
+        pair = ("posrf", "orf") if bare == "performer" else feature_pair(bare)
         if pair is not None:
             pairs[f"{PREFIX}{bare}"] = pair
         elif names is not None:

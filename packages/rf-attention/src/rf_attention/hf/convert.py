@@ -14,7 +14,13 @@ Model = TypeVar("Model", bound="nn.Module")
 
 
 def linearize(
-    model: Model, name: str, *, num_features: int = 128, learnable: bool = True, seed: int | None = None
+    model: Model,
+    name: str,
+    *,
+    num_features: int = 128,
+    learnable: bool = True,
+    input_map: bool = True,
+    seed: int | None = None,
 ) -> Model:
     """Turn every attention layer of a loaded transformers ``model`` into random-feature attention ``name``.
 
@@ -30,10 +36,14 @@ def linearize(
     Args:
         model: a transformers ``PreTrainedModel`` (or a wrapper of one, such as a ``peft`` model) whose
             attention dispatches through ``AttentionInterface``.
-        name: a random-feature pair, ``"posrf-orf"`` or ``"rf-posrf-orf"`` (``"performer"`` too).
+        name: a random-feature pair, ``"posrf-orf"`` or ``"rf-posrf-orf"`` (``"performer"`` too), or a
+            learned map, ``"hedgehog"`` or ``"t2r"`` (``rf_features.learned``).
         num_features: rows ``s`` of each weight matrix.
         learnable: per-head trainable weight matrices; False: one fixed random map per layer, shared by the
             heads.
+        input_map: with ``learnable``, a trainable linear map of the queries and one of the keys per head
+            before the features (identity at the start): the largest single gain of attention transfer on
+            peaked attention (the guide "Linearizing a pretrained model").
         seed: layer ``i`` draws from ``seed + i`` (default: the registered name's seed, 0).
 
     Returns:
@@ -48,7 +58,12 @@ def linearize(
         if hasattr(module, "rf_feature_map"):
             del module.rf_feature_map  # drawn afresh with these options
     heads = target.config.get_text_config(decoder=True).num_attention_heads
-    options = {**function.feature_options, "learnable": learnable, "num_heads": heads if learnable else None}
+    options = {
+        **function.feature_options,
+        "learnable": learnable,
+        "num_heads": heads if learnable else None,
+        "input_map": learnable and input_map,
+    }
     record = {"num_features": num_features, "seed": function.seed if seed is None else seed, **options}
     setattr(target.config, CONFIG_OPTIONS, record)
     target.set_attn_implementation(implementation)  # which attaches the maps (rf_attention.hf.attach)
