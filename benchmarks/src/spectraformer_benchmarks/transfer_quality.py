@@ -11,9 +11,10 @@ that compounds through the layers). A cut is ``1 - after / before``.
     uv run --frozen --package spectraformer-benchmarks python -m spectraformer_benchmarks.transfer_quality
 
 The rows: the library's defaults (``linearize``'s per-head input maps, ``attention_transfer``'s peak lr,
-cosine schedule with warmup), the earlier defaults (no input maps, constant lr 1e-2), the defaults plus the
-attention-weight divergence (Hedgehog's loss), and the learned-map baselines ``hedgehog`` and ``t2r`` with
-the defaults, at the same feature width as the random pair (``--features`` columns).
+cosine schedule with warmup), the earlier defaults (no input maps, constant lr 1e-2), the defaults without
+input maps, the defaults plus the attention-weight divergence (Hedgehog's loss), and the learned-map
+baselines ``hedgehog`` and ``t2r`` with the defaults, at the same feature width as the random pair
+(``--features`` columns).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ ROWS = [
         {"input_map": False},
         {"lr": 1e-2, "schedule": "constant", "warmup": 0.0},
     ),
+    Row("posrf-orf, defaults without input maps", "posrf-orf", lambda width: width, {"input_map": False}),
     Row(
         "posrf-orf, defaults + attention-weight divergence 1e-2",
         "posrf-orf",
