@@ -88,3 +88,26 @@ def test_teacher_forcing_after_transfer_keeps_the_trained_maps_of_a_reloaded_mod
         model(**llama_batches()[0], use_cache=False)
     assert trained
     assert all(torch.equal(p, trained[n]) for n, p in model.named_parameters() if n in trained)
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_hf_transfer_with_the_attention_weight_loss_lowers_every_layers_mse(llama, layerwise):
+    # grouped-query keys, HF's scaling and left padding all reach the divergence through the HF hook
+    model = llama()
+    report = attention_transfer(
+        model, llama_batches(), steps=30, lr=3e-2, attention_weight=1.0, attention_rows=8, layerwise=layerwise
+    )
+    assert report.steps == (60 if layerwise else 30)
+    assert all(torch.isfinite(torch.tensor(report.losses)))
+    assert all(a < 0.6 * b for a, b in zip(report.mse_after, report.mse_before, strict=True))
+
+
+def test_hf_learned_map_transfers_after_linearize(tiny_llama):
+    model = tiny_llama("sdpa")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4)
+            layer.self_attn.k_proj.weight.mul_(4)
+    rf_hf.linearize(model, "hedgehog", num_features=8, seed=0)
+    report = attention_transfer(model, llama_batches(), steps=30)
+    assert all(a < 0.6 * b for a, b in zip(report.mse_after, report.mse_before, strict=True))
