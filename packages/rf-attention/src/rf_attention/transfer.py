@@ -652,8 +652,8 @@ def _check_unsigned(fm: rf_features.FeatureMap) -> None:
     """Refuse to transfer a map whose features can be negative (TrigRF's waves, negative quadrature weights).
 
     Its normalizer ``sum_j phi(q) . phi(k_j)`` has no sign guarantee: where it nears 0 the output has no
-    bound, those few rows dominate the MSE and its gradient, and training follows them (the last block of
-    a GPT's trigrf-sorf went from MSE 9.16 to 891); its attention weights are no distribution either.
+    bound, those few rows dominate the MSE and its gradient, and training follows them (a layer's MSE can
+    grow by orders of magnitude while another's falls); its attention weights are no distribution either.
     """
     if isinstance(fm, rf_features.TrigRF) or fm.weight_matrix.signed_weights:
         raise ValueError(
