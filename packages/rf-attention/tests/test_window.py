@@ -74,6 +74,16 @@ def test_outputs_equal_the_naive_hybrid(component, matrix, window):
     assert_rel_close("output", expected, out, 1e-8 if component == "trigrf" else 1e-12)
 
 
+@pytest.mark.parametrize("chunk_size", [16, None])
+def test_lengths_that_fill_whole_chunks_and_blocks_equal_the_naive_hybrid(chunk_size):
+    q, k, v = qkv(n=256, scale=1.5)  # 2 x 128 (default chunk) = 16 x 16 = 4 x 64 (exact blocks)
+    fm = trained_map("oprf", "orf")
+    for window in (3, 64):
+        out = rf_attend(q, k, v, fm, causal=True, window=window, chunk_size=chunk_size)
+        expected = naive_rf_attention(q, k, v, fm, causal=True, window=window)
+        assert_rel_close("output", expected, out, 1e-12)
+
+
 @pytest.mark.parametrize("window", [1, 5, N - 1])
 @pytest.mark.parametrize(("component", "matrix"), PAIRS, ids=PAIR_IDS)
 def test_gradients_equal_the_naive_hybrid(component, matrix, window):

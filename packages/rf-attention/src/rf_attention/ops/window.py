@@ -105,7 +105,7 @@ def feature_part(
     lag: int,
     chunk: int,
 ) -> FeaturePart:
-    """Causal random-feature sums of query ``i`` over keys ``j <= i - lag`` (the keys shifted by ``lag``).
+    """Causal random-feature sums of query ``i`` over keys ``j <= i - lag`` (the keys shifted by ``lag < n``).
 
     ``q, k (..., n, d)``, ``v (..., n, Dv)``, ``key_mask (..., n)`` or None; ``features`` gives the
     unstabilized log-features (every constant kept: the sums estimate ``sum_j e^{s_ij} [v_j, 1]``).
@@ -115,9 +115,8 @@ def feature_part(
     phi_q, query_top, query_signed = row_stabilized_features(features, q, True, None)
     phi_k, key_scale, key_signed = row_stabilized_features(features, k, False, key_mask)
     m = phi_q.shape[-1]
-    phi_k = F.pad(phi_k, (0, 0, lag, 0))[..., :n, :]
-    v = F.pad(v, (0, 0, lag, 0))[..., :n, :]
-    key_scale = F.pad(key_scale, (lag, 0), value=-math.inf)[..., :n]
+    phi_k, v = (F.pad(x[..., : n - lag, :], (0, 0, lag, 0)) for x in (phi_k, v))
+    key_scale = F.pad(key_scale[..., : n - lag], (lag, 0), value=-math.inf)
     signed = query_signed or key_signed
     ch = chunked_products(
         phi_q.reshape(size, n, m),
