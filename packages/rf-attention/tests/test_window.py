@@ -89,14 +89,17 @@ def test_lengths_that_fill_whole_chunks_and_blocks_equal_the_naive_hybrid(chunk_
 def test_gradients_equal_the_naive_hybrid(component, matrix, window):
     fm = trained_map(component, matrix)
     mask = padding()
+    learned = [p for p in fm.parameters() if p.requires_grad]  # FastFood_L's
     grads = []
     for attention in (rf_attend, naive_rf_attention):
         q, k, v = (t.requires_grad_() for t in qkv(scale=1.5))
+        fm.zero_grad()
         out = attention(q, k, v, fm, causal=True, window=window, key_padding_mask=mask)
         weight = randn(*out.shape, seed=9, dtype=out.dtype).masked_fill(mask[:, None, :, None], 0.0)
         (out * weight).sum().backward()
-        grads.append([t.grad for t in (q, k, v)])
-    for name, actual, expected in zip("qkv", *grads, strict=True):
+        grads.append([t.grad for t in (q, k, v, *learned)])
+    names = ["q", "k", "v", *(f"parameter {i}" for i in range(len(learned)))]
+    for name, actual, expected in zip(names, *grads, strict=True):
         assert_rel_close(f"grad {name}", expected, actual, 1e-8 if component == "trigrf" else 1e-11)
 
 
