@@ -81,7 +81,7 @@ def combined(
         feature_top = magnitude.detach().log() + part.log_scale
         reference = torch.maximum(reference, feature_top)
     safe = finite_or_zero(reference)
-    weights = torch.exp(scores - safe)  # every entry at most 1; 0 outside the window
+    weights = torch.sub(scores, safe).exp_()  # every entry at most 1; 0 outside the window
     sums = weights @ values
     bound = None
     if part is not None:
@@ -144,7 +144,7 @@ def banded_scores(
     key_mask: torch.Tensor | None,
     window: int,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The window's exact log-weights by blocks: each block of ``c`` queries against ``2c`` keys.
 
     ``q, k (..., n, d)``, ``v (..., n, Dv)``, ``key_mask (..., n)`` or None. The ``t`` blocks of
@@ -153,8 +153,8 @@ def banded_scores(
 
     Returns:
         ``scores (..., t, c, s)`` (``s = 2c``, or ``c`` for one block): $s_{ij}$, ``-inf`` outside the
-        window and at padding; ``[v, 1]`` of the keys ``(..., t, s, Dv + 1)``; and ``n`` (queries past it
-        in the last block are padding).
+        window and at padding (rows past ``n`` in the last block are padding queries); and ``[v, 1]`` of
+        the keys ``(..., t, s, Dv + 1)``.
     """
     n = q.shape[-2]
     c = min(n, max(window, MIN_WINDOW_BLOCK))
@@ -178,8 +178,7 @@ def banded_scores(
     distance = offset + positions.unsqueeze(-1) - torch.arange(offset + c, device=q.device)
     outside = (distance < 0) | (distance >= window)  # (c, s)
     scores = (blocks[0] @ key_blocks.mT).mul_(scale)
-    scores = scores.masked_fill(outside | key_padding.unsqueeze(-2), -math.inf)
-    return scores, value_blocks, n
+    return scores.masked_fill_(outside | key_padding.unsqueeze(-2), -math.inf), value_blocks
 
 
 def window_attention(
@@ -214,7 +213,8 @@ def window_attention(
     Returns:
         ``(..., N, Dv)``; a row that sees no key (all padding) gives 0.
     """
-    scores, values, n = banded_scores(q, k, v, key_mask, window, scale)
+    n = q.shape[-2]
+    scores, values = banded_scores(q, k, v, key_mask, window, scale)
     part = None
     if window < n:
         part = feature_part(features, q, k, v, key_mask, lag=window, chunk=chunk)
