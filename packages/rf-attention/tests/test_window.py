@@ -198,7 +198,7 @@ def test_packed_sequences_equal_each_sequence_alone():
 
 
 def test_no_matrix_grows_with_the_square_of_the_length():
-    """Forward and backward at N = 1024: no tensor larger than ``N x 128`` (the blocks, the chunk products)."""
+    """Forward and backward at N = 1024: no tensor above ``N x 128`` (the blocks, the chunk products)."""
     n, window = 1024, 16
     q, k, v = (t.requires_grad_() for t in qkv(n=n, b=1, h=1, dtype=torch.float32))
     fm = trained_map("posrf", "orf", dtype=torch.float32)
