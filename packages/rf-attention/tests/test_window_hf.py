@@ -68,3 +68,13 @@ def test_the_window_is_saved_and_loaded_with_the_model(tiny_llama, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids()).logits, model(input_ids=ids()).logits)
     assert loaded.config.rf_attention["window"] == 5
+
+
+def test_beam_search_reorders_the_window_states(tiny_llama):
+    model = rf_hf.linearize(tiny_llama("sdpa"), "posrf-orf", num_features=16, window=3).eval()
+    kw = {"input_ids": ids(seed=3, length=6), "max_new_tokens": 8, "num_beams": 4, "pad_token_id": 0}
+    kw |= {"return_dict_in_generate": True, "output_scores": True}
+    with torch.no_grad():
+        cached, uncached = model.generate(**kw), model.generate(**kw, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores)
