@@ -330,6 +330,12 @@ def test_a_state_of_another_window_is_refused():
         trained_module("posrf-orf", 8).step(randn(1, 1, DIM, seed=5), state)
 
 
+def test_a_window_module_shows_its_window():
+    assert "causal=True, window=4" in repr(
+        rf_attention.create("posrf-orf", DIM, HEADS, causal=True, window=4)
+    )
+
+
 def test_a_window_module_needs_causal_attention():
     with pytest.raises(ValueError, match="window: the sliding-window hybrid needs causal=True"):
         rf_attention.create("posrf-orf", DIM, HEADS, num_features=8, window=4)

@@ -497,6 +497,10 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))
         _REDRAWING[id(self)] = self
 
+    def extra_repr(self) -> str:
+        """Width, heads, causality and a sliding window (when there is one) shown by ``repr``."""
+        return super().extra_repr() + (f", window={self.window}" if self.window else "")
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickling and ``copy.deepcopy``: the copy redraws its own features."""
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it untyped
