@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from torch import nn
 from transformers import PreTrainedModel
 
-from rf_attention.hf.attention import PREFIX, HFRandomFeatureAttention, registered
+from rf_attention.hf.attention import PREFIX, WINDOW_ATTRIBUTE, HFRandomFeatureAttention, registered
 from rf_attention.hf.cache import is_attention_module, use_random_feature_cache_in_generate
 from rf_attention.hf.persistence import leave_out_non_tensor_state, load_feature_maps, saved_feature_map_file
 
@@ -89,6 +89,7 @@ def _attach(model: PreTrainedModel) -> tuple[int, int]:
             fm = function.feature_map(
                 module, head_dim, causal, count if layer is None else layer, attaching=True
             )
+            setattr(module, WINDOW_ATTRIBUTE, function.window)
             if fm is not before:
                 fresh.append(f"{module_name}.")
             count += 1
@@ -116,13 +117,20 @@ def _with_recorded_options(
         num_features=options.pop("num_features", function.num_features),
         seed=options.pop("seed", function.seed),
         name=function.name,
+        window=options.pop("window", 0),
         **options,
     )
 
 
 def _options(function: HFRandomFeatureAttention) -> dict[str, Any]:
-    """What the config records of ``function``: ``num_features``, ``seed`` and the feature options."""
-    return {"num_features": function.num_features, "seed": function.seed, **function.feature_options}
+    """What the config records of ``function``: ``num_features``, ``seed``, the feature options, a window."""
+    window = {"window": function.window} if function.window else {}
+    return {
+        "num_features": function.num_features,
+        "seed": function.seed,
+        **window,
+        **function.feature_options,
+    }
 
 
 def _runs_random_features(model: PreTrainedModel) -> bool:

@@ -17,12 +17,14 @@ from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
 from rf_attention.hf.statistics import statistics_where_saved
-from rf_attention.ops.recurrent import decode
+from rf_attention.ops.recurrent import decode, decode_window
 from rf_attention.registry import names as attention_names
 from rf_attention.registry import split_pair
 
 #: Prefix of the names registered with ``transformers.AttentionInterface``.
 PREFIX = "rf-"
+#: The attribute of an HF attention module that holds its sliding window (set when its map is attached).
+WINDOW_ATTRIBUTE = "rf_window"
 #: Keyword arguments of HF attention calls that ask for something RF attention cannot do.
 _UNSUPPORTED = ("softcap", "s_aux", "position_bias")
 
@@ -37,6 +39,9 @@ class HFRandomFeatureAttention:
         seed: layer ``i`` draws its weight matrix from ``seed + i``.
         name: the registered name, used in messages (default ``"rf-<component>-<matrix>"``;
             ``"rf-performer"`` for the alias).
+        window: the sliding-window hybrid of [`rf_attention`][rf_attention.rf_attention] (causal layers):
+            the last ``window`` positions by exact softmax weights, earlier ones by the features; the cache
+            then keeps a ring of the last ``window`` keys and values beside the state. 0: none.
         **feature_options: more ``rf_features.create`` arguments (``kernel``, ``matrix_options``).
     """
 
@@ -51,8 +56,10 @@ class HFRandomFeatureAttention:
         num_features: int = 128,
         seed: int = 0,
         name: str | None = None,
+        window: int = 0,
         **feature_options: Any,
     ) -> None:
+        self.window = window
         self.component, self.weight_matrix = component, weight_matrix
         self.num_features, self.seed, self.feature_options = num_features, seed, feature_options
         self.name = name or f"{PREFIX}{component}-{weight_matrix}"
@@ -141,6 +148,9 @@ class HFRandomFeatureAttention:
             )
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+        window = int(getattr(module, WINDOW_ATTRIBUTE, self.window))
+        if window and not causal:
+            raise ValueError(f"window: {self.name}'s sliding window of {window} needs causal attention")
         if query.shape[1] % key.shape[1]:
             raise ValueError(
                 f"key: expected a number of heads dividing the query's {query.shape[1]}, got {key.shape[1]}"
@@ -150,7 +160,9 @@ class HFRandomFeatureAttention:
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         fm = self.feature_map(module, query.shape[-1], causal)
         with statistics_where_saved(module, fm):
-            return self._attend(module, fm, query, key, value, attention_mask, scaling, causal, kwargs)
+            return self._attend(
+                module, fm, query, key, value, attention_mask, scaling, causal, window, kwargs
+            )
 
     def _attend(
         self,
@@ -162,9 +174,10 @@ class HFRandomFeatureAttention:
         attention_mask: torch.Tensor | None,
         scaling: float | None,
         causal: bool,
+        window: int,
         kwargs: dict[str, Any],
     ) -> tuple[torch.Tensor, None]:
-        """``__call__`` after the checks, grouped keys repeated and the feature map found."""
+        """``__call__`` after the checks, grouped keys repeated, the feature map and the window found."""
         cache_layer = kwargs.get(CACHE_LAYER_KWARG)
         head_dim = query.shape[-1]
         n_q, n_k = query.shape[-2], key.shape[-2]
@@ -178,17 +191,20 @@ class HFRandomFeatureAttention:
                     f"position_ids: packed sequences (restarting positions) cannot be decoded by "
                     f"{self.name}'s RandomFeatureCache (one state per row); run them with use_cache=False"
                 )
-            out = cache_layer.attend(self.name, query, key, value, fm, attention_mask, causal, scaling)
+            out = cache_layer.attend(
+                self.name, query, key, value, fm, attention_mask, causal, scaling, window=window
+            )
             return out.transpose(1, 2).contiguous(), None
         if attention_mask is None and causal and 1 < n_q < n_k:
             key, value, n_k = key[..., :n_q, :], value[..., :n_q, :], n_q  # empty static-cache slots
         padding = key_padding_from_mask(attention_mask, n_q, n_k, causal)
         if causal and n_q < n_k:  # HF's DynamicCache: the first N_k - N_q keys come from the cache
-            return _attend_after_cached_keys(query, key, value, fm, padding, scaling).transpose(1, 2), None
+            out = _attend_after_cached_keys(query, key, value, fm, padding, scaling, window)
+            return out.transpose(1, 2), None
         if scaling is not None:  # rf_attention scales q . k by Dh^-1/2 itself
             query = query * (scaling * head_dim**0.5)
         if cu_seqlens is not None and packed:
-            out = rf_attention(query, key, value, fm, causal=causal, cu_seqlens=cu_seqlens)
+            out = rf_attention(query, key, value, fm, causal=causal, cu_seqlens=cu_seqlens, window=window)
         else:
             query_padding = padding if n_q == n_k else None
             out = rf_attention(
@@ -199,6 +215,7 @@ class HFRandomFeatureAttention:
                 causal=causal,
                 key_padding_mask=padding,
                 query_padding_mask=query_padding,
+                window=window,
             )
         return out.transpose(1, 2).contiguous(), None
 
@@ -210,16 +227,23 @@ def _attend_after_cached_keys(
     fm: rf_features.FeatureMap,
     padding: torch.Tensor | None,
     scale: float | None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal RF attention of the last ``N_q`` positions, the first ``N_k - N_q`` keys coming from a cache.
 
     The cached keys build a recurrent state (their own queries are not needed: the keys stand in for
-    them), which the new tokens continue: O(N_k) per call.
+    them), which the new tokens continue: O(N_k) per call. With a ``window``, the state of the hybrid.
     """
     prefix = k.shape[-2] - q.shape[-2]
     before = None if padding is None else padding[:, :prefix]
     after = None if padding is None else padding[:, prefix:]
     cached = k[..., :prefix, :]
+    if window:
+        _, ring = decode_window(
+            cached, cached, v[..., :prefix, :], fm, None, window=window, key_padding_mask=before, scale=scale
+        )
+        rest = (k[..., prefix:, :], v[..., prefix:, :])
+        return decode_window(q, *rest, fm, ring, window=window, key_padding_mask=after, scale=scale)[0]
     _, state = decode(cached, cached, v[..., :prefix, :], fm, None, key_padding_mask=before, scale=scale)
     out, _ = decode(q, k[..., prefix:, :], v[..., prefix:, :], fm, state, key_padding_mask=after, scale=scale)
     return out

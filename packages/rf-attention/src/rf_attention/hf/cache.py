@@ -12,7 +12,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
 from rf_attention.hf.masks import key_padding_from_mask
-from rf_attention.ops.recurrent import RecurrentState, decode
+from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
+from rf_attention.ops.window import WindowState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -37,7 +38,7 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.state: RecurrentState | None = None
+        self.state: RecurrentState | WindowState | None = None
         self.seen = 0
         self.pending = False
 
@@ -83,8 +84,14 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         attention_mask: torch.Tensor | None,
         causal: bool,
         scale: float | None,
+        *,
+        window: int = 0,
     ) -> torch.Tensor:
-        """Causal RF attention of ``T`` new tokens ``q, k, v (B, H, T, Dh)`` continuing the state."""
+        """Causal RF attention of ``T`` new tokens ``q, k, v (B, H, T, Dh)`` continuing the state.
+
+        With a ``window``, the hybrid's state: the feature sums and a ring of the last ``window`` keys and
+        values ([`WindowState`][rf_attention.ops.window.WindowState]).
+        """
         self.pending = False
         if not causal:
             raise ValueError(f"{name}: a RandomFeatureCache serves causal (decoder) attention only")
@@ -95,7 +102,17 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
             # a mask sized for a softmax layer's keys (mixed models share one): the new keys are the last n
             attention_mask = attention_mask[..., -n:]
         padding = key_padding_from_mask(attention_mask, n, n, causal=True)
-        out, self.state = decode(q, k, v, fm, self.state, key_padding_mask=padding, scale=scale)
+        if window:
+            state = self.state if isinstance(self.state, WindowState) or self.state is None else None
+            if state is None and self.state is not None:
+                raise ValueError(f"{name}: the cache holds a state without a window; reset it")
+            out, self.state = decode_window(
+                q, k, v, fm, state, window=window, key_padding_mask=padding, scale=scale
+            )
+        else:
+            if isinstance(self.state, WindowState):
+                raise ValueError(f"{name}: the cache holds a sliding window's state; reset it")
+            out, self.state = decode(q, k, v, fm, self.state, key_padding_mask=padding, scale=scale)
         self.seen += n
         return out
 
@@ -127,7 +144,7 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat each row ``repeats`` times."""
         if self.state is not None:
-            rows = torch.arange(self.state.numerator.shape[0], device=self.state.numerator.device)
+            rows = torch.arange(self.state.sums.shape[0], device=self.state.sums.device)
             self.state = self.state.select(rows.repeat_interleave(repeats))
 
     def crop(self, tokens_to_remove: int) -> None:

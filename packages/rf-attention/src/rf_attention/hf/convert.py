@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rf_attention.hf.attach import CONFIG_OPTIONS, transformers_model
 from rf_attention.hf.attention import PREFIX, registered
+from spectraformer_core import check_int
 
 if TYPE_CHECKING:
     from torch import nn
@@ -14,7 +15,13 @@ Model = TypeVar("Model", bound="nn.Module")
 
 
 def linearize(
-    model: Model, name: str, *, num_features: int = 128, learnable: bool = True, seed: int | None = None
+    model: Model,
+    name: str,
+    *,
+    num_features: int = 128,
+    learnable: bool = True,
+    seed: int | None = None,
+    window: int = 0,
 ) -> Model:
     """Turn every attention layer of a loaded transformers ``model`` into random-feature attention ``name``.
 
@@ -35,6 +42,10 @@ def linearize(
         learnable: per-head trainable weight matrices; False: one fixed random map per layer, shared by the
             heads.
         seed: layer ``i`` draws from ``seed + i`` (default: the registered name's seed, 0).
+        window: the sliding-window hybrid in every layer (causal models): the last ``window`` positions
+            by the exact softmax weights, earlier ones by the features, one normalizer
+            ([`rf_attention`][rf_attention.rf_attention]); recorded in the config; ``generate``'s cache
+            keeps a ring of the last ``window`` keys and values per layer beside the state. 0: none.
 
     Returns:
         ``model``.
@@ -43,6 +54,7 @@ def linearize(
     function = registered(implementation)
     if function is None:
         raise ValueError(f"name: expected a random-feature attention name such as 'posrf-orf', got {name!r}")
+    check_int("window", window, minimum=0)
     target = transformers_model(model)
     for module in target.modules():
         if hasattr(module, "rf_feature_map"):
@@ -50,6 +62,8 @@ def linearize(
     heads = target.config.get_text_config(decoder=True).num_attention_heads
     options = {**function.feature_options, "learnable": learnable, "num_heads": heads if learnable else None}
     record = {"num_features": num_features, "seed": function.seed if seed is None else seed, **options}
+    if window:
+        record["window"] = window
     setattr(target.config, CONFIG_OPTIONS, record)
     target.set_attn_implementation(implementation)  # which attaches the maps (rf_attention.hf.attach)
     return model
