@@ -155,7 +155,7 @@ def test_unguarded_runs_the_layer_and_records_both_exponents():
     lam, tau = float(layer.scale), float(layer.tau)
     freq = float(layer.nodes.max()) / float(layer.pole_widths().detach().min())
     bound = freq * (float(u.norm(dim=-1).max()) / (lam * tau) + lam * float(wb.norm(dim=-1).max()) / tau) ** 2
-    assert log.largest_bound == pytest.approx(bound, rel=1e-5)
+    assert log.bounds == [pytest.approx(bound, rel=1e-5)]
     with torch.no_grad():
         _, omega, _, freqs = layer._projections(torch.float64)
     z = [(side @ omega.T) * (freqs / 2).sqrt() for side in (u / (lam * tau), wb * lam / tau)]
@@ -181,5 +181,5 @@ def test_main_runs_a_module_unguarded_and_prints_the_log(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert code == 0
     assert "finite True ['--flag', '1']" in out
-    assert "largest guard bound 2 sigma^2" in out
+    assert "guard bound 2 sigma^2 (log second moment, worst aligned pair)" in out
     assert sys.argv[0] != "guarded_script"  # restored

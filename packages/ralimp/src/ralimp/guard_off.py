@@ -1,7 +1,8 @@
 r"""``python -m ralimp.guard_off MODULE [ARGS ...]``: run ``python -m MODULE ARGS`` with RaLiMP's guard off.
 
 Every `ralimp.RaLiMP` then computes its features whatever `RaLiMP.check_exponent`'s bound says (the paper's
-layer), and two numbers are recorded over every forward pass of the run and printed at its end:
+layer), and two numbers are recorded at every forward pass of the run; the first pass's and the largest are
+printed at its end:
 
 - the guard's bound: the batch maximum of $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 /
   \tau^2$ for the largest input aligned with the largest weight row, which is the log of the estimator's
@@ -33,18 +34,36 @@ from ralimp.layer import RaLiMP
 
 @dataclasses.dataclass
 class ExponentLog:
-    """What `unguarded` saw: the largest guard bound and feature exponent, and the non-finite features."""
+    """What `unguarded` saw: per forward pass the guard's bound, per feature computation its exponent."""
 
-    largest_bound: float = -math.inf
-    largest_exponent: float = -math.inf
-    feature_calls: int = 0
+    bounds: list[float] = dataclasses.field(default_factory=list)
+    exponents: list[float] = dataclasses.field(default_factory=list)
     nonfinite_calls: int = 0
 
+    @property
+    def largest_bound(self) -> float:
+        """The largest guard bound of the run."""
+        return max(self.bounds, default=-math.inf)
+
+    @property
+    def largest_exponent(self) -> float:
+        """The largest exponent the features computed in the run."""
+        return max(self.exponents, default=-math.inf)
+
+    @property
+    def feature_calls(self) -> int:
+        """How many feature blocks were computed (inputs' and weight rows' separately)."""
+        return len(self.exponents)
+
     def summary(self) -> str:
-        """One line for the end of a run."""
+        """One line for the end of a run: the first forward pass (input and weight sides) and the largest."""
+        first_bound = self.bounds[0] if self.bounds else -math.inf
+        first_exponent = max(self.exponents[:2], default=-math.inf)
         return (
-            f"guard off: largest guard bound 2 sigma^2 (log second moment, worst aligned pair) "
-            f"{self.largest_bound:.4g}; largest computed feature exponent {self.largest_exponent:.4g}; "
+            "guard off: guard bound 2 sigma^2 (log second moment, worst aligned pair) "
+            f"{first_bound:.4g} at the first forward pass, {self.largest_bound:.4g} at most; "
+            "largest computed feature exponent "
+            f"{first_exponent:.4g} at the first forward pass, {self.largest_exponent:.4g} at most; "
             f"{self.nonfinite_calls} of {self.feature_calls} feature computations not finite"
         )
 
@@ -59,7 +78,7 @@ def unguarded() -> Iterator[ExponentLog]:
     @torch.no_grad()
     def record_bound(layer: RaLiMP, u: torch.Tensor, freqs: torch.Tensor) -> None:
         if u.numel() and freqs.numel() and not torch.compiler.is_compiling():
-            log.largest_bound = max(log.largest_bound, float(layer.exponent_bound(u, freqs)))
+            log.bounds.append(float(layer.exponent_bound(u, freqs)))
 
     def record_features(
         u: torch.Tensor, omega: torch.Tensor, freq: torch.Tensor
@@ -68,8 +87,7 @@ def unguarded() -> Iterator[ExponentLog]:
         if re.numel() and not torch.compiler.is_compiling():
             with torch.no_grad():
                 exponent = ((u.detach() @ omega.detach().mT) * (freq.detach() / 2).sqrt()).max()
-                log.largest_exponent = max(log.largest_exponent, float(exponent))
-                log.feature_calls += 1
+                log.exponents.append(float(exponent))
                 log.nonfinite_calls += int(not bool(torch.isfinite(re).all() & torch.isfinite(im).all()))
         return re, im
 
