@@ -183,3 +183,11 @@ def test_main_runs_a_module_unguarded_and_prints_the_log(tmp_path, monkeypatch, 
     assert "finite True ['--flag', '1']" in out
     assert "guard bound 2 sigma^2 (log second moment, worst aligned pair)" in out
     assert sys.argv[0] != "guarded_script"  # restored
+
+
+def test_the_command_prints_the_repeated_pairs_table(capsys):
+    paper_checks.main(["repeated-pairs", "--nodes", "3", "64"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("| term")
+    assert len(lines) == 2 + len(paper_checks.REPEATED_TERMS)
+    assert "| 1/(1+u^2)^2 " in lines[4]
