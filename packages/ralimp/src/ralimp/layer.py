@@ -70,9 +70,12 @@ class RaLiMP(FeatureLinearization):
     ``q_floor``, and an atom given as a `RationalFunction` or `ralimp.DiscretizedFit` is realized as
     $a(t / \tau^2)$. ``tau="auto"`` sets $\tau^2 = c \operatorname{RMS}(t)$, so $\operatorname{RMS}(v) = 1/c$.
 
-    A forward pass whose feature exponent (batch maximum of $(s_k / q') \lVert x / \lambda + \lambda w
-    \rVert^2 / \tau^2$, bounded by the largest input and weight-row norms) would overflow the work dtype
-    raises a ``ValueError`` (`check_exponent`) instead of returning ``inf`` or ``NaN``.
+    The exponent guard (`check_exponent`) raises a ``ValueError`` before a forward pass whose bound on the
+    estimators' log second moment, $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$
+    (Prop. 1) for the largest input aligned with the largest weight row, exceeds what the work dtype carries
+    (80.7 in float32). That bound is a variance, not the features' exponent: the features compute
+    $e^{Z}$ with $Z = \sqrt{s/2}\, \omega \cdot u$, far smaller, and stay finite well past it
+    (``exponent_guard=False`` runs them).
 
     Args:
         in_features: $d$.
@@ -109,9 +112,9 @@ class RaLiMP(FeatureLinearization):
         device: where parameters live.
         dtype: parameter dtype.
         matrix_kw: extra keyword arguments of ``rf_matrices.create``.
-        exponent_guard: raise before a forward pass whose feature exponent bound exceeds the work dtype's
-            limit (`check_exponent`). False runs the layer as the paper writes it, whatever its variance
-            does.
+        exponent_guard: raise before a forward pass whose bound on the estimators' log second moment
+            exceeds the work dtype's limit (`check_exponent`). False runs the layer as the paper writes it,
+            whatever its variance does.
     """
 
     # buffers, or parameters when ``learn_poles`` (``register_buffer``/``register_parameter``)
@@ -468,13 +471,17 @@ class RaLiMP(FeatureLinearization):
 
     @torch.no_grad()
     def check_exponent(self, u: torch.Tensor, freqs: torch.Tensor) -> None:
-        r"""Raise a ``ValueError`` when the features of ``u`` ``(..., D)`` ($[x; 1]$) would overflow.
+        r"""Raise a ``ValueError`` when the bound on the estimators' log second moment over ``u`` is large.
 
-        The exponent is $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$ (Prop. 1;
-        the log of the estimator's second moment); its batch maximum is bounded by
-        $\max_k (s_k / q') (\max \lVert x\rVert / \lambda + \lambda \max \lVert w\rVert)^2 / \tau^2$ (equal
-        when the largest input and weight row are aligned; the weight side is 0 under a free readout). The
-        limit is `exponent_limit` of ``u``'s dtype (80.7 float32, 701.8 float64).
+        ``u`` is ``(..., D)`` ($[x; 1]$). The bound is $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda
+        w\rVert^2 / \tau^2$, the log of the estimator's second moment $\mathbb E|Y_k|^2 = e^{2\sigma^2}$
+        (Prop. 1, Eq. 13), over the batch bounded by $\max_k (s_k / q') (\max \lVert x\rVert / \lambda +
+        \lambda \max \lVert w\rVert)^2 / \tau^2$ (equal when the largest input and weight row are aligned;
+        the weight side is 0 under a free readout). The limit is `exponent_limit` of ``u``'s dtype (80.7
+        float32, 701.8 float64), past which that second moment is not representable. It is not the exponent
+        the features compute ($Z = \sqrt{s/2}\, \omega \cdot u$, far smaller): a batch it refuses has
+        finite features as a rule, and an estimator whose variance swamps its mean; ``exponent_guard=False``
+        skips the check.
 
         The bound is computed with tensor operations and read once (one host sync per forward pass in eager
         mode, none more for the error message unless it fires). While ``torch.compile`` traces the layer the
@@ -490,11 +497,15 @@ class RaLiMP(FeatureLinearization):
         name = self.name or f"RaLiMP({self.in_features} -> {self.out_features})"
         tau = float(self.tau)
         raise ValueError(
-            f"x: in layer {name}, the complex-exponential features would overflow {u.dtype}: the exponent "
-            f"(s_k/q) ||x/lambda + lambda w||^2 / tau^2 reaches {float(exponent):.4g} on this batch (limit "
-            f"{limit:.1f}; max ||[x; 1]|| = {float(u.norm(dim=-1).max()):.4g}, tau = {tau:.4g}, narrowest "
-            f"width q' = {float(self.pole_widths().min()):.4g}). Remedies: normalize or rescale the layer's "
-            "inputs, recalibrate on inputs like these (load_linear(..., sample=...)), fit='variance' "
+            f"x: in layer {name}, the bound on the estimators' log second moment (Prop. 1), 2 sigma^2 = "
+            "(s_k/q) ||x/lambda + lambda w||^2 / tau^2 for the largest input and weight row aligned, reaches "
+            f"{float(exponent):.4g} on this batch (limit {limit:.1f}; the second moment e^(2 sigma^2) would "
+            f"overflow {u.dtype}; max ||[x; 1]|| = {float(u.norm(dim=-1).max()):.4g}, tau = {tau:.4g}, "
+            f"narrowest width q' = {float(self.pole_widths().min()):.4g}). The features' own exponent is far "
+            "smaller; it is their variance that swamps the output (exponent_guard=False runs the layer "
+            "anyway). Remedies: "
+            "normalize or rescale the layer's inputs, recalibrate on inputs like these "
+            "(load_linear(..., sample=...)), fit='variance' "
             "(wider poles or num_atoms=0), balance='auto', or float64."
         )
 
