@@ -1,0 +1,44 @@
+"""The attention modules of an HF model that an ``rf-*`` attention runs in, and their head width."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+def head_dim_of(module: nn.Module) -> int | None:
+    """The head width of an HF attention module, or None for another module.
+
+    The module's ``head_dim`` (Llama, GPT-2, Qwen, ...) or ``head_size`` (GPT-NeoX); else its config's
+    ``head_dim`` or ``head_size``, else ``hidden_size // num_attention_heads``.
+    """
+    config: Any = getattr(module, "config", None)
+    sources = (module, config)
+    for source, attribute in ((s, a) for s in sources for a in ("head_dim", "head_size")):
+        value = getattr(source, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def is_attention_module(module: nn.Module) -> bool:
+    """An HF attention module: a ``config``, a ``scaling`` and a head width (`head_dim_of`)."""
+    return hasattr(module, "config") and hasattr(module, "scaling") and head_dim_of(module) is not None
+
+
+def check_dispatches_through_interface(model: nn.Module) -> None:
+    """Refuse a model class whose attention does not call ``AttentionInterface`` (Falcon, ...).
+
+    Raises:
+        ValueError: naming the class and the reason.
+    """
+    compatible = getattr(type(model), "is_backend_compatible", None)
+    if compatible is not None and not compatible():
+        raise ValueError(
+            f"model: {type(model).__name__} computes its attention itself instead of calling the function "
+            "registered with transformers.AttentionInterface (its class sets _supports_attention_backend="
+            "False), so an rf-* attention cannot run in it; models such as Llama, Mistral, Qwen2/3, GPT-2, "
+            "GPT-NeoX and ViT can be converted"
+        )
