@@ -172,7 +172,14 @@ def test_a_converted_gpt_neox_saves_and_reloads_its_trained_maps(tmp_path):
         torch.testing.assert_close(reloaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
 
 
-def test_falcon_is_refused_by_name_with_the_reason():
+def test_a_gpt_neox_built_with_an_rf_name_has_its_maps_before_any_call():
+    model = transformers.AutoModelForCausalLM.from_config(
+        gpt_neox().config, attn_implementation="rf-posrf-orf"
+    )
+    assert all(hasattr(layer.attention, "rf_feature_map") for layer in model.gpt_neox.layers)
+
+
+def test_falcon_is_refused_by_name_with_the_reason(tmp_path):
     torch.manual_seed(0)
     config = transformers.FalconConfig(
         vocab_size=VOCAB,
@@ -187,6 +194,9 @@ def test_falcon_is_refused_by_name_with_the_reason():
     with pytest.raises(ValueError, match=r"FalconForCausalLM.*AttentionInterface"):
         rf_hf.attach_feature_maps(model, "rf-posrf-orf")
     assert model.config._attn_implementation == "sdpa"
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"FalconForCausalLM.*AttentionInterface"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rf-posrf-orf")
 
 
 # an atomic linearize --------------------------------------------------------------------------------------
@@ -281,11 +291,14 @@ def test_register_refuses_keywords_the_feature_maps_do_not_take():
         lambda model: rf_hf.linearize(model, "posrf-orz"),
         lambda model: rf_hf.attach_feature_maps(model, "rf-posrf-orz"),
         lambda model: rf_hf.register(["posrf-orz"]),
+        lambda model: type(model).from_pretrained(model.name_or_path, attn_implementation="rf-posrf-orz"),
     ],
-    ids=["linearize", "attach", "register"],
+    ids=["linearize", "attach", "register", "from_pretrained"],
 )
-def test_an_unknown_name_gets_the_known_ones_and_a_suggestion(llama, call):
+def test_an_unknown_name_gets_the_known_ones_and_a_suggestion(llama, call, tmp_path):
     model = llama()
+    model.save_pretrained(tmp_path)
+    model.name_or_path = str(tmp_path)
     with pytest.raises(ValueError, match=r"posrf-orz'.*did you mean '(rf-)?posrf-orf'.*known: .*saderf-qmc'"):
         call(model)
 

@@ -192,6 +192,13 @@ def _after_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
 def _after_from_pretrained(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def from_pretrained(cls: type[PreTrainedModel], *args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("config")  # the Auto classes pass the name in it
+        requested = kwargs.get("attn_implementation") or getattr(
+            config, "_attn_implementation_internal", None
+        )
+        if isinstance(requested, str) and requested.startswith(PREFIX):  # before transformers' own checks
+            known("attn_implementation", requested)
+            check_dispatches_through_interface(cls)
         result = original(cls, *args, **kwargs)
         model = result[0] if isinstance(result, tuple) else result
         if isinstance(model, PreTrainedModel) and _runs_random_features(model):

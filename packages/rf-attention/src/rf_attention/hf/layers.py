@@ -28,16 +28,17 @@ def is_attention_module(module: nn.Module) -> bool:
     return hasattr(module, "config") and hasattr(module, "scaling") and head_dim_of(module) is not None
 
 
-def check_dispatches_through_interface(model: nn.Module) -> None:
-    """Refuse a model class whose attention does not call ``AttentionInterface`` (Falcon, ...).
+def check_dispatches_through_interface(model: nn.Module | type[nn.Module]) -> None:
+    """Refuse a model (or class) whose attention does not call ``AttentionInterface`` (Falcon, ...).
 
     Raises:
         ValueError: naming the class and the reason.
     """
-    compatible = getattr(type(model), "is_backend_compatible", None)
+    cls = model if isinstance(model, type) else type(model)
+    compatible = getattr(cls, "is_backend_compatible", None)
     if compatible is not None and not compatible():
         raise ValueError(
-            f"model: {type(model).__name__} computes its attention itself instead of calling the function "
+            f"model: {cls.__name__} computes its attention itself instead of calling the function "
             "registered with transformers.AttentionInterface (its class sets _supports_attention_backend="
             "False), so an rf-* attention cannot run in it; models such as Llama, Mistral, Qwen2/3, GPT-2, "
             "GPT-NeoX and ViT can be converted"
