@@ -313,3 +313,15 @@ def test_a_saved_rf_config_says_which_import_loads_it(llama, tmp_path):
 def test_transfer_on_a_model_without_random_feature_layers_says_how_to_convert(llama):
     with pytest.raises(ValueError, match=r"no random-feature attention layer.*rf_attention\.hf\.linearize"):
         attention_transfer(llama(), [torch.tensor([[1, 2, 3]])], steps=1)
+
+
+def test_the_import_changes_nothing_for_a_softmax_model(llama, tmp_path):
+    model = llama()
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    for each in (model, loaded):
+        assert "_prepare_cache_for_generation" not in vars(each)
+        assert not any(hasattr(m, "rf_feature_map") for m in each.modules())
+        assert not {"rf_attention", "rf_attention_requires"} & set(each.config.to_dict())
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert not {"attn_implementation", "rf_attention", "rf_attention_requires"} & set(config)
