@@ -172,6 +172,23 @@ def test_a_converted_gpt_neox_saves_and_reloads_its_trained_maps(tmp_path):
         torch.testing.assert_close(reloaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
 
 
+def test_a_model_whose_class_does_not_flag_the_attention_backend_is_converted_too():
+    torch.manual_seed(0)
+    config = transformers.BioGptConfig(  # _supports_attention_backend is unset; it calls the interface
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    model = rf_hf.linearize(transformers.BioGptForCausalLM(config), "posrf-orf", num_features=16).eval()
+    ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(6))
+    cached = greedy(model, ids, return_dict_in_generate=True)
+    assert isinstance(cached.cache, rf_hf.RandomFeatureCache)
+    assert torch.equal(cached.sequences, greedy(model, ids, use_cache=False))
+
+
 def test_a_gpt_neox_built_with_an_rf_name_has_its_maps_before_any_call():
     model = transformers.AutoModelForCausalLM.from_config(
         gpt_neox().config, attn_implementation="rf-posrf-orf"

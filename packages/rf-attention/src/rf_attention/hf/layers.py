@@ -31,15 +31,18 @@ def is_attention_module(module: nn.Module) -> bool:
 def check_dispatches_through_interface(model: nn.Module | type[nn.Module]) -> None:
     """Refuse a model (or class) whose attention does not call ``AttentionInterface`` (Falcon, ...).
 
+    As transformers decides whether ``set_attn_implementation`` can switch a class: its
+    ``_can_set_attn_implementation`` reads the modeling source for the interface's call (the public
+    ``_supports_attention_backend`` flag is unset on many classes that do call it: BART, BioGPT, ...).
+
     Raises:
         ValueError: naming the class and the reason.
     """
     cls = model if isinstance(model, type) else type(model)
-    compatible = getattr(cls, "is_backend_compatible", None)
-    if compatible is not None and not compatible():
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    if callable(can_set) and not can_set():
         raise ValueError(
             f"model: {cls.__name__} computes its attention itself instead of calling the function "
-            "registered with transformers.AttentionInterface (its class sets _supports_attention_backend="
-            "False), so an rf-* attention cannot run in it; models such as Llama, Mistral, Qwen2/3, GPT-2, "
-            "GPT-NeoX and ViT can be converted"
+            "registered with transformers.AttentionInterface, so an rf-* attention cannot run in it; models "
+            "such as Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX, BioGPT and ViT can be converted"
         )
