@@ -71,8 +71,9 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
         The number of attention modules that got a feature map.
     """
     target = transformers_model(model)
-    check_dispatches_through_interface(target)
-    if attn_implementation is not None and attn_implementation != target.config._attn_implementation:
+    switch = attn_implementation is not None and attn_implementation != target.config._attn_implementation
+    check_dispatches_through_interface(target, switch=switch)
+    if attn_implementation is not None and switch:
         known("attn_implementation", attn_implementation)
         target.set_attn_implementation(attn_implementation)  # which attaches the maps
     count = _attach(target)[0]

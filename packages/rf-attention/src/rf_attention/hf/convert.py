@@ -59,7 +59,7 @@ def linearize(
     function = known("name", name)
     target = transformers_model(model)
     _refuse_peft(model)
-    check_dispatches_through_interface(target)
+    check_dispatches_through_interface(target, switch=True)
     check_int("num_features", num_features)
     if seed is not None:
         check_int("seed", seed, minimum=None)

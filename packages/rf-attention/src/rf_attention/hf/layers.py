@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Any
 
 from torch import nn
@@ -28,21 +30,34 @@ def is_attention_module(module: nn.Module) -> bool:
     return hasattr(module, "config") and hasattr(module, "scaling") and head_dim_of(module) is not None
 
 
-def check_dispatches_through_interface(model: nn.Module | type[nn.Module]) -> None:
+def check_dispatches_through_interface(model: nn.Module | type[nn.Module], *, switch: bool = False) -> None:
     """Refuse a model (or class) whose attention does not call ``AttentionInterface`` (Falcon, ...).
 
     As transformers decides whether ``set_attn_implementation`` can switch a class: its
     ``_can_set_attn_implementation`` reads the modeling source for the interface's call (the public
     ``_supports_attention_backend`` flag is unset on many classes that do call it: BART, BioGPT, ...).
+    A class whose source cannot be read (defined in a notebook) is refused only for a ``switch``, which
+    transformers then refuses too; built with an ``rf-*`` name it may still run it.
 
     Raises:
         ValueError: naming the class and the reason.
     """
     cls = model if isinstance(model, type) else type(model)
     can_set = getattr(cls, "_can_set_attn_implementation", None)
-    if callable(can_set) and not can_set():
-        raise ValueError(
-            f"model: {cls.__name__} computes its attention itself instead of calling the function "
-            "registered with transformers.AttentionInterface, so an rf-* attention cannot run in it; models "
-            "such as Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX, BioGPT and ViT can be converted"
-        )
+    if not callable(can_set) or can_set() or not (switch or _source_readable(cls)):
+        return
+    raise ValueError(
+        f"model: {cls.__name__} computes its attention itself instead of calling the function registered "
+        "with transformers.AttentionInterface (transformers finds no such call in its modeling code), so "
+        "an rf-* attention cannot run in it; models such as Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX, "
+        "BioGPT and ViT can be converted"
+    )
+
+
+def _source_readable(cls: type) -> bool:
+    """Whether the source of the module defining ``cls`` can be read (not a notebook's class)."""
+    try:
+        inspect.getsource(sys.modules[cls.__module__])
+    except (KeyError, OSError, TypeError):
+        return False
+    return True
