@@ -253,6 +253,26 @@ def test_a_failing_linearize_leaves_the_model_unchanged(llama, start, name, opti
     assert_unchanged(model, before)
 
 
+@pytest.mark.parametrize("start", ["sdpa", "saderf-orf"])
+def test_a_linearize_failing_at_its_last_layer_leaves_the_model_unchanged(llama, start, monkeypatch):
+    model = llama(start)
+    before = snapshot(model)
+    build = rf_hf.HFRandomFeatureAttention.new_feature_map
+    calls = []
+
+    def second_fails(self, module, *args):
+        calls.append(module)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return build(self, module, *args)
+
+    monkeypatch.setattr(rf_hf.HFRandomFeatureAttention, "new_feature_map", second_fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        rf_hf.linearize(model, "posrf-orf", num_features=8)
+    assert len(calls) == 2
+    assert_unchanged(model, before)
+
+
 # peft, pickling -------------------------------------------------------------------------------------------
 
 

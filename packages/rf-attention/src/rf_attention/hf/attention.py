@@ -320,7 +320,7 @@ def _check_feature_options(
     for name, (component, matrix) in pairs.items():
         try:
             rf_features.create(
-                component, weight_matrix=matrix, num_features=num_features, dim=4, seed=0, **options
+                component, weight_matrix=matrix, num_features=num_features, dim=16, seed=0, **options
             )
         except TypeError as error:
             raise ValueError(
