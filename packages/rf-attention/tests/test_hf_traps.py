@@ -286,6 +286,28 @@ def test_linearize_on_a_peft_model_is_refused_with_the_reason(llama):
     assert_unchanged(model.base_model.model, before)
 
 
+@pytest.mark.filterwarnings(PEFT_WARNING)
+def test_linearize_then_peft_reloads_as_trained(llama, tmp_path):
+    """The route the refusal names: convert and train the maps, save, then wrap; base + adapter reload."""
+    peft = pytest.importorskip("peft")
+    base = llama("posrf-orf")
+    with torch.no_grad():
+        for parameter in feature_map_parameters(base):
+            parameter.add_(0.25)  # as attention transfer leaves them
+    base.save_pretrained(tmp_path / "base")
+    lora = peft.LoraConfig(target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(base, lora)
+    assert not any(p.requires_grad for p in feature_map_parameters(model))  # peft freezes them
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(9))
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1).step()
+    model.save_pretrained(tmp_path / "adapter")
+    fresh = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
+
+
 def test_a_pickled_model_generates_with_its_random_feature_cache(llama, tmp_path):
     model = llama("oprf-orf").eval()
     torch.save(model, tmp_path / "model.pt")
