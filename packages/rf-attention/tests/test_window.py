@@ -246,14 +246,22 @@ MODULE_NAMES = [f"{c}-{m}" for c, m in PAIRS]
 
 
 def trained_module(name, window, *, logit_gain=2.0):
-    """A causal window module whose running statistics moved (three training calls), in eval."""
+    """A causal window module whose running statistics moved (three training calls), in eval, float64."""
     module = rf_attention.create(name, DIM, HEADS, num_features=16, causal=True, seed=0, window=window)
     with torch.no_grad():
         module.qkv.weight[: 2 * DIM] *= logit_gain
         module.train()
         for i in range(3):
             module(randn(2, 40, DIM, seed=10 + i, scale=2.0))
-    return module.eval()
+    # float64 from here on: steps and the forward sum in other orders, and in float32 their difference is
+    # rounding that depends on the CPU's kernels (AVX2 vs AVX-512); in float64 it is far below the default
+    # tolerance on any machine
+    return module.double().eval()
+
+
+def randn64(*shape, **kw):
+    """``randn`` in float64, for the float64 modules of `trained_module`."""
+    return randn(*shape, **kw).double()
 
 
 def steps(module, x, state=None):
@@ -269,7 +277,7 @@ def steps(module, x, state=None):
 @pytest.mark.parametrize("name", MODULE_NAMES)
 def test_token_by_token_steps_equal_the_causal_forward(name, window):
     module = trained_module(name, window, logit_gain=1.0 if name.startswith("trigrf") else 2.0)
-    x = randn(2, 130, DIM, seed=1)  # crosses the causal kernel's chunk (128) and the exact blocks (64)
+    x = randn64(2, 130, DIM, seed=1)  # crosses the causal kernel's chunk (128) and the exact blocks (64)
     with torch.no_grad():
         full = module(x)
         head, state = module.prefill(x[:, :70])
@@ -282,7 +290,7 @@ def test_token_by_token_steps_equal_the_causal_forward(name, window):
 
 def test_prefill_with_left_padding_then_steps_equal_the_masked_forward():
     module = trained_module("oprf-orf", 6)
-    x = randn(3, 30, DIM, seed=2)
+    x = randn64(3, 30, DIM, seed=2)
     mask = torch.zeros(3, 30, dtype=torch.bool)
     mask[1, :6] = True
     mask[2, :19] = True  # all of the prompt but one token is padding
@@ -298,7 +306,7 @@ def test_prefill_with_left_padding_then_steps_equal_the_masked_forward():
 def test_packed_prompts_continue_each_after_its_own_last_token():
     module = trained_module("posrf-orf", 4)
     lengths = [9, 2, 15]
-    prompts = [randn(1, n + 5, DIM, seed=20 + i) for i, n in enumerate(lengths)]
+    prompts = [randn64(1, n + 5, DIM, seed=20 + i) for i, n in enumerate(lengths)]
     packed = torch.cat([p[:, :n] for p, n in zip(prompts, lengths, strict=True)], dim=1)
     cu = torch.tensor([0, 9, 11, 26], dtype=torch.int32)
     with torch.no_grad():
@@ -315,8 +323,8 @@ def test_packed_prompts_continue_each_after_its_own_last_token():
 
 def test_the_decoding_state_does_not_grow_with_the_context():
     module = trained_module("posrf-orf", 8)
-    _, short = steps(module, randn(1, 10, DIM, seed=3))
-    _, long = steps(module, randn(1, 300, DIM, seed=3))
+    _, short = steps(module, randn64(1, 10, DIM, seed=3))
+    _, long = steps(module, randn64(1, 300, DIM, seed=3))
     assert short.nbytes() == long.nbytes()
     m, w = module.feature_map.num_features, 8
     head_dim = DIM // HEADS
@@ -325,9 +333,9 @@ def test_the_decoding_state_does_not_grow_with_the_context():
 
 
 def test_a_state_of_another_window_is_refused():
-    _, state = trained_module("posrf-orf", 4).prefill(randn(1, 6, DIM, seed=4))
+    _, state = trained_module("posrf-orf", 4).prefill(randn64(1, 6, DIM, seed=4))
     with pytest.raises(ValueError, match="WindowState of window 8"):
-        trained_module("posrf-orf", 8).step(randn(1, 1, DIM, seed=5), state)
+        trained_module("posrf-orf", 8).step(randn64(1, 1, DIM, seed=5), state)
 
 
 def test_a_window_module_shows_its_window():
@@ -343,7 +351,7 @@ def test_a_window_module_needs_causal_attention():
 
 def test_a_window_module_equals_softmax_over_a_long_window():
     module = trained_module("posrf-orf", 64)
-    x = randn(2, 50, DIM, seed=6)
+    x = randn64(2, 50, DIM, seed=6)
     with torch.no_grad():
         q, k, v = module._heads(x, None)
         expected = module._merge(naive_softmax_attention(q, k, v, causal=True))
