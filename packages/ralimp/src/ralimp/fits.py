@@ -60,8 +60,11 @@ class Sizes:
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> Self:
-        """The sizes named in ``options`` (constructor keywords), the defaults for the others."""
-        return cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
+        """The sizes named flat in ``options`` (`from_linear`'s keywords), over ``options["sizes"]``.
+
+        The defaults for the others when ``options`` has no ``"sizes"``.
+        """
+        return replace(options.get("sizes") or cls(), **_named(cls, options))
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class FitOptions:
     budget_count: str = "paper"
 
     def __post_init__(self) -> None:
-        """Raise a ``ValueError`` naming the first option out of its range."""
+        """Raise a ``ValueError`` naming the first option out of its range; keep the numbers as floats."""
         check_scale("tau", self.tau)
         check_scale("balance", self.balance)
         if not self.tau_c > 0:
@@ -89,11 +92,24 @@ class FitOptions:
             raise ValueError(f"q_floor: expected a positive width, got {self.q_floor!r}")
         FITS.get(self.fit)
         check_count(self.budget_count)
+        # numbers as floats (a TOML file or a caller may give ints and lists)
+        object.__setattr__(self, "tau_c", float(self.tau_c))
+        object.__setattr__(self, "q_floor", float(self.q_floor))
+        if self.interval is not None:
+            object.__setattr__(self, "interval", (float(self.interval[0]), float(self.interval[1])))
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> Self:
-        """The fit options named in ``options`` (constructor keywords), the defaults for the others."""
-        return cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
+        """The fit options named flat in ``options`` (`from_linear`'s keywords), over ``options["options"]``.
+
+        The defaults for the others when ``options`` has no ``"options"``.
+        """
+        return replace(options.get("options") or cls(), **_named(cls, options))
+
+
+def _named(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``options`` that name a field of the dataclass ``cls``."""
+    return {f.name: options[f.name] for f in fields(cls) if f.name in options}
 
 
 def basis_covariance(cal: Calibration, sizes: Sizes, widths: torch.Tensor) -> torch.Tensor:
