@@ -165,41 +165,61 @@ class RaLiMP(FeatureLinearization):
         self.num_freqs = check_positive_int("num_freqs", sizes.num_freqs)
         self._set_target(activation, sizes.poly_degree, sizes.num_atoms)
 
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self._init_linear(bias, factory)
+        self._init_projections(sizes, weight_matrix, seed, factory, matrix_kw or {})
+        self._init_coefficients(factory)
+        self.readout: nn.Parameter | None = None
+        self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
+        self._fit: DiscretizedFit | None = None  # set by load_linear
+        self._calibration: Calibration | None = None
+
+    def _init_linear(self, bias: bool, factory: Factory) -> None:
+        """``W, b`` with ``nn.Linear``'s initialization (the global RNG)."""
+        self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            bound = 1 / math.sqrt(in_features)
+            bound = 1 / math.sqrt(self.in_features)
             nn.init.uniform_(self.bias, -bound, bound)
 
-        dim = in_features + 1
-        mkw = dict(matrix_kw or {})
+    def _init_projections(
+        self,
+        sizes: Sizes,
+        weight_matrix: str | type,
+        seed: int | None,
+        factory: Factory,
+        matrix_kw: dict[str, Any],
+    ) -> None:
+        """The ``K`` polynomial projections and the ``J n`` node projections, seeded from ``seed``."""
+        dim = self.in_features + 1
         seed_list = seeds(seed, self.poly_degree + self.num_atoms * self.num_freqs)
         self.poly_matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(
-                weight_matrix, sizes.poly_features, dim, seed=s, even_in_omega=True, **factory, **mkw
+                weight_matrix, sizes.poly_features, dim, seed=s, even_in_omega=True, **factory, **matrix_kw
             )
             for s in seed_list[: self.poly_degree]
         )
         self.freq_matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(
-                weight_matrix, sizes.freq_features, dim, seed=s, even_in_omega=False, **factory, **mkw
+                weight_matrix, sizes.freq_features, dim, seed=s, even_in_omega=False, **factory, **matrix_kw
             )
             for s in seed_list[self.poly_degree :]
         )
         nodes, gammas = gauss_laguerre(self.num_freqs)
         self.register_buffer("nodes", nodes.to(**factory))
         self.register_buffer("gammas", gammas.to(**factory))
+
+    def _init_coefficients(self, factory: Factory) -> None:
+        r"""$\tau$, $\lambda$ (1) and every coefficient of the fit (0): parameters, or buffers when fixed."""
         self.register_buffer("tau", torch.ones((), **factory))
         self.register_buffer("scale", torch.ones((), **factory))  # balance lambda
         self.poly_coef = nn.Parameter(torch.zeros(self.poly_degree + 1, **factory))
-        pole = nn.Parameter if learn_poles else (lambda v: v)
         self._pole_names = ("atom_a", "atom_b", "atom_p", "atom_q_raw")
         # without atoms the (empty) atom tensors are buffers: a parameter that never gets a gradient stops DDP
         for name in self._pole_names:
             value = torch.zeros(self.num_atoms, **factory)
-            if learn_poles and self.num_atoms:
-                self.register_parameter(name, pole(value))
+            if self.learn_poles and self.num_atoms:
+                self.register_parameter(name, nn.Parameter(value))
             else:
                 self.register_buffer(name, value)
         for name in ("node_cos", "node_sin"):
@@ -208,10 +228,6 @@ class RaLiMP(FeatureLinearization):
                 self.register_parameter(name, nn.Parameter(value))
             else:
                 self.register_buffer(name, value)
-        self.readout: nn.Parameter | None = None
-        self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
-        self._fit: DiscretizedFit | None = None  # set by load_linear
-        self._calibration: Calibration | None = None
 
     # ----------------------------------------------------------------------------------------------- init
     def _set_target(
