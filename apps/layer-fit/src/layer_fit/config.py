@@ -1,16 +1,17 @@
 """Configurations of ``layer-fit``: frozen dataclasses whose fields are the command-line flags, one to one.
 
 The flags shared with the other apps (``--device``, ``--dtype``, ``--threads``, ``--steps``, ``--lr``,
-``--grad-clip``, ``--out``, ``--resume``, ``--layer``, ``--features``, ``--seed``, ``--log-every``) come from
-``app_common``; here ``--layer``, ``--features``, ``--seed`` and ``--activation`` take several values: the
-grid of runs.
+``--grad-clip``, ``--out``, ``--resume``, ``--layer``, ``--features``, ``--weight-matrix``, ``--seed``,
+``--log-every``) come from ``app_common``; here ``--layer``, ``--features``, ``--seed`` and ``--activation``
+take several values: the grid of runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from app_common.fields import (
     OptimizerFields,
@@ -31,6 +32,10 @@ PAPER_METHODS = ("lowrank", "eugen", "snnk", "ralimp", "ralimp-psi")
 SWEEP_BUDGETS = (16, 32, 64, 128, 256)
 #: The fields that make the grid (several values each); the rest is the protocol every run shares.
 GRID = ("activation", "layer", "features", "seed")
+#: Settings added after runs were recorded, with the value those runs had: a record without the key ran
+#: with it. At that value a setting stays out of a run's identity (`FitConfig.protocol`), so those runs
+#: resume and report beside new ones.
+ADDED_SETTINGS = {"weight_matrix": "base"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +69,7 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
         help="the rank for lowrank and linear; several values: a grid (the paper's sweep: 16 32 64 128 256)",
     )
     seed: tuple[int, ...] = option("seed", tuple(range(10)), help="several values: a grid")
+    weight_matrix: str = option("weight_matrix", "base", help="of ralimp, eugen and snnk")
     steps: int = option("steps", 3000, help="full-batch Adam, cosine decay")
     lr: float = option("lr", 1e-2)
     grad_clip: float = option("grad_clip", 10.0)
@@ -120,8 +126,24 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
         return found
 
     def protocol(self) -> dict:
-        """The settings every run of the grid shares: a run's identity without its grid point."""
-        return {k: v for k, v in run_identity(self).items() if k not in GRID}
+        """The settings every run of the grid shares: a run's identity without its grid point.
+
+        A setting of `ADDED_SETTINGS` at the value older records ran with is left out.
+        """
+        return {
+            k: v
+            for k, v in run_identity(self).items()
+            if k not in GRID and not (k in ADDED_SETTINGS and ADDED_SETTINGS[k] == v)
+        }
+
+    def full_protocol(self) -> dict:
+        """`protocol` with every setting of `ADDED_SETTINGS`: what records are compared by."""
+        return {**ADDED_SETTINGS, **self.protocol()}
+
+
+def recorded_protocol(record: Mapping[str, Any], keys: Iterable[str]) -> dict:
+    """The settings ``keys`` of a flat record; one of `ADDED_SETTINGS` it lacks at the value it ran with."""
+    return {k: record.get(k, ADDED_SETTINGS.get(k)) for k in keys}
 
 
 @dataclass(frozen=True, kw_only=True)
