@@ -381,7 +381,7 @@ def test_a_method_that_does_not_start_is_recorded_and_the_grid_goes_on(tmp_path)
     assert (raw["ralimp-paper"]["steps"], raw["ralimp-paper"]["train_seconds"]) == (0, 0.0)
     records = {method: flat_record(r) for method, r in raw.items()}
     idle = records["ralimp-paper"]
-    guard = "ValueError: x: in layer RaLiMP(16 -> 16), the complex-exponential features would overflow"
+    guard = "ValueError: x: in layer RaLiMP(16 -> 16), the bound on the estimators' log second moment"
     assert idle["not_started"].startswith(guard)
     assert (idle["mse"], idle["diverged"]) == (None, False)
     assert records["eugen"]["mse"] is not None
@@ -390,7 +390,7 @@ def test_a_method_that_does_not_start_is_recorded_and_the_grid_goes_on(tmp_path)
     assert len(read_jsonl(results)) == 2
     texts = report(ReportConfig(results=results, table_features=32))
     row = next(line for line in texts["table"].splitlines() if line.startswith("| gelu"))
-    assert "does not start (ValueError: x: in layer RaLiMP(16 -> 16), the complex-expon…)" in row
+    assert "does not start (ValueError: x: in layer RaLiMP(16 -> 16), the bound on the …)" in row
     assert row.split("|")[-3].strip() == "eugen"  # the lowest of the methods that ran
     assert f"does not start: gelu / ralimp-paper / B=32, 1 run(s): {guard}" in texts["table"]
     assert "not_started" in (tmp_path / "report" / "table.csv").read_text()

@@ -46,10 +46,11 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
     pre-activation centered by its mean, X and Y = f(X W^T) standardized per column, full-batch Adam at
     lr 1e-2 with cosine decay and gradient-norm clipping at 10 for 3000 steps, 10 seeds, train MSE
     reported. Two departures are on unless --paper-literal: a per-column output scale and shift, and
-    balance="auto" for RaLiMP and SNNK (features at x / lambda and lambda w; without it RaLiMP's features
-    overflow float32 at step 0 at width 256). Finished runs found in the results file are skipped; a killed
-    run resumes from its checkpoint. A run's identity is every setting except device, threads, out,
-    resume, shard, isolation, checkpoint_every and log_every; resuming under another identity is refused.
+    balance="auto" for RaLiMP and SNNK (features at x / lambda and lambda w; without it RaLiMP's first
+    output at width 256 is not finite: its estimators' variance explodes, and softsign's features
+    overflow). Finished runs found in the results file are skipped; a killed run resumes from its
+    checkpoint. A run's identity is every setting except device, threads, out, resume, shard, isolation,
+    checkpoint_every and log_every; resuming under another identity is refused.
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")

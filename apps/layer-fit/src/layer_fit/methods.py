@@ -41,8 +41,9 @@ Builder = Callable[..., nn.Module]
 METHODS: Registry[Builder] = Registry("method")
 
 #: RaLiMP's shape in the paper's single-layer fit (App. D.1: at most one atom, 3 nodes, tau = 1), started
-#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, overflows
-#: float32 at width 256); the budget sets the feature counts.
+#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, trips the
+#: exponent guard at width 256: the bound on its estimators' log second moment exceeds float32's range, and
+#: with the guard off it fails through that variance); the budget sets the feature counts.
 RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "variance"}
 
 
