@@ -20,6 +20,17 @@ def test_the_constructor_builds_and_does_not_fit():
         assert torch.equal(layer(0.1 * torch.randn(3, 16)), torch.zeros(3, 8))
 
 
+def test_the_constructor_takes_the_sizes_flat_as_the_design_names_them():
+    flat = RaLiMP(16, 8, poly_degree=3, poly_features=4, num_atoms=2, num_freqs=2, freq_features=3, tau=0.5)
+    grouped = RaLiMP(16, 8, sizes=Sizes(3, 2, 2, 4, 3), options=FitOptions(tau=0.5))
+    assert (flat.poly_degree, flat.num_atoms, flat.num_freqs) == (3, 2, 2)
+    # App. D.1's budget: m + 2 J n_freq m_freq (the polynomial block's m counted once)
+    assert flat.num_random_features == grouped.num_random_features == 4 + 2 * 2 * 2 * 3
+    assert flat.options == grouped.options
+    # a flat size wins over the grouped one
+    assert RaLiMP(16, 8, sizes=Sizes(num_atoms=2), num_atoms=0).num_atoms == 0
+
+
 def test_load_linear_fits_a_built_layer_as_from_linear_does(small_layer_data):
     linear, x = small_layer_data
     options = FitOptions(fit="discretized")  # the fit keeps J = 1, the constructor's default

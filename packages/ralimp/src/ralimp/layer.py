@@ -92,6 +92,9 @@ class RaLiMP(FeatureLinearization):
             then fitted like a callable, or used node by node with ``fit="paper"``) or a
             `ralimp.DiscretizedFit` (dilated likewise, used as is); the last two fix ``poly_degree`` and
             ``num_atoms``.
+        poly_degree, poly_features, num_atoms, num_freqs, freq_features: the sizes one by one, over
+            ``sizes`` (DESIGN's flat constructor; None: ``sizes``' value).
+        tau: ``options.tau`` one by one, over ``options`` (None: ``options``' value).
         sizes: `ralimp.fits.Sizes`: $K$ (``poly_degree``), $J$ (``num_atoms``; `from_linear` with
             ``fit="variance"`` chooses $0..J$, `plan_from_linear`), the Gauss-Laguerre nodes per atom
             (``num_freqs``), the projections of the polynomial block (``poly_features``, $m$) and per node
@@ -143,6 +146,12 @@ class RaLiMP(FeatureLinearization):
         out_features: int,
         *,
         activation: str | Elementwise | RationalFunction | DiscretizedFit = "gelu",
+        poly_degree: int | None = None,
+        poly_features: int | None = None,
+        num_atoms: int | None = None,
+        num_freqs: int | None = None,
+        freq_features: int | None = None,
+        tau: float | str | None = None,
         sizes: Sizes | None = None,
         options: FitOptions | None = None,
         bias: bool = True,
@@ -157,10 +166,17 @@ class RaLiMP(FeatureLinearization):
         super().__init__()
         self.exponent_guard = exponent_guard
         self.set_features(in_features, out_features)
-        sizes = Sizes() if sizes is None else sizes
+        named = {
+            "poly_degree": poly_degree,
+            "poly_features": poly_features,
+            "num_atoms": num_atoms,
+            "num_freqs": num_freqs,
+            "freq_features": freq_features,
+        }
+        sizes = Sizes.of({"sizes": sizes, **{k: v for k, v in named.items() if v is not None}})
         check_int("poly_degree", sizes.poly_degree, 0)
         check_int("num_atoms", sizes.num_atoms, 0)
-        self.options = FitOptions() if options is None else options
+        self.options = FitOptions.of({"options": options, **({} if tau is None else {"tau": tau})})
         self.learn_poles = learn_poles
         self.name = ""  # the module path, set by `replace_mlp` (error messages, `fit_record`)
         factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
