@@ -70,8 +70,8 @@ def test_every_pair_reports_the_three_variants(experiment):
         assert len(record["mse_before"]) == len(record["mse_after"]) == 2  # one per block
         assert record["decode_ms"]["converted"] > 0
         assert record["decode_ms"]["teacher"] > 0
-    table = (root / "out" / lin.TABLE).read_text()
-    assert all(f"| {pair} |" in table for pair in PAIRS)
+    table = (root / "out" / f"{lin.TABLE}.md").read_text()
+    assert all(f"| {pair} " in table for pair in PAIRS)
 
 
 def test_gap_closed_is_the_share_of_the_swap_to_teacher_gap(experiment):
@@ -113,15 +113,44 @@ def test_transfer_stage_changes_only_the_feature_maps(experiment):
     assert all(torch.equal(model.get_parameter(n), teacher[n]) for n in kept)
 
 
-def test_a_rerun_reuses_finished_pairs(experiment, monkeypatch):
+def test_a_rerun_reuses_finished_runs(experiment, monkeypatch):
     root, args = experiment
+    before = records(root)
 
     def refuse(*_args, **_kw):
-        raise AssertionError("a finished pair ran again")
+        raise AssertionError("a finished run trained again")
 
-    monkeypatch.setattr(lin, "linearize_pair", refuse)
+    monkeypatch.setattr(lin, "train", refuse)
     assert main([*args, *FLAGS]) == 0
-    assert len(read_jsonl(root / "out" / lin.RESULTS)) == len(PAIRS)
+    after = records(root)
+    assert sorted(after) == sorted(PAIRS)
+    for pair in PAIRS:
+        assert after[pair]["val_loss"] == before[pair]["val_loss"]
+        assert after[pair]["mse_after"] == before[pair]["mse_after"]
+
+
+def test_each_variant_is_an_ordinary_train_run_named_by_its_identity(experiment):
+    root, _ = experiment
+    config = config_of(root)
+    for (pair, variant), run in lin.variant_runs(config, root / "data", root / "gpt2").items():
+        record = finished_record(root / "out", run_name(run))
+        assert record is not None, (pair, variant)
+        assert record["config"]["model"]["attention"] == pair
+
+
+def test_a_shard_reports_only_pairs_whose_variants_all_finished(experiment, tmp_path, monkeypatch):
+    root, args = experiment
+    out = tmp_path / "sharded"
+    ran = []
+
+    def count(run):
+        ran.append(run.name)
+
+    monkeypatch.setattr(lin, "train", count)
+    shard_args = [a if a != str(root / "out") else str(out) for a in args]
+    assert main([*shard_args, *FLAGS, "--shard", "0/2"]) == 0
+    assert len(ran) == len(PAIRS)  # every other cell of the (pair x variant) grid
+    assert not (out / lin.RESULTS).read_text().strip()  # no pair has both of its variants
 
 
 def test_transfer_steps_must_leave_fine_tuning_steps():

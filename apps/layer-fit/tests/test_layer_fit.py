@@ -16,6 +16,7 @@ from layer_fit import (
     METHODS,
     PAPER_METHODS,
     FitConfig,
+    FitModel,
     ReportConfig,
     build,
     eckart_young_floor,
@@ -25,8 +26,9 @@ from layer_fit import (
     report,
     run_fit,
     standardize,
+    train,
 )
-from layer_fit.cli import main
+from layer_fit.cli import build_parser, main
 from layer_fit.floors import singular_values
 
 TINY = {"samples": 128, "dim": 16, "log_every": 5, "checkpoint_every": 0, "device": "cpu"}
@@ -339,3 +341,68 @@ def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
     from layer_fit.cli import build_parser
 
     assert_app_contract(build_parser(), "layer_fit")
+
+
+def test_weight_matrix_draws_the_projections_of_every_random_feature_method(tmp_path):
+    x = torch.randn(64, 16)
+    for method in ("ralimp", "eugen", "snnk", "ralimp-width", "eugen-width"):
+        layer = build(method, "gelu", 32, dim=16, seed=0, sample=x, weight_matrix="orf").layer
+        matrices = [m for m in layer.modules() if type(m).__module__.startswith("rf_matrices.")]
+        assert matrices, method
+        assert all(type(m).__name__ == "ORF" for m in matrices), method
+    build("lowrank-width", "gelu", 32, dim=16, seed=0, sample=x, weight_matrix="orf")  # draws none
+    # the default stays out of a run's identity (runs recorded before the flag resume); another value is in it
+    assert "weight_matrix" not in FitConfig().protocol()
+    assert FitConfig(weight_matrix="orf").protocol()["weight_matrix"] == "orf"
+    config = FitConfig(
+        activation=("tanh",), layer=("lowrank",), features=(8,), seed=(0,), steps=2, out=tmp_path, **TINY
+    )
+    run_fit(config, progress=False)
+    with pytest.raises(ValueError, match=r"holds runs of other settings \(weight_matrix: 'base' -> 'orf'\)"):
+        run_fit(dataclasses.replace(config, weight_matrix="orf"), progress=False)
+    args = build_parser().parse_args(["train", "--weight-matrix", "orf", "--out", str(tmp_path)])
+    assert args.weight_matrix == "orf"
+
+
+def test_a_method_that_does_not_start_is_recorded_and_the_grid_goes_on(tmp_path):
+    # the paper's layer (balance 1, one atom kept by fit="paper") at width 16: the exponent guard raises
+    config = FitConfig(
+        activation=("gelu",),
+        layer=("ralimp-paper", "eugen"),
+        features=(32,),
+        seed=(0,),
+        steps=5,
+        paper_literal=True,
+        out=tmp_path,
+        **TINY,
+    )
+    results = run_fit(config, progress=False)
+    raw = {r["details"]["method"]: r for r in read_jsonl(results)}
+    assert (raw["ralimp-paper"]["steps"], raw["ralimp-paper"]["train_seconds"]) == (0, 0.0)
+    records = {method: flat_record(r) for method, r in raw.items()}
+    idle = records["ralimp-paper"]
+    guard = "ValueError: x: in layer RaLiMP(16 -> 16), the bound on the estimators' log second moment"
+    assert idle["not_started"].startswith(guard)
+    assert (idle["mse"], idle["diverged"]) == (None, False)
+    assert records["eugen"]["mse"] is not None
+    assert "not_started" not in records["eugen"]
+    run_fit(config, progress=False)  # recorded: the rerun skips it
+    assert len(read_jsonl(results)) == 2
+    texts = report(ReportConfig(results=results, table_features=32))
+    row = next(line for line in texts["table"].splitlines() if line.startswith("| gelu"))
+    assert "does not start (ValueError: x: in layer RaLiMP(16 -> 16), the bound on the …)" in row
+    assert row.split("|")[-3].strip() == "eugen"  # the lowest of the methods that ran
+    assert f"does not start: gelu / ralimp-paper / B=32, 1 run(s): {guard}" in texts["table"]
+    assert "not_started" in (tmp_path / "report" / "table.csv").read_text()
+
+
+def test_a_first_loss_that_is_not_finite_does_not_start(tmp_path, monkeypatch):
+    class NotANumber(torch.nn.Module):
+        def forward(self, x):
+            return x * math.nan
+
+    monkeypatch.setattr(train, "build", lambda *args, **kw: FitModel(NotANumber(), 16, output_affine=False))
+    data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
+    record = flat_record(fit_one(data, "eugen", 8, 0, FitConfig(steps=3, **TINY), device=torch.device("cpu")))
+    assert record["not_started"] == "the first loss is nan"
+    assert record["mse"] is None

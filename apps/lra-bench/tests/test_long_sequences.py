@@ -40,3 +40,8 @@ def test_the_peaks_and_their_ratios_are_not_negative(rows):
 
 def test_softmax_is_its_own_reference(rows):
     assert all(cell.endswith("(1.00x)") for cell in rows[0][1:])
+
+
+def test_repeats_must_be_a_positive_count():
+    with pytest.raises(ValueError, match="repeats"):
+        long_sequence_table(["performer"], features=8, lengths=LENGTHS, repeats=0)

@@ -8,6 +8,7 @@ import ralimp
 import rf_matrices
 from ralimp import SNNK, EUGen, LowRank, RaLiMP
 from ralimp.features import complex_exponential_features
+from ralimp.fits import Sizes
 from spectraformer_core.testing import relative_error
 
 
@@ -35,14 +36,12 @@ def test_expected_output_of_a_fresh_layer_is_its_fit_on_the_whole_interval(name,
     # a node-by-node discretization of the continuous fit misses gelu by 0.32 on [-4, 4] at 3 nodes (fit
     # error 2.4e-3), tanh J=2 by 0.23, softsign J=3 by 0.42; the least-squares fit in the layer's basis
     # does not
-    layer = RaLiMP(
-        4,
-        3,
-        activation=name,
+    layer = RaLiMP.from_linear(
+        torch.nn.Linear(4, 3, dtype=torch.float64),
+        name,
         num_atoms=atoms,
         num_freqs=freqs,
         seed=0,
-        dtype=torch.float64,
         fit="discretized",
         interval=(-4.0, 4.0),
     )
@@ -246,7 +245,8 @@ def test_same_seed_gives_the_same_layer(small_layer_data):
 
 
 def test_float32_and_bfloat16_inputs_give_outputs_of_their_dtype():
-    layer = RaLiMP(8, 4, seed=0)
+    torch.manual_seed(0)
+    layer = RaLiMP.from_linear(torch.nn.Linear(8, 4), "gelu", seed=0)
     for dtype in (torch.float32, torch.bfloat16):
         y = layer(torch.randn(3, 8).to(dtype))
         assert y.dtype == dtype
@@ -362,7 +362,9 @@ def test_layer_errors_name_the_argument():
     with pytest.raises(ValueError, match="in_features: expected an integer >= 1, got 0"):
         RaLiMP(0, 3)
     with pytest.raises(ValueError, match="tau: expected 'auto' or a positive number, got -1"):
-        RaLiMP(3, 3, tau=-1)
+        RaLiMP.from_linear(torch.nn.Linear(3, 3), "gelu", tau=-1)
+    with pytest.raises(ValueError, match="num_freqs: expected an integer >= 1, got 0"):
+        RaLiMP(3, 3, sizes=Sizes(num_freqs=0))
     with pytest.raises(ValueError, match="x: expected last dimension 3"):
         RaLiMP(3, 2, seed=0)(torch.zeros(2, 4))
     with pytest.raises(ValueError, match="unknown weight matrix 'nope'"):
@@ -375,8 +377,14 @@ def test_a_plain_callable_is_fitted_in_the_layers_basis():
     def softsign(t):
         return t / (1 + t.abs())
 
-    layer = RaLiMP(
-        3, 2, activation=softsign, num_atoms=2, num_freqs=1, interval=(-4.0, 4.0), seed=0, fit="discretized"
+    layer = RaLiMP.from_linear(
+        torch.nn.Linear(3, 2),
+        softsign,
+        num_atoms=2,
+        num_freqs=1,
+        interval=(-4.0, 4.0),
+        seed=0,
+        fit="discretized",
     )
     t = torch.linspace(-4, 4, 4001, dtype=torch.float64)
     with torch.no_grad():

@@ -264,7 +264,7 @@ def test_masks_of_other_patterns_are_refused():
 
 
 def test_unknown_names_are_refused(llama):
-    with pytest.raises(ValueError, match="names: expected random-feature attention names"):
+    with pytest.raises(ValueError, match="names: unknown random-feature attention 'softmax'"):
         rf_hf.register(["softmax"])
     with pytest.raises(ValueError, match="attn_implementation: expected a registered rf-"):
         rf_hf.attach_feature_maps(llama("sdpa"))

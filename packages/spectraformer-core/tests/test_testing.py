@@ -1,5 +1,5 @@
-"""`relative_error`, `assert_rel_close`, `seeded_randn`, `torch_threads` and the import-cycle finder (every
-import counts, wherever it stands): what the tests share."""
+"""`relative_error`, `assert_rel_close`, `rounding_tolerance`, `seeded_randn`, `torch_threads` and the
+import-cycle finder (every import counts, wherever it stands): what the tests share."""
 
 import math
 import sys
@@ -14,12 +14,33 @@ from spectraformer_core.testing import (
     import_cycles,
     import_graph,
     relative_error,
+    rounding_tolerance,
     seeded_randn,
     torch_threads,
 )
 
 REFERENCE = torch.tensor([[3.0, 0.0], [0.0, 4.0]], dtype=torch.float64)  # norm 5
 OFF_BY_A_TENTH = REFERENCE + torch.tensor([[0.0, 0.3], [0.4, 0.0]], dtype=torch.float64)  # norm 0.5 off
+
+
+def sequential_float32_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``x (rows, n)`` added left to right in float32, one rounding per term (no wider sum)."""
+    total = torch.zeros(x.shape[0], dtype=torch.float32)
+    for column in x.float().unbind(-1):
+        total += column
+    return total.double()
+
+
+def test_rounding_tolerance_bounds_two_float32_summation_orders_within_a_small_factor():
+    # positive terms (the normalizer's): partial sums grow with n, the worst case of the sqrt(n) bound
+    x = seeded_randn(200, 4096, seed=1, dtype=torch.float64).abs()
+    forward, backward = sequential_float32_sum(x), sequential_float32_sum(x.flip(-1))
+    differences = (forward - backward).abs() / x.sum(-1)
+    tolerance = rounding_tolerance(torch.float32, 4096)
+    assert tolerance / 100 < float(differences.max()) <= tolerance  # a bound, and not a vacuous one
+    assert rounding_tolerance(torch.float64, 4096, condition=10.0) == pytest.approx(
+        10 * tolerance * torch.finfo(torch.float64).eps / torch.finfo(torch.float32).eps
+    )
 
 
 def test_relative_error_is_the_difference_norm_over_the_reference_norm():

@@ -1,7 +1,8 @@
-"""``gpt-uptrain linearize``: convert a trained softmax GPT to random-feature attention, three ways per pair.
+"""``gpt-uptrain linearize``: a trained softmax GPT's attention converted to random features, three ways.
 
 The teacher is the softmax model of ``quick`` (trained here on the offline stdlib corpus, or reused from
-``--out``), or a local HF GPT-2 folder (``--weights``). For each random-feature pair (``--attention``):
+``--out``), or a local HF GPT-2 folder (``--weights``). Only the attention is converted (the MLPs stay
+dense). For each random-feature pair (``--attention``):
 
 - **swap**: the teacher with its attention swapped for the pair, no training;
 - **swap + fine-tune**: ``--steps`` steps of next-token training of the whole model (the feature maps,
@@ -10,18 +11,18 @@ The teacher is the softmax model of ``quick`` (trained here on the offline stdli
   layer matching softmax on its own ``q, k, v``), then ``steps - transfer_steps`` of fine-tuning: the same
   total number of steps.
 
-Per pair the report gives each variant's validation loss, the share of the swap-to-teacher gap it
-closes, ``(swap - x) / (swap - teacher)``, the per-layer transfer MSE before and after, and the decode
-speed (ms per generated token, one thread) of the converted model against the teacher's: ``GPT.generate``
-with the RF O(1) state against the teacher's KV cache, from the same prompt. Every training run keeps its
-checkpoint and a finished pair is skipped, so an interrupted experiment continues where it stopped.
+The trained variants are a grid of ordinary ``gpt-uptrain train`` runs (pair x variant) run by
+[`app_common.grid.run_grid`][app_common.grid.run_grid]: each has its run folder named from its identity, a
+finished run is reused, an interrupted one resumes, ``--shard i/n`` splits the grid over processes. The
+report is made from their records: per pair each variant's validation loss, the share of the
+swap-to-teacher gap it closes, ``(swap - x) / (swap - teacher)``, the per-layer transfer MSE before and
+after, and the decode speed (ms per generated token, one thread) of the converted model against the
+teacher's: ``GPT.generate`` with the RF O(1) state against the teacher's KV cache, from the same prompt.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +30,13 @@ from typing import Any
 
 import torch
 
-from app_common.config import config_dict
 from app_common.device import resolve_device
 from app_common.distributed import Distributed
 from app_common.fields import OutputFields, RuntimeFields, check_int_fields, option
+from app_common.grid import GridFields, run_grid
 from app_common.records import CHECKPOINT, finished_record, run_dir
 from app_common.records import RESULTS as RUN_RESULTS
-from app_common.results import append_jsonl, read_jsonl
+from app_common.results import append_jsonl, write_table
 from gpt_uptrain import hf
 from gpt_uptrain.config import QUICK_RUN, QuickConfig, TrainConfig
 from gpt_uptrain.data import TokenData
@@ -48,20 +49,20 @@ from gpt_uptrain.train import build_model, evaluate, load_model, run_name, train
 PAIRS = ("posrf-orf", "oprf-fastfoodl", "gerf-orf", "saderf-orf", "posrf-hyp-orf")
 #: The three variants, in the report's order.
 VARIANTS = ("swap", "swap_finetune", "transfer_finetune")
-#: The results file (one JSON line per pair) and the Markdown table, under ``--out``.
-RESULTS, TABLE = "linearize.jsonl", "linearize.md"
+#: The per-pair summaries (one JSON line per pair, rewritten from the runs' records by each call) and the
+#: table (``.md`` and ``.csv``), under ``--out``.
+RESULTS, TABLE = "linearize.jsonl", "linearize"
 #: The teacher as an HF GPT-2 folder under ``--out`` (the variants load it with ``--weights``).
 TEACHER = "teacher"
-#: Settings that do not change a pair's numbers (a finished pair is reused whatever they are).
-NOT_IDENTITY = ("attention", "out", "resume", "device", "threads")
 
 
 @dataclass(frozen=True, kw_only=True)
-class LinearizeConfig(RuntimeFields, OutputFields):
+class LinearizeConfig(RuntimeFields, OutputFields, GridFields):
     """``gpt-uptrain linearize``: swap, swap + fine-tune and transfer + fine-tune for each pair.
 
     The runs are `QUICK_RUN`'s settings (batches, schedule shape, evaluation) with the teacher's weights
-    and the flags given here.
+    and the flags given here; each run's identity (its folder's name) is `gpt_uptrain.train.run_name`'s,
+    as for every ``train`` run.
     """
 
     out: Path = option("out", Path("runs/gpt-uptrain-linearize"), help="and of data/ and teacher/")
@@ -101,11 +102,6 @@ class LinearizeConfig(RuntimeFields, OutputFields):
         bad = [name for name in self.attention if not is_random_feature(name)]
         if bad or not self.attention:
             raise ValueError(f"--attention: expected RF pairs ('<component>-<matrix>'), got {bad}")
-
-    def identity(self) -> str:
-        """A digest of the settings that decide a pair's numbers (all but `NOT_IDENTITY`)."""
-        settings = {k: v for k, v in config_dict(self).items() if k not in NOT_IDENTITY}
-        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     @property
     def runtime(self) -> dict[str, Any]:
@@ -186,37 +182,47 @@ def gap_closed(swap: float, teacher: float, value: float) -> float:
     return 100 * (swap - value) / (swap - teacher)
 
 
-def _finished(config: TrainConfig) -> dict[str, Any]:
-    """Train ``config`` (or reuse its finished run) and return its record."""
-    train(config)
-    record = finished_record(config.out, run_name(config))
-    if record is None:
-        raise RuntimeError(f"{config.label}: the run did not finish")
-    return record
+def variant_runs(config: LinearizeConfig, data: Path, teacher: Path) -> dict[tuple[str, str], TrainConfig]:
+    """The grid's cells by ``(pair, variant)``: the trained variants, pair by pair, in `VARIANTS` order."""
+    return {
+        (pair, v): config.variant(pair, v, data, teacher) for pair in config.attention for v in VARIANTS[1:]
+    }
 
 
-def linearize_pair(
-    config: LinearizeConfig, pair: str, data: Path, teacher: Path, teacher_loss: float, teacher_ms: float
+def _place(run: TrainConfig) -> tuple[Path, str]:
+    """A variant's ``(out, run name)`` for `run_grid`."""
+    return Path(run.out), run_name(run)
+
+
+def convert_pair(
+    config: LinearizeConfig,
+    pair: str,
+    records: dict[str, dict[str, Any]],
+    context: tuple[TokenData, Path, Path, float, float],
 ) -> dict[str, Any]:
-    """The three variants of ``pair``: the report's record (see the module's description)."""
-    tokens = TokenData(data)
+    """The report's record of ``pair`` from its variants' run ``records`` (see the module's description).
+
+    ``context``: the tokens, data folder, teacher folder, teacher's validation loss and decode ms.
+    """
+    tokens, data, teacher, teacher_loss, teacher_ms = context
     swap_config = config.variant(pair, "swap_finetune", data, teacher)
     device = resolve_device(config.device)
     swapped = build_model(swap_config, tokens, device)
     swap = evaluate(swapped, tokens, swap_config, Distributed(device=device))
-    runs = {v: config.variant(pair, v, data, teacher) for v in VARIANTS[1:]}
-    records = {v: _finished(run) for v, run in runs.items()}
     loss = {"swap": swap, **{v: r["metrics"]["val_loss"] for v, r in records.items()}}
     transfer = records["transfer_finetune"]["details"]["transfer"]
     before, after = transfer["mse_before"], transfer["mse_after"]
-    converted, _ = load_model(run_dir(config.out, run_name(runs["transfer_finetune"])) / CHECKPOINT, device)
+    converted_run = run_dir(config.out, run_name(config.variant(pair, "transfer_finetune", data, teacher)))
+    converted, _ = load_model(converted_run / CHECKPOINT, device)
     return {
         "pair": pair,
-        "identity": config.identity(),
         "teacher_val_loss": teacher_loss,
         "val_loss": loss,
         "gap_closed": {v: gap_closed(swap, teacher_loss, loss[v]) for v in VARIANTS[1:]},
-        "steps": {v: {"transfer": r.transfer_steps, "finetune": r.steps} for v, r in runs.items()},
+        "steps": {
+            v: {"transfer": r["details"]["transfer"].get("steps", 0), "finetune": r["steps"]}
+            for v, r in records.items()
+        },
         "mse_before": before,
         "mse_after": after,
         "mse_cut": [100 * (1 - a / b) for b, a in zip(before, after, strict=True)],
@@ -225,57 +231,69 @@ def linearize_pair(
     }
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The Markdown table of the pairs' records."""
-    lines = [
-        "| pair | swap | swap + FT | transfer + FT | gap closed: swap + FT | gap closed: transfer + FT "
-        "| transfer MSE per layer, before -> after (cut) | ms/token RF (teacher) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in records:
+#: The table's columns.
+HEADER = (
+    "pair",
+    "swap",
+    "swap + FT",
+    "transfer + FT",
+    "gap closed: swap + FT",
+    "gap closed: transfer + FT",
+    "transfer MSE per layer, before -> after (cut)",
+    "ms/token RF (teacher)",
+)
+
+
+def table_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
+    """One row of `HEADER` per pair's summary."""
+    rows = []
+    for r in summaries:
         loss, closed, ms = r["val_loss"], r["gap_closed"], r["decode_ms"]
         layers = zip(r["mse_before"], r["mse_after"], r["mse_cut"], strict=True)
-        mse = "; ".join(f"{b:.3g} -> {a:.3g} ({c:.0f}%)" for b, a, c in layers)
-        lines.append(
-            f"| {r['pair']} | {loss['swap']:.4f} | {loss['swap_finetune']:.4f} | "
-            f"{loss['transfer_finetune']:.4f} | {closed['swap_finetune']:.1f}% | "
-            f"{closed['transfer_finetune']:.1f}% | {mse} | {ms['converted']:.2f} ({ms['teacher']:.2f}) |"
+        rows.append(
+            [
+                r["pair"],
+                f"{loss['swap']:.4f}",
+                f"{loss['swap_finetune']:.4f}",
+                f"{loss['transfer_finetune']:.4f}",
+                f"{closed['swap_finetune']:.1f}%",
+                f"{closed['transfer_finetune']:.1f}%",
+                "; ".join(f"{b:.3g} -> {a:.3g} ({c:.0f}%)" for b, a, c in layers),
+                f"{ms['converted']:.2f} ({ms['teacher']:.2f})",
+            ]
         )
-    if records:
-        lines.append(f"\nTeacher (softmax) validation loss: {records[0]['teacher_val_loss']:.4f}.")
-    return "\n".join(lines) + "\n"
+    return rows
 
 
 def linearize(config: LinearizeConfig) -> str:
-    """Run the experiment (finished pairs reused); returns the Markdown table (also ``out/linearize.md``)."""
+    """Run this shard's variants (finished runs reused) and report the pairs whose runs are all finished.
+
+    Returns the Markdown table (also ``out/linearize.md`` and ``.csv``, with the summaries in
+    ``out/linearize.jsonl``), followed by the teacher's validation loss.
+    """
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
         torch.set_num_threads(config.threads)
     data, teacher = prepare_teacher(config)
-    results = out / RESULTS
-    identity = config.identity()
-    earlier = read_jsonl(results) if results.is_file() else []
-    done = {r["pair"]: r for r in earlier if r["identity"] == identity}
+    runs = variant_runs(config, data, teacher)
+    run_grid(list(runs.values()), train, place=_place, grid=config, resume=config.resume, desc="linearize")
+    finished = {cell: finished_record(*_place(run)) for cell, run in runs.items()}
     device = resolve_device(config.device)
     tokens = TokenData(data)
     reference = config.variant(config.attention[0], "swap_finetune", data, teacher)
     teacher_model = GPT.from_pretrained(teacher, block_size=reference.model.block_size).to(device)
     teacher_loss = evaluate(teacher_model, tokens, reference, Distributed(device=device))
-    teacher_ms = decode_ms(teacher_model, tokens, config, device)
-    start = time.perf_counter()
+    context = (tokens, data, teacher, teacher_loss, decode_ms(teacher_model, tokens, config, device))
+    summaries = []
     for pair in config.attention:
-        if pair in done:
-            print(f"{pair}: finished earlier; reused")
+        records = {v: finished[(pair, v)] for v in VARIANTS[1:]}
+        if any(record is None for record in records.values()):
+            print(f"{pair}: not every variant has finished (another shard's, or failed): left out")
             continue
-        done[pair] = linearize_pair(config, pair, data, teacher, teacher_loss, teacher_ms)
-        append_jsonl(results, done[pair])
-        closed = done[pair]["gap_closed"]
-        print(
-            f"{pair}: gap closed {closed['swap_finetune']:.1f}% (swap + fine-tune), "
-            f"{closed['transfer_finetune']:.1f}% (transfer + fine-tune)"
-        )
-    print(f"linearize: {time.perf_counter() - start:.0f} s for the pairs")
-    text = table([done[pair] for pair in config.attention])
-    (out / TABLE).write_text(text, encoding="utf-8")
-    return text
+        summaries.append(convert_pair(config, pair, records, context))  # type: ignore[arg-type]
+    (out / RESULTS).write_text("", encoding="utf-8")
+    for summary in summaries:
+        append_jsonl(out / RESULTS, summary)
+    text = write_table(out / TABLE, HEADER, table_rows(summaries))
+    return f"{text}\n\nTeacher (softmax) validation loss: {teacher_loss:.4f}.\n"

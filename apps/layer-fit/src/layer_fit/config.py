@@ -1,16 +1,17 @@
 """Configurations of ``layer-fit``: frozen dataclasses whose fields are the command-line flags, one to one.
 
 The flags shared with the other apps (``--device``, ``--dtype``, ``--threads``, ``--steps``, ``--lr``,
-``--grad-clip``, ``--out``, ``--resume``, ``--layer``, ``--features``, ``--seed``, ``--log-every``) come from
-``app_common``; here ``--layer``, ``--features``, ``--seed`` and ``--activation`` take several values: the
-grid of runs.
+``--grad-clip``, ``--out``, ``--resume``, ``--layer``, ``--features``, ``--weight-matrix``, ``--seed``,
+``--log-every``) come from ``app_common``; here ``--layer``, ``--features``, ``--seed`` and ``--activation``
+take several values: the grid of runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from app_common.fields import (
     OptimizerFields,
@@ -31,6 +32,10 @@ PAPER_METHODS = ("lowrank", "eugen", "snnk", "ralimp", "ralimp-psi")
 SWEEP_BUDGETS = (16, 32, 64, 128, 256)
 #: The fields that make the grid (several values each); the rest is the protocol every run shares.
 GRID = ("activation", "layer", "features", "seed")
+#: Settings added after runs were recorded, with the value those runs had: a record without the key ran
+#: with it. At that value a setting stays out of a run's identity (`FitConfig.protocol`), so those runs
+#: resume and report beside new ones.
+ADDED_SETTINGS = {"weight_matrix": "base"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +46,11 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
     pre-activation centered by its mean, X and Y = f(X W^T) standardized per column, full-batch Adam at
     lr 1e-2 with cosine decay and gradient-norm clipping at 10 for 3000 steps, 10 seeds, train MSE
     reported. Two departures are on unless --paper-literal: a per-column output scale and shift, and
-    balance="auto" for RaLiMP and SNNK (features at x / lambda and lambda w; without it RaLiMP's features
-    overflow float32 at step 0 at width 256). Finished runs found in the results file are skipped; a killed
-    run resumes from its checkpoint. A run's identity is every setting except device, threads, out,
-    resume, shard, isolation, checkpoint_every and log_every; resuming under another identity is refused.
+    balance="auto" for RaLiMP and SNNK (features at x / lambda and lambda w; without it RaLiMP's first
+    output at width 256 is not finite: its estimators' variance explodes, and softsign's features
+    overflow). Finished runs found in the results file are skipped; a killed run resumes from its
+    checkpoint. A run's identity is every setting except device, threads, out, resume, shard, isolation,
+    checkpoint_every and log_every; resuming under another identity is refused.
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")
@@ -64,6 +70,7 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
         help="the rank for lowrank and linear; several values: a grid (the paper's sweep: 16 32 64 128 256)",
     )
     seed: tuple[int, ...] = option("seed", tuple(range(10)), help="several values: a grid")
+    weight_matrix: str = option("weight_matrix", "base", help="of ralimp, eugen and snnk")
     steps: int = option("steps", 3000, help="full-batch Adam, cosine decay")
     lr: float = option("lr", 1e-2)
     grad_clip: float = option("grad_clip", 10.0)
@@ -120,8 +127,24 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
         return found
 
     def protocol(self) -> dict:
-        """The settings every run of the grid shares: a run's identity without its grid point."""
-        return {k: v for k, v in run_identity(self).items() if k not in GRID}
+        """The settings every run of the grid shares: a run's identity without its grid point.
+
+        A setting of `ADDED_SETTINGS` at the value older records ran with is left out.
+        """
+        return {
+            k: v
+            for k, v in run_identity(self).items()
+            if k not in GRID and not (k in ADDED_SETTINGS and ADDED_SETTINGS[k] == v)
+        }
+
+    def full_protocol(self) -> dict:
+        """`protocol` with every setting of `ADDED_SETTINGS`: what records are compared by."""
+        return {**ADDED_SETTINGS, **self.protocol()}
+
+
+def recorded_protocol(record: Mapping[str, Any], keys: Iterable[str]) -> dict:
+    """The settings ``keys`` of a flat record; one of `ADDED_SETTINGS` it lacks at the value it ran with."""
+    return {k: record.get(k, ADDED_SETTINGS.get(k)) for k in keys}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,7 @@
 """The methods of the fit at a feature budget, each made by ``ralimp.create``, as a registry.
 
-Each builder takes ``(linear, activation, budget, *, seed, sample, balance)`` and returns a module mapping
+Each builder takes ``(linear, activation, budget, *, seed, sample, balance, weight_matrix)`` and returns a
+module mapping
 ``(..., dim)`` to ``(..., dim)``, initialized from ``linear`` (the same seeded, untrained ``nn.Linear`` for
 every method). ``ralimp.create`` spends the budget ``B`` exactly (``num_random_features == B``, the
 paper's counting; table in the RaLiMP guide):
@@ -18,7 +19,9 @@ paper's counting; table in the RaLiMP guide):
 - ``linear`` (not in the paper's figure): a rank-``B`` linear map ``U V x + b`` (LowRank with the
   identity as activation).
 
-``balance`` goes to RaLiMP and SNNK (``"auto"``, a departure, or 1, the paper's layer).
+``balance`` goes to RaLiMP and SNNK (``"auto"``, a departure, or 1, the paper's layer); ``weight_matrix``
+(the ``rf_matrices`` name of the random projections, ``--weight-matrix``) to RaLiMP, EUGen and SNNK (low-rank
+and linear draw none).
 """
 
 from __future__ import annotations
@@ -33,55 +36,102 @@ from spectraformer_core import Registry
 
 Builder = Callable[..., nn.Module]
 
-#: Method name -> builder ``(linear, activation, budget, *, seed, sample, balance) -> nn.Module``;
+#: Method name -> builder ``(linear, activation, budget, *, seed, sample, balance, weight_matrix)``;
 #: ``METHODS.register("name")(builder)`` adds one.
 METHODS: Registry[Builder] = Registry("method")
 
 #: RaLiMP's shape in the paper's single-layer fit (App. D.1: at most one atom, 3 nodes, tau = 1), started
-#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, overflows
-#: float32 at width 256); the budget sets the feature counts.
+#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, trips the
+#: exponent guard at width 256: the bound on its estimators' log second moment exceeds float32's range, and
+#: with the guard off it fails through that variance); the budget sets the feature counts.
 RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "variance"}
 
 
 @METHODS.register("lowrank")
-def build_lowrank(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_lowrank(
+    linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
+):
     """``f(U V x + b)``, rank ``budget``, from the truncated SVD of ``linear``."""
     return ralimp.create("lowrank", linear, activation, budget=budget, seed=seed)
 
 
 @METHODS.register("eugen")
-def build_eugen(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_eugen(
+    linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
+):
     """EUGen of degree 2 with ``budget`` rows per projection, its polynomial fitted on ``sample``'s range."""
-    return ralimp.create("eugen", linear, activation, budget=budget, seed=seed, sample=sample, poly_degree=2)
+    return ralimp.create(
+        "eugen",
+        linear,
+        activation,
+        budget=budget,
+        seed=seed,
+        sample=sample,
+        poly_degree=2,
+        weight_matrix=weight_matrix,
+    )
 
 
 @METHODS.register("snnk")
-def build_snnk(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_snnk(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix):
     """SNNK (Fourier variant) with ``budget`` projections; ``balance`` calibrated on ``sample``."""
-    return ralimp.create("snnk", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance)
+    return ralimp.create(
+        "snnk",
+        linear,
+        activation,
+        budget=budget,
+        seed=seed,
+        sample=sample,
+        balance=balance,
+        weight_matrix=weight_matrix,
+    )
 
 
 @METHODS.register("ralimp")
-def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_ralimp(
+    linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
+):
     """RaLiMP of `RALIMP_SHAPE` spending ``budget``; ``balance`` calibrated on ``sample``."""
     return ralimp.create(
-        "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **RALIMP_SHAPE
+        "ralimp",
+        linear,
+        activation,
+        budget=budget,
+        seed=seed,
+        sample=sample,
+        balance=balance,
+        weight_matrix=weight_matrix,
+        **RALIMP_SHAPE,
     )
 
 
 @METHODS.register("ralimp-paper")
-def build_ralimp_paper(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_ralimp_paper(
+    linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
+):
     """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept)."""
     shape = RALIMP_SHAPE | {"fit": "paper"}
     return ralimp.create(
-        "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **shape
+        "ralimp",
+        linear,
+        activation,
+        budget=budget,
+        seed=seed,
+        sample=sample,
+        balance=balance,
+        weight_matrix=weight_matrix,
+        **shape,
     )
 
 
 @METHODS.register("ralimp-psi")
-def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_ralimp_psi(
+    linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
+):
     """``build_ralimp`` compressed with the identity: a trainable ``Psi (out, F)`` on a frozen ``Phi``."""
-    layer = build_ralimp(linear, activation, budget, seed=seed, sample=sample, balance=balance)
+    layer = build_ralimp(
+        linear, activation, budget, seed=seed, sample=sample, balance=balance, weight_matrix=weight_matrix
+    )
     eye = nn.Linear(linear.out_features, linear.out_features, bias=False, device=linear.weight.device)
     with torch.no_grad():
         eye.weight.copy_(torch.eye(linear.out_features))
@@ -94,7 +144,8 @@ def equal_width(budget: int) -> int:
 
 
 def _width_builder(kind: str, shape: dict[str, object]) -> Builder:
-    def build(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+    def build(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix):
+        projections = {} if kind == "lowrank" else {"weight_matrix": weight_matrix}
         return ralimp.create(
             kind,
             linear,
@@ -104,6 +155,7 @@ def _width_builder(kind: str, shape: dict[str, object]) -> Builder:
             seed=seed,
             sample=sample,
             **shape,
+            **projections,
         )
 
     build.__doc__ = f"``{kind}`` whose feature width (``feature_dim``, rank for low-rank) is ``2 B + 1``."
@@ -127,7 +179,9 @@ def identity(t: torch.Tensor) -> torch.Tensor:
 
 
 @METHODS.register("linear")
-def build_linear(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+def build_linear(
+    linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
+):
     """A rank-``budget`` linear map ``U V x + b`` (no activation), from the truncated SVD of ``linear``."""
     return ralimp.create("lowrank", linear, identity, budget=budget, seed=seed)
 
@@ -166,15 +220,18 @@ def build(
     sample: torch.Tensor,
     balance: float | str = "auto",
     output_affine: bool = True,
+    weight_matrix: str = "base",
     device: torch.device | str = "cpu",
 ) -> FitModel:
     """The model of one run: ``method`` at ``budget`` from a dense ``nn.Linear(dim, dim)`` seeded by ``seed``.
 
     The dense layer has PyTorch's default initialization under ``torch.manual_seed(seed)``; the method's
-    own random projections are drawn from ``seed`` too.
+    own random projections (``weight_matrix``) are drawn from ``seed`` too.
     """
     builder = METHODS.get(method)
     torch.manual_seed(seed)
     linear = nn.Linear(dim, dim, device=device)
-    layer = builder(linear, activation, budget, seed=seed, sample=sample, balance=balance)
+    layer = builder(
+        linear, activation, budget, seed=seed, sample=sample, balance=balance, weight_matrix=weight_matrix
+    )
     return FitModel(layer.to(device), dim, output_affine=output_affine)

@@ -13,7 +13,9 @@ Writes to the output folder:
 - ``mse_vs_budget.png``: MSE against budget per activation, one line per method (several budgets only).
 
 The standard deviation is the sample standard deviation over seeds (0 for one seed). Diverged runs (a
-non-finite loss) are counted apart and left out of the mean.
+non-finite loss) are counted apart and left out of the mean, and so are runs that did not start (their
+method raised at the start, or the first loss was not finite): a cell none of whose runs started reads
+``does not start (reason)``, and the reasons are listed in full under the table.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from pathlib import Path
 
 from app_common.records import flat_record, report_folder
 from app_common.results import markdown_table, mean_and_std, read_jsonl, write_csv, write_table
-from layer_fit.config import ACTIVATIONS, PAPER_METHODS, FitConfig, ReportConfig
+from layer_fit.config import ACTIVATIONS, PAPER_METHODS, FitConfig, ReportConfig, recorded_protocol
 
 #: The record fields that make two runs comparable.
-PROTOCOL_KEYS = tuple(FitConfig().protocol())
+PROTOCOL_KEYS = tuple(FitConfig().full_protocol())
+#: The longest reason a table cell shows (the full one is listed under the table).
+REASON_WIDTH = 60
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class Cell:
     information_floor: float | None = None
     eckart_young_floor: float | None = None
     feature_dim: int | None = None
+    not_started: int = 0
+    reason: str | None = None  # why the first run that did not start did not
 
 
 def _ordered(values: set[str], preferred: tuple[str, ...]) -> list[str]:
@@ -58,7 +64,7 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
     """
     if not records:
         raise ValueError("results: no records to report")
-    protocols = {tuple((k, r.get(k)) for k in PROTOCOL_KEYS) for r in records}
+    protocols = {tuple(recorded_protocol(r, PROTOCOL_KEYS).items()) for r in records}
     if len(protocols) > 1:
         listed = "; ".join(", ".join(f"{k}={v}" for k, v in p) for p in sorted(protocols, key=str))
         raise ValueError(f"results: runs of {len(protocols)} different protocols in one file ({listed})")
@@ -66,7 +72,9 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
     for record in records:
         groups[(record["activation"], record["method"], int(record["budget"]))].append(record)
     cells = {}
-    for key, runs in groups.items():
+    for key, group in groups.items():
+        runs = [r for r in group if not r.get("not_started")]
+        idle = [r["not_started"] for r in group if r.get("not_started")]
         ok = [r["mse"] for r in runs if not r.get("diverged") and r.get("mse") is not None]
         mean, std = mean_and_std(ok)
         cells[key] = Cell(
@@ -74,10 +82,12 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
             std=std,
             seeds=len(ok),
             diverged=len(runs) - len(ok),
-            seconds=statistics.fmean(r["train_seconds"] for r in runs),
+            seconds=statistics.fmean(r["train_seconds"] for r in runs) if runs else 0.0,
             information_floor=_mean_of(runs, "information_floor"),
             eckart_young_floor=_mean_of(runs, "eckart_young_floor"),
-            feature_dim=runs[0].get("feature_dim"),
+            feature_dim=runs[0].get("feature_dim") if runs else None,
+            not_started=len(idle),
+            reason=idle[0] if idle else None,
         )
     return cells
 
@@ -90,9 +100,27 @@ def _mean_of(runs: list[dict], key: str) -> float | None:
 def _fmt(cell: Cell | None) -> str:
     if cell is None:
         return "-"
+    if cell.reason is not None and not cell.seeds and not cell.diverged:
+        return f"does not start ({_short(cell.reason)})"
     text = "diverged" if math.isnan(cell.mean) else f"{cell.mean:.3e} ± {cell.std:.1e}"
     width = "" if cell.feature_dim is None else f" [F={cell.feature_dim}]"
-    return text + width + (f" ({cell.diverged} diverged)" if cell.diverged else "")
+    idle = f" ({cell.not_started} did not start)" if cell.not_started else ""
+    return text + width + (f" ({cell.diverged} diverged)" if cell.diverged else "") + idle
+
+
+def _short(reason: str) -> str:
+    """``reason`` cut to `REASON_WIDTH` characters for a table cell, its ``|`` escaped."""
+    cut = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
+    return cut.replace("|", "\\|")
+
+
+def not_started_lines(cells: dict, budget: int) -> list[str]:
+    """One line per cell at ``budget`` with runs that did not start: how many, and the first one's reason."""
+    return [
+        f"does not start: {a} / {m} / B={b}, {c.not_started} run(s): {c.reason}"
+        for (a, m, b), c in sorted(cells.items())
+        if b == budget and c.reason is not None
+    ]
 
 
 def _axes(cells: dict) -> tuple[list[str], list[str], list[int]]:
@@ -225,6 +253,7 @@ def write_cells(path: Path, cells: dict) -> None:
         "information_floor",
         "eckart_young_floor",
         "feature_dim",
+        "not_started",
     ]
     found = ((a, m, b, cells.get((a, m, b))) for a in activations for m in methods for b in budgets)
     rows = [
@@ -240,6 +269,7 @@ def write_cells(path: Path, cells: dict) -> None:
             c.information_floor,
             c.eckart_young_floor,
             c.feature_dim,
+            c.not_started,
         )
         for a, m, b, c in found
         if c is not None
@@ -326,7 +356,12 @@ def report(config: ReportConfig) -> dict[str, str]:
     budget = config.table_features if config.table_features in budgets else budgets[0]
     _, methods, _ = _axes(cells)
     claims = [claim_line(cells, budget, m) for m in ("ralimp", "ralimp-psi") if m in methods]
-    texts = {"table": "\n\n".join([markdown_table(*main_table(cells, budget)), *claims])}
+    idle = not_started_lines(cells, budget)
+    texts = {
+        "table": "\n\n".join(
+            [markdown_table(*main_table(cells, budget)), *claims, *(["\n".join(idle)] if idle else [])]
+        )
+    }
     (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
     write_cells(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
     floors = write_table(out / "floors", *floors_table(cells, budget))

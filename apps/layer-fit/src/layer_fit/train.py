@@ -6,7 +6,9 @@ cosine learning-rate decay to 0 over ``steps`` and the gradient norm clipped at 
 after the last step), next to the two floors of [`layer_fit.floors`][layer_fit.floors]. Every run has
 its folder ``<out>/runs/<run_name>/`` (checkpoint every ``checkpoint_every`` steps, log, record) and one
 JSON line in ``<out>/results.jsonl``; a killed run resumes from its checkpoint (refused under another
-identity) to the result of an unbroken one.
+identity) to the result of an unbroken one. A run whose method does not start (it raises one of
+`START_ERRORS` while it is built or first evaluated, or its first loss is not finite) is recorded with the
+reason (``not_started``) and the grid goes on.
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ import torch.nn.functional as F
 
 import ralimp
 from app_common.checkpoint import changed_settings
-from app_common.device import autocast, resolve_device
+from app_common.device import autocast, device_name, resolve_device
 from app_common.grid import run_grid
 from app_common.harness import Trainer
-from app_common.records import RESULTS, flat_record
+from app_common.records import RESULTS, flat_record, make_record, write_record
 from app_common.results import read_jsonl
 from app_common.run import Run
 from app_common.schedules import schedule
-from layer_fit.config import FitConfig
+from layer_fit.config import FitConfig, recorded_protocol
 from layer_fit.data import LayerData, make_data
 from layer_fit.floors import eckart_young_floor, fixed_features, information_floor, singular_values
 from layer_fit.methods import METHODS, FitModel, build
+
+#: What a method raises when it cannot start on a run's data: ``ValueError`` (RaLiMP's exponent guard, a
+#: budget or a fit it cannot make, features that overflow the readout's solve) and
+#: ``torch.linalg.LinAlgError`` (a singular fit). Any other error is a bug and ends the grid.
+START_ERRORS: tuple[type[Exception], ...] = (ValueError, torch.linalg.LinAlgError)
 
 
 def run_name(activation: str, method: str, budget: int, seed: int) -> str:
@@ -60,7 +67,9 @@ def fit_one(
     The run goes through ``app_common.harness.Trainer`` under ``<out>/runs/<run_name>/`` (resumed from its
     checkpoint under ``config.resume``, checkpointed every ``config.checkpoint_every`` steps, its record
     written there and appended to ``<out>/results.jsonl``); without ``out`` in a temporary folder that is
-    removed afterwards. A loss that stops being finite ends the run as diverged (``diverged_at_step``).
+    removed afterwards. A loss that stops being finite ends the run as diverged (``diverged_at_step``); a
+    method that does not start (`START_ERRORS` while the model is built or first evaluated, or a first loss
+    that is not finite) gives a record with the reason under ``not_started`` and no MSE.
 
     Args:
         data: standardized inputs and targets on ``device``.
@@ -93,20 +102,27 @@ def fit_one(
     )
     if (record := run.finished()) is not None:
         return record
-    model = build(
-        method,
-        data.activation,
-        budget,
-        dim=data.x.shape[-1],
-        seed=seed,
-        sample=data.calibration_sample,
-        balance=config.balance,
-        output_affine=config.affine,
-        device=device,
-    )
-    floors = _floors(model, data, sigma if sigma is not None else singular_values(data.y), config.affine)
-    with torch.no_grad():
-        initial = float(_loss(model, data, config, device))  # the built model: the same on every resume
+    details = {"activation": data.activation, "method": method, "budget": budget, **config.protocol()}
+    try:
+        model = build(
+            method,
+            data.activation,
+            budget,
+            dim=data.x.shape[-1],
+            seed=seed,
+            sample=data.calibration_sample,
+            balance=config.balance,
+            output_affine=config.affine,
+            weight_matrix=config.weight_matrix,
+            device=device,
+        )
+        floors = _floors(model, data, sigma if sigma is not None else singular_values(data.y), config.affine)
+        with torch.no_grad():
+            initial = float(_loss(model, data, config, device))  # the built model: the same on every resume
+    except START_ERRORS as error:
+        return _not_started(run, config, details, f"{type(error).__name__}: {error}")
+    if not math.isfinite(initial):
+        return _not_started(run, config, details, f"the first loss is {initial}", model)
     adam = torch.optim.Adam(model.parameters(), lr=config.lr)
     trainer = Trainer.from_config(
         config,
@@ -131,16 +147,9 @@ def fit_one(
     ]
     record = trainer.record(
         config,
-        metrics={
-            "mse": final if math.isfinite(final) else None,
-            "mse_init": initial if math.isfinite(initial) else None,
-            **floors,
-        },
+        metrics={"mse": final if math.isfinite(final) else None, "mse_init": initial, **floors},
         details={
-            "activation": data.activation,
-            "method": method,
-            "budget": budget,
-            **config.protocol(),
+            **details,
             "fits": ralimp.fit_summary(model),
             "departures": config.departures(),
             "diverged": diverged_at is not None,
@@ -151,6 +160,31 @@ def fit_one(
         },
     )
     return trainer.finish(record)
+
+
+def _not_started(
+    run: Run, config: FitConfig, details: dict, reason: str, model: torch.nn.Module | None = None
+) -> dict:
+    """Write and return the record of a run that does not start: ``not_started`` = ``reason``, no MSE."""
+    record = make_record(
+        name=run.name,
+        config=config,
+        seed=run.seed,
+        device=device_name(run.device),
+        model=model if model is not None else torch.nn.Module(),
+        train_seconds=0.0,
+        metrics={"mse": None, "mse_init": None},
+        details={
+            **details,
+            "not_started": reason,
+            "departures": config.departures(),
+            "diverged": False,
+            "threads": torch.get_num_threads(),
+        },
+        steps=0,
+    )
+    write_record(run.out, record)
+    return record
 
 
 def _loss(model: FitModel, data: LayerData, config: FitConfig, device: torch.device) -> torch.Tensor:
@@ -189,9 +223,9 @@ def _check_results_protocol(results: Path, config: FitConfig) -> list[dict]:
         shutil.rmtree(results.parent / "runs", ignore_errors=True)
         return []
     records = [flat_record(r) for r in read_jsonl(results, missing_ok=True)]
-    wanted = config.protocol()
+    wanted = config.full_protocol()
     for record in records:
-        changed = changed_settings({k: record.get(k) for k in wanted}, wanted)
+        changed = changed_settings(recorded_protocol(record, wanted), wanted)
         if changed:
             raise ValueError(
                 f"{results}: holds runs of other settings ({'; '.join(changed)}); pass --no-resume to start "

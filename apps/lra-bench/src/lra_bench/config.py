@@ -28,6 +28,7 @@ from app_common.fields import (
     option,
 )
 from app_common.grid import GridFields
+from spectraformer_core import check_int
 
 
 @dataclass(frozen=True)
@@ -264,12 +265,19 @@ class QuickConfig(RuntimeFields):
     lr: float = option("lr", 1e-3)
     seed: int = option("seed", 0)
     threads: int = option("threads", 1, help="the models are tiny: more threads only contend")
+    repeats: int = field(default=3, metadata={"help": "runs per point of the long-sequence table (medians)"})
+    step_cost_steps: int = field(
+        default=1,
+        metadata={"help": "timed training steps per attention at Table 6's ListOps setting (0: no table)"},
+    )
 
     def __post_init__(self) -> None:
-        """Every count >= 1 (checked before any data is generated)."""
+        """Every count >= 1 (``step_cost_steps`` >= 0; checked before any data is generated)."""
         super().__post_init__()
+        check_int("step_cost_steps", self.step_cost_steps, minimum=0)
         check_int_fields(
             self,
+            "repeats",
             "train_examples",
             "heldout_examples",
             "max_depth",

@@ -7,7 +7,8 @@
    early stopping on validation accuracy, the best checkpoint evaluated on test, results in
    ``OUT/results.jsonl``, checkpoints in ``OUT/runs`` (finished runs are skipped on a second call).
 4. Write the report to ``OUT/report`` and return its Table 1, followed by the same attentions' time and
-   memory against softmax at 1K-16K tokens (`long_sequences`: what linear attention buys).
+   memory against softmax at 1K-16K tokens (`long_sequences`: what linear attention buys) and the cost of
+   one training step at the paper's ListOps setting (`step_cost`: what a run at Table 6's scale costs).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from app_common.records import RESULTS
 from lra_bench.config import QuickConfig, ReportConfig, SweepConfig
 from lra_bench.long_sequences import long_sequence_table
 from lra_bench.report import report
+from lra_bench.step_cost import listops_step_table
 from lra_bench.sweep import check_attentions, grid, run_sweep
 
 
 def quick(config: QuickConfig) -> str:
-    """Run the quick pipeline; returns the Markdown of Table 1 and of the long-sequence table."""
+    """Run the quick pipeline; returns the Markdown of Table 1, the long-sequence and the step-cost tables."""
     out = Path(config.out)
     data = out / "data"
     sweep = SweepConfig(
@@ -77,5 +79,10 @@ def quick(config: QuickConfig) -> str:
             time_unit="s",
         )
     )
-    long = long_sequence_table(config.attention, features=config.attention_features)
-    return f"{tables['table1']}\n\n{long}"
+    parts = [
+        tables["table1"],
+        long_sequence_table(config.attention, features=config.attention_features, repeats=config.repeats),
+    ]
+    if config.step_cost_steps:
+        parts.append(listops_step_table(config.attention, steps=config.step_cost_steps))
+    return "\n\n".join(parts)

@@ -17,6 +17,7 @@ from ralimp.baselines import SNNK, Dense, EUGen, LowRank
 from ralimp.budget import BudgetError
 from ralimp.discretized import DiscretizedFit, fit_discretized, layer_fit
 from ralimp.features import complex_exponential_features, cos_sin_estimate, product_features
+from ralimp.fits import FitOptions, Sizes
 from ralimp.layer import RaLiMP
 from ralimp.quadrature import atom_quadrature_error, gauss_laguerre, resolvable_argument
 from ralimp.rational import RationalFunction, activation_fit, fit_rational
@@ -44,11 +45,13 @@ __all__ = [
     "DiscretizedFit",
     "EUGen",
     "FeatureLinearization",
+    "FitOptions",
     "LinearReplacement",
     "LowRank",
     "MLPBlock",
     "RaLiMP",
     "RationalFunction",
+    "Sizes",
     "activation_fit",
     "activation_name",
     "analysis",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Self, TypedDict, cast
 
@@ -80,19 +79,6 @@ def default_linear(
     return linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
 
 
-_FROM_LINEAR: ContextVar[bool] = ContextVar("ralimp_from_linear", default=False)
-
-
-def building_from_linear() -> bool:
-    """True while `LinearReplacement.from_linear` constructs a layer.
-
-    A constructor whose default initialization is costly (RaLiMP's calibration and fit of its random
-    weights) skips it then: `LinearReplacement.initialize_from` sets every weight next, from the pretrained
-    ``linear``, so the layer is calibrated and fitted once.
-    """
-    return _FROM_LINEAR.get()
-
-
 @dataclass(frozen=True)
 class LinearSource:
     """What `LinearReplacement.from_linear` initializes a layer from: its arguments and the class's plan."""
@@ -138,7 +124,7 @@ class LinearReplacement(nn.Module, abc.ABC):
                 ``"lstsq"``, the readout fitted by ridge least squares of ``activation(linear(sample))`` on
                 ``Phi(sample)`` (needs ``sample``; `FeatureLinearization.fit_readout`).
             ridge: the ridge of ``init="lstsq"``, relative to the mean squared (normalized) feature.
-            **kw: constructor options of the class.
+            **kw: constructor options of the class (`plan_from_linear` may regroup them).
         """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
@@ -146,17 +132,9 @@ class LinearReplacement(nn.Module, abc.ABC):
         kw, prepared = cls.plan_from_linear(linear, activation, sample, kw)
         kw.setdefault("device", linear.weight.device)
         kw.setdefault("dtype", linear.weight.dtype)
-        token = _FROM_LINEAR.set(True)
-        try:
-            layer = cls(
-                linear.in_features,
-                linear.out_features,
-                activation=activation,
-                bias=linear.bias is not None,
-                **kw,
-            )
-        finally:
-            _FROM_LINEAR.reset(token)
+        layer = cls(
+            linear.in_features, linear.out_features, activation=activation, bias=linear.bias is not None, **kw
+        )
         with torch.no_grad():
             layer.initialize_from(LinearSource(linear, activation, sample, init, ridge, prepared))
         return layer

@@ -26,6 +26,10 @@ from ralimp.moments import node_covariance, product_covariance
 #: Lower and upper quantile of the pre-activations that bound the fit range.
 RANGE_QUANTILE = 1e-3
 
+#: The most entries of one temporary tensor in the vectorized moments and fits (16 MiB in float64): work over
+#: many frequencies or candidate widths goes in chunks of this size.
+CHUNK_ELEMENTS = 2**21
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -66,10 +70,12 @@ class Calibration:
         where the variance is astronomically large anyway.
         """
         lam2 = self.balance**2
-        cc, ss, cs = node_covariance(
-            freq.to(self.t).unsqueeze(-1), self.t, self.x_sq / lam2, lam2 * self.w_sq, max_sigma2=350
-        )
-        cc, ss, cs = cc.mean(-1), ss.mean(-1), cs.mean(-1)
+        x_sq, w_sq = self.x_sq / lam2, lam2 * self.w_sq
+        means = []  # (3, n): the frequencies in chunks of at most CHUNK_ELEMENTS (frequency, pair) entries
+        for part in freq.to(self.t).split(max(1, CHUNK_ELEMENTS // max(self.t.numel(), 1))):
+            moments = node_covariance(part.unsqueeze(-1), self.t, x_sq, w_sq, max_sigma2=350)
+            means.append(torch.stack([m.mean(-1) for m in moments]))
+        cc, ss, cs = torch.cat(means, -1) if means else torch.zeros(3, 0, dtype=self.t.dtype)
         return torch.stack([torch.stack([cc, cs], -1), torch.stack([cs, ss], -1)], -2) / rows
 
     def poly_covariance(self, poly_degree: int, rows: int) -> torch.Tensor:

@@ -193,12 +193,28 @@ def nodewise_quadrature(fit: RationalFunction, num_freqs: int) -> DiscretizedFit
 
 
 def node_basis(t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor, poly_degree: int) -> torch.Tensor:
-    r"""Columns $t^0..t^K$, then $\cos(s_k t / q_j)$ for every $(j, k)$, then the $\sin$ of the same."""
-    cols = [t.unsqueeze(-1) ** torch.arange(poly_degree + 1, dtype=t.dtype)]
-    if widths.numel():
-        arg = (t.unsqueeze(-1).unsqueeze(-1) * (nodes / widths.unsqueeze(-1))).flatten(-2)
-        cols += [arg.cos(), arg.sin()]
-    return torch.cat(cols, -1)
+    r"""Columns $t^0..t^K$, then $\cos(s_k t / q_j)$ for every $(j, k)$, then the $\sin$ of the same.
+
+    ``t`` ``(N,)``, ``widths`` ``(..., J)``, ``nodes`` ``(n,)``: ``(..., N, K + 1 + 2 J n)``, one basis per
+    leading index of ``widths`` (`with_nodes` of the `poly_columns`).
+    """
+    return with_nodes(poly_columns(t, poly_degree), t, widths, nodes)
+
+
+def poly_columns(t: torch.Tensor, poly_degree: int) -> torch.Tensor:
+    """The columns $t^0..t^K$ of `node_basis`, ``(N, K + 1)``."""
+    return t.unsqueeze(-1) ** torch.arange(poly_degree + 1, dtype=t.dtype)
+
+
+def with_nodes(
+    poly: torch.Tensor, t: torch.Tensor, widths: torch.Tensor, nodes: torch.Tensor
+) -> torch.Tensor:
+    r"""`node_basis` from its polynomial columns ``poly`` ``(N, K + 1)``: they, the cos, then the sin."""
+    if not widths.numel():
+        return poly.expand(*widths.shape[:-1], *poly.shape)
+    freqs = (nodes / widths.unsqueeze(-1)).flatten(-2).unsqueeze(-2)  # (..., 1, J n)
+    arg = t.unsqueeze(-1) * freqs
+    return torch.cat([poly.expand(*arg.shape[:-1], -1), arg.cos(), arg.sin()], -1)
 
 
 def gauge(

@@ -7,7 +7,8 @@ layer's `Sizes` and its `FitOptions`, returning the `ralimp.DiscretizedFit` in $
   variance of its $\Psi(W)$ readout over the random projections (Prop. 1 for every node, Prop. 2 for the
   polynomial block). The variance is a quadratic form $c^\top \Sigma(q) c$ in the coefficients, so for given
   widths $q$ the coefficients solve a generalized ridge problem, and the widths are chosen on a log grid
-  (coordinate descent over atoms).
+  (coordinate descent over atoms). `WidthSearch` computes the covariance of every node at every width of the
+  grid once and solves the candidates in batches.
 - ``"discretized"``: least squares of $f$ in the layer's basis on the fit range (`ralimp.fit_discretized`).
 - ``"paper"``: the continuous rational fit on the fit range, discretized node by node with the
   Gauss-Laguerre weights $\gamma_k$ (the paper's initialization).
@@ -27,8 +28,15 @@ from typing import Any, Protocol, Self
 import torch
 
 from ralimp.budget import check_count
-from ralimp.calibration import Calibration, check_scale
-from ralimp.discretized import DiscretizedFit, fit_discretized, gauge, node_basis, nodewise_quadrature
+from ralimp.calibration import CHUNK_ELEMENTS, Calibration, check_scale
+from ralimp.discretized import (
+    DiscretizedFit,
+    fit_discretized,
+    gauge,
+    nodewise_quadrature,
+    poly_columns,
+    with_nodes,
+)
 from ralimp.quadrature import gauss_laguerre
 from ralimp.rational import RationalFunction, fit_rational
 from ralimp.ridge import scaled_ridge_solve
@@ -60,8 +68,11 @@ class Sizes:
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> Self:
-        """The sizes named in ``options`` (constructor keywords), the defaults for the others."""
-        return cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
+        """The sizes named flat in ``options`` (`from_linear`'s keywords), over ``options["sizes"]``.
+
+        The defaults for the others when ``options`` has no ``"sizes"``.
+        """
+        return replace(options.get("sizes") or cls(), **_named(cls, options))
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,7 @@ class FitOptions:
     budget_count: str = "paper"
 
     def __post_init__(self) -> None:
-        """Raise a ``ValueError`` naming the first option out of its range."""
+        """Raise a ``ValueError`` naming the first option out of its range; keep the numbers as floats."""
         check_scale("tau", self.tau)
         check_scale("balance", self.balance)
         if not self.tau_c > 0:
@@ -89,51 +100,58 @@ class FitOptions:
             raise ValueError(f"q_floor: expected a positive width, got {self.q_floor!r}")
         FITS.get(self.fit)
         check_count(self.budget_count)
+        # numbers as floats (a TOML file or a caller may give ints and lists)
+        object.__setattr__(self, "tau_c", float(self.tau_c))
+        object.__setattr__(self, "q_floor", float(self.q_floor))
+        if self.interval is not None:
+            object.__setattr__(self, "interval", (float(self.interval[0]), float(self.interval[1])))
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> Self:
-        """The fit options named in ``options`` (constructor keywords), the defaults for the others."""
-        return cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
+        """The fit options named flat in ``options`` (`from_linear`'s keywords), over ``options["options"]``.
+
+        The defaults for the others when ``options`` has no ``"options"``.
+        """
+        return replace(options.get("options") or cls(), **_named(cls, options))
 
 
-def basis_covariance(cal: Calibration, sizes: Sizes, widths: torch.Tensor) -> torch.Tensor:
-    """The block-diagonal covariance of the columns of `ralimp.discretized.node_basis` (poly, cos, sin)."""
-    k1, jn = sizes.poly_degree + 1, sizes.num_atoms * sizes.num_freqs
-    cov = torch.zeros(k1 + 2 * jn, k1 + 2 * jn, dtype=cal.t.dtype)
-    if sizes.poly_degree:
-        cov[:k1, :k1] = cal.poly_covariance(sizes.poly_degree, sizes.poly_features)
-    if jn:
-        nodes = gauss_laguerre(sizes.num_freqs)[0].to(cal.t)
-        freqs = (nodes / widths.unsqueeze(-1)).reshape(-1)
-        blocks = cal.node_covariance(freqs, sizes.freq_features)
-        idx = torch.arange(jn)
-        cov[k1 + idx, k1 + idx] = blocks[:, 0, 0]
-        cov[k1 + jn + idx, k1 + jn + idx] = blocks[:, 1, 1]
-        cov[k1 + idx, k1 + jn + idx] = blocks[:, 0, 1]
-        cov[k1 + jn + idx, k1 + idx] = blocks[:, 0, 1]
+def _named(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``options`` that name a field of the dataclass ``cls``."""
+    return {f.name: options[f.name] for f in fields(cls) if f.name in options}
+
+
+def covariance_matrix(poly: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    r"""The block-diagonal covariance ``(..., F, F)`` of the columns of `ralimp.discretized.node_basis`.
+
+    ``poly`` ``(K + 1, K + 1)``: the polynomial block; ``nodes`` ``(..., J n, 2, 2)``: per node, the
+    covariance of its $(\cos, \sin)$ estimators (columns $j n + k$ of the cos and of the sin block).
+    """
+    k1, jn = poly.shape[-1], nodes.shape[-3]
+    cov = torch.zeros(*nodes.shape[:-3], k1 + 2 * jn, k1 + 2 * jn, dtype=poly.dtype)
+    cov[..., :k1, :k1] = poly
+    idx = torch.arange(jn)
+    cov[..., k1 + idx, k1 + idx] = nodes[..., 0, 0]
+    cov[..., k1 + jn + idx, k1 + jn + idx] = nodes[..., 1, 1]
+    cov[..., k1 + idx, k1 + jn + idx] = nodes[..., 0, 1]
+    cov[..., k1 + jn + idx, k1 + idx] = nodes[..., 0, 1]
     return cov
 
 
-def _bias_points(cal: Calibration, interval: tuple[float, float] | None) -> torch.Tensor:
-    """Where the bias is measured: the sample's pre-activations, or a uniform grid of ``interval``."""
-    if interval is None:
-        return cal.t
-    return torch.linspace(float(interval[0]), float(interval[1]), 2001, dtype=torch.float64)
+def _poly_block(cal: Calibration, poly_degree: int, rows: int) -> torch.Tensor:
+    """`Calibration.poly_covariance`, or the zero ``(1, 1)`` block of a layer without polynomial features."""
+    if poly_degree:
+        return cal.poly_covariance(poly_degree, rows)
+    return torch.zeros(1, 1, dtype=cal.t.dtype)
 
 
-def _solve(
-    fn: Elementwise, cal: Calibration, sizes: Sizes, widths: torch.Tensor, points: torch.Tensor
-) -> tuple[torch.Tensor, float]:
-    r"""Coefficients minimizing mean bias$^2$ + $c^\top \Sigma c$ for ``widths`` (t units), and that cost."""
-    nodes = gauss_laguerre(max(sizes.num_freqs, 1))[0][: sizes.num_freqs].to(points)
-    basis = node_basis(points, widths, nodes, sizes.poly_degree)
-    f = fn(points).to(torch.float64)
-    cov = basis_covariance(cal, sizes, widths)
-    if not torch.isfinite(cov).all():
-        return torch.zeros(basis.shape[1], dtype=torch.float64), math.inf
-    coef = scaled_ridge_solve(basis, f, penalty=cov)
-    cost = float((basis @ coef - f).pow(2).mean() + coef @ cov @ coef)
-    return coef, cost if math.isfinite(cost) else math.inf
+def basis_covariance(cal: Calibration, sizes: Sizes, widths: torch.Tensor) -> torch.Tensor:
+    """The covariance of the columns of `ralimp.discretized.node_basis` (poly, cos, sin) at ``widths`` (t)."""
+    jn = sizes.num_atoms * sizes.num_freqs
+    blocks = torch.zeros(0, 2, 2, dtype=cal.t.dtype)
+    if jn:
+        nodes = gauss_laguerre(sizes.num_freqs)[0].to(cal.t)
+        blocks = cal.node_covariance((nodes / widths.unsqueeze(-1)).reshape(-1), sizes.freq_features)
+    return covariance_matrix(_poly_block(cal, sizes.poly_degree, sizes.poly_features), blocks)
 
 
 def expected_squared_error(fit: DiscretizedFit, fn: Elementwise, cal: Calibration, sizes: Sizes) -> float:
@@ -147,6 +165,136 @@ def expected_squared_error(fit: DiscretizedFit, fn: Elementwise, cal: Calibratio
     widths = torch.tensor([a[3] for a in fit.atoms], dtype=torch.float64)
     bias = (fit(cal.t) - fn(cal.t).to(torch.float64)).pow(2).mean()
     return float(bias + coef @ basis_covariance(cal, sizes, widths) @ coef)
+
+
+class WidthSearch:
+    r"""The candidate widths of `variance_fit` and what every candidate shares, computed once.
+
+    The candidates are a log grid of ``grid`` widths in $v = t / \tau^2$ units, from ``q_floor`` to
+    $10^3 \max|v|$. The bias is measured on ``points``: the calibration pairs' pre-activations, or a uniform
+    grid of ``interval`` when one is given (their polynomial columns computed once). A candidate gives every
+    atom one of the grid's widths; its covariance (`covariance_matrix`) is put together from the polynomial
+    block and the covariance of every node at every grid width over the pairs (Prop. 1), each computed once
+    per projection, at its first use; its coefficients solve one batched generalized ridge problem with the
+    other candidates' (`solve`). `choose_atoms` shares one search among the $J$ it tries.
+
+    Args:
+        fn: the activation.
+        cal: the calibration.
+        options: the fit options (``q_floor``, ``interval``).
+        poly_degree: $K$ of every candidate.
+        num_freqs: Gauss-Laguerre nodes per atom of every candidate.
+        grid: the number of candidate widths.
+    """
+
+    def __init__(
+        self,
+        fn: Elementwise,
+        cal: Calibration,
+        options: FitOptions,
+        *,
+        poly_degree: int,
+        num_freqs: int,
+        grid: int = 40,
+    ) -> None:
+        self.fn, self.cal, self.interval = fn, cal, options.interval
+        self.poly_degree, self.num_freqs = poly_degree, num_freqs
+        self.points = _bias_points(cal, options.interval)
+        self.target = fn(self.points).to(torch.float64)
+        self.poly = poly_columns(self.points, poly_degree)
+        q_floor, reach = options.q_floor, float(self.points.abs().max()) / cal.tau**2
+        self.widths = torch.logspace(
+            math.log10(q_floor), math.log10(max(1e3 * reach, 10 * q_floor)), grid, dtype=torch.float64
+        )
+        self.nodes = gauss_laguerre(max(num_freqs, 1))[0][:num_freqs].to(self.points)
+        self._poly_moments: torch.Tensor | None = None
+        self._node_moments: torch.Tensor | None = None
+
+    def poly_moments(self) -> torch.Tensor:
+        """The polynomial block of one projection, ``(K + 1, K + 1)`` (computed at the first call)."""
+        if self._poly_moments is None:
+            self._poly_moments = _poly_block(self.cal, self.poly_degree, 1)
+        return self._poly_moments
+
+    def node_moments(self) -> torch.Tensor:
+        """The covariance of one projection's estimators per grid width and node, ``(grid, n, 2, 2)``."""
+        if self._node_moments is None:
+            freqs = self.nodes / (self.widths * self.cal.tau**2).unsqueeze(-1)  # t units
+            table = self.cal.node_covariance(freqs.reshape(-1), 1)
+            self._node_moments = table.reshape(*freqs.shape, 2, 2)
+        return self._node_moments
+
+    def solve(self, sizes: Sizes, choices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Coefficients ``(C, F)`` and costs ``(C,)`` (mean bias$^2$ + $c^\top \Sigma c$) of candidates.
+
+        ``choices`` ``(C, J)``: each candidate's atom widths as indices into ``widths``. The coefficients
+        minimize the cost (`ralimp.ridge.scaled_ridge_solve`, batched in chunks of
+        `ralimp.calibration.CHUNK_ELEMENTS` basis entries). A candidate whose covariance or cost is not
+        finite costs ``inf`` (with coefficients 0 when its covariance is not finite).
+        """
+        tau2 = self.cal.tau**2
+        poly = self.poly_moments() / sizes.poly_features
+        atoms = choices.shape[-1]
+        width = self.poly_degree + 1 + 2 * atoms * self.num_freqs
+        per_chunk = max(1, CHUNK_ELEMENTS // (self.points.numel() * width))
+        coefs, costs = [], []
+        for part in choices.split(per_chunk):
+            basis = with_nodes(self.poly, self.points, self.widths[part] * tau2, self.nodes)
+            if atoms:
+                nodes = self.node_moments()[part].flatten(-4, -3) / sizes.freq_features
+            else:
+                nodes = torch.zeros(part.shape[0], 0, 2, 2, dtype=poly.dtype)
+            cov = covariance_matrix(poly, nodes)
+            finite = cov.isfinite().all(-1).all(-1)
+            cov = torch.where(finite[:, None, None], cov, 0.0)
+            coef = scaled_ridge_solve(basis, self.target, penalty=cov)
+            coef = torch.where(finite[:, None], coef, 0.0)
+            bias = (basis @ coef.unsqueeze(-1)).squeeze(-1).sub_(self.target).pow_(2).mean(-1)
+            cost = bias + (coef.unsqueeze(-2) @ cov @ coef.unsqueeze(-1)).reshape(-1)
+            coefs.append(coef)
+            costs.append(torch.where(finite & cost.isfinite(), cost, math.inf))
+        return torch.cat(coefs), torch.cat(costs)
+
+    def fit(self, sizes: Sizes, sweeps: int = 2) -> DiscretizedFit:
+        r"""The fit of a layer of ``sizes`` minimizing bias$^2$ + exact variance over the grid of widths.
+
+        Coordinate descent over the atoms, ``sweeps`` rounds (one for a single atom): each atom's width in
+        turn is the best of the grid with the others fixed. Costs are compared in float32, so candidates
+        within its resolution ($6 \cdot 10^{-8}$ relative) tie and the narrowest wins. Centers $p = 0$ (they
+        do not change $\mathbb E\, y$, `ralimp.discretized`).
+        """
+        if (sizes.poly_degree, sizes.num_freqs) != (self.poly_degree, self.num_freqs):
+            raise ValueError(
+                f"sizes: this search is for poly_degree={self.poly_degree}, num_freqs={self.num_freqs}, "
+                f"got {sizes}"
+            )
+        grid, atoms = self.widths.numel(), sizes.num_atoms
+        choice = torch.linspace(grid // 2, grid - 1, max(atoms, 1)).long()[:atoms]
+        coef = None
+        for _ in range(sweeps if atoms > 1 else atoms):
+            for j in range(atoms):
+                trials = choice.repeat(grid, 1)
+                trials[:, j] = torch.arange(grid)
+                coefs, costs = self.solve(sizes, trials)
+                choice[j] = int(costs.float().argmin())
+                coef = coefs[choice[j]]
+        if coef is None:  # no atom: one candidate
+            coef = self.solve(sizes, choice.unsqueeze(0))[0][0]
+        q = self.widths[choice] * self.cal.tau**2
+        k1, jn = sizes.poly_degree + 1, atoms * sizes.num_freqs
+        w_c = coef[k1 : k1 + jn].reshape(atoms, sizes.num_freqs)
+        w_s = coef[k1 + jn :].reshape(atoms, sizes.num_freqs)
+        table, rho_c, rho_s = gauge(w_c, w_s, torch.zeros_like(q), q, gauss_laguerre(sizes.num_freqs)[0])
+        fit = DiscretizedFit(coef[:k1], table, rho_c, rho_s, self.interval or self.cal.fit_range)
+        fit.max_error, fit.rms_error = fit.errors(self.fn)
+        return fit
+
+
+def _bias_points(cal: Calibration, interval: tuple[float, float] | None) -> torch.Tensor:
+    """Where the bias is measured: the sample's pre-activations, or a uniform grid of ``interval``."""
+    if interval is None:
+        return cal.t
+    return torch.linspace(float(interval[0]), float(interval[1]), 2001, dtype=torch.float64)
 
 
 class FitMode(Protocol):
@@ -171,37 +319,12 @@ def variance_fit(
 
     Widths in $v = t / \tau^2$ units on a log grid of ``grid`` values from ``q_floor`` to $10^3 \max|v|$,
     ``sweeps`` rounds of coordinate descent over the atoms (one for a single atom); the bias is measured on
-    the sample's pre-activations (on a uniform grid of ``interval`` when one is given). Centers $p = 0$ (they
-    do not change $\mathbb E\, y$, `ralimp.discretized`).
+    the sample's pre-activations (on a uniform grid of ``interval`` when one is given). `WidthSearch.fit`.
     """
-    q_floor, interval = options.q_floor, options.interval
-    tau2 = cal.tau**2
-    points = _bias_points(cal, interval)
-    reach = float(points.abs().max()) / tau2
-    candidates = torch.logspace(
-        math.log10(q_floor), math.log10(max(1e3 * reach, 10 * q_floor)), grid, dtype=torch.float64
+    search = WidthSearch(
+        fn, cal, options, poly_degree=sizes.poly_degree, num_freqs=sizes.num_freqs, grid=grid
     )
-    widths = candidates[torch.linspace(grid // 2, grid - 1, max(sizes.num_atoms, 1)).long()][
-        : sizes.num_atoms
-    ]
-    for _ in range(sweeps if sizes.num_atoms > 1 else sizes.num_atoms):
-        for j in range(sizes.num_atoms):
-            costs = []
-            for q in candidates:
-                trial = widths.clone()
-                trial[j] = q
-                costs.append(_solve(fn, cal, sizes, trial * tau2, points)[1])
-            widths[j] = candidates[int(torch.tensor(costs).argmin())]
-    q = widths * tau2
-    coef, _ = _solve(fn, cal, sizes, q, points)
-    k1, jn = sizes.poly_degree + 1, sizes.num_atoms * sizes.num_freqs
-    w_c = coef[k1 : k1 + jn].reshape(sizes.num_atoms, sizes.num_freqs)
-    w_s = coef[k1 + jn :].reshape(sizes.num_atoms, sizes.num_freqs)
-    nodes = gauss_laguerre(sizes.num_freqs)[0]
-    atoms, rho_c, rho_s = gauge(w_c, w_s, torch.zeros_like(q), q, nodes)
-    fit = DiscretizedFit(coef[:k1], atoms, rho_c, rho_s, interval or cal.fit_range)
-    fit.max_error, fit.rms_error = fit.errors(fn)
-    return fit
+    return search.fit(sizes, sweeps)
 
 
 @FITS.register("discretized")
@@ -270,21 +393,22 @@ def choose_atoms(
 ) -> tuple[Sizes, DiscretizedFit]:
     r"""The best $j = 0..J$ (``sizes.num_atoms``) by expected squared error, and its `variance_fit`.
 
-    Each $j$ is fitted (`variance_fit`) and scored by `expected_squared_error` on ``cal`` (bias$^2$ + exact
-    variance). The random features that fewer atoms free go to the polynomial block, so the budget as
-    ``options.budget_count`` counts it stays as given; a $j$ whose freed features the polynomial block cannot
-    take exactly is skipped.
+    Each $j$ is fitted (`variance_fit`, one `WidthSearch` shared by all) and scored by
+    `expected_squared_error` on ``cal`` (bias$^2$ + exact variance). The random features that fewer atoms
+    free go to the polynomial block, so the budget as ``options.budget_count`` counts it stays as given; a $j$
+    whose freed features the polynomial block cannot take exactly is skipped.
     """
     degree, atoms, freqs = sizes.poly_degree, sizes.num_atoms, sizes.num_freqs
     m_poly, m_freq = sizes.poly_features, sizes.freq_features
     per_poly = 1 if check_count(options.budget_count) == "paper" else degree
+    search = WidthSearch(fn, cal, options, poly_degree=degree, num_freqs=freqs)
     best: tuple[float, Sizes, DiscretizedFit] | None = None
     for j in range(atoms, -1, -1):
         freed = 2 * (atoms - j) * freqs * m_freq
         if (j == 0 and degree == 0) or (freed and (not degree or freed % per_poly)):
             continue
         candidate = Sizes(degree, j, freqs, m_poly + freed // per_poly if degree else m_poly, m_freq)
-        fit = variance_fit(fn, cal, candidate, options)
+        fit = search.fit(candidate)
         cost = expected_squared_error(fit, fn, cal, candidate)
         if best is None or cost < best[0]:
             best = (cost, candidate, fit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -16,7 +17,6 @@ from ralimp.base import (
     Factory,
     FeatureLinearization,
     augmented,
-    building_from_linear,
     check_input,
     resolve_activation,
     seeds,
@@ -56,11 +56,18 @@ class RaLiMP(FeatureLinearization):
       with per-node trainable channel weights, each node estimated with ``freq_features`` complex-exponential
       random features ([`ralimp.complex_exponential_features`][ralimp.complex_exponential_features]).
 
+    The constructor builds the layer and does not fit it: $W, b$ get torch's ``nn.Linear`` initialization and
+    every coefficient is 0 (the layer computes 0) until `load_linear` calibrates and fits it, or
+    ``load_state_dict`` loads a fitted one. `from_linear` (and `ralimp.create`, `ralimp.replace_mlp`) builds
+    and fits in one step, from a pretrained ``nn.Linear``; it takes the sizes and fit options as flat keywords
+    (``num_atoms=2``, ``fit="paper"``, ...). ``RaLiMP.from_linear(nn.Linear(d, l), "gelu")`` is a fitted
+    layer with fresh weights.
+
     The fit is made on the pre-activations the layer really sees (`ralimp.calibration`): every input of
     ``sample`` paired with every weight row, fit range the robust quantiles of $t$; without a sample the
     inputs are assumed standard normal ($t \sim \mathcal N(0, \lVert w\rVert^2 + b^2)$ per row, seeded
     draws). The fit is made in the basis this computes (``num_freqs`` nodes), so the layer's expectation over
-    the projections is the fit (``expected_output == fit`` at initialization). ``fit`` chooses how:
+    the projections is the fit (``expected_output == fit`` at initialization). ``options.fit`` chooses how:
     ``"variance"`` (default) minimizes bias$^2$ + the exact variance over the projections on the sample,
     ``"discretized"`` is least squares on the fit range, ``"paper"`` the continuous fit with node $k$
     weighted by $\gamma_k$ (the paper's initialization).
@@ -70,9 +77,12 @@ class RaLiMP(FeatureLinearization):
     ``q_floor``, and an atom given as a `RationalFunction` or `ralimp.DiscretizedFit` is realized as
     $a(t / \tau^2)$. ``tau="auto"`` sets $\tau^2 = c \operatorname{RMS}(t)$, so $\operatorname{RMS}(v) = 1/c$.
 
-    A forward pass whose feature exponent (batch maximum of $(s_k / q') \lVert x / \lambda + \lambda w
-    \rVert^2 / \tau^2$, bounded by the largest input and weight-row norms) would overflow the work dtype
-    raises a ``ValueError`` (`check_exponent`) instead of returning ``inf`` or ``NaN``.
+    The exponent guard (`check_exponent`) raises a ``ValueError`` before a forward pass whose bound on the
+    estimators' log second moment, $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$
+    (Prop. 1) for the largest input aligned with the largest weight row, exceeds what the work dtype carries
+    (80.7 in float32). That bound is a variance, not the features' exponent: the features compute
+    $e^{Z}$ with $Z = \sqrt{s/2}\, \omega \cdot u$, far smaller, and stay finite well past it
+    (``exponent_guard=False`` runs them).
 
     Args:
         in_features: $d$.
@@ -82,36 +92,40 @@ class RaLiMP(FeatureLinearization):
             then fitted like a callable, or used node by node with ``fit="paper"``) or a
             `ralimp.DiscretizedFit` (dilated likewise, used as is); the last two fix ``poly_degree`` and
             ``num_atoms``.
-        poly_degree: $K$.
-        poly_features: $m$ of the polynomial block.
-        num_atoms: $J$ (`from_linear` with ``fit="variance"`` chooses $0..J$, `plan_from_linear`).
-        num_freqs: Gauss-Laguerre nodes per atom.
-        freq_features: random projections per node.
-        tau: the dilation $\tau$, or ``"auto"``: $\tau^2 = c \operatorname{RMS}(t)$ over ``sample``
-            (standard-normal inputs when there is none).
+        poly_degree, poly_features, num_atoms, num_freqs, freq_features: the sizes one by one, over
+            ``sizes`` (DESIGN's flat constructor; None: ``sizes``' value).
+        tau: ``options.tau`` one by one, over ``options`` (None: ``options``' value).
+        sizes: `ralimp.fits.Sizes`: $K$ (``poly_degree``), $J$ (``num_atoms``; `from_linear` with
+            ``fit="variance"`` chooses $0..J$, `plan_from_linear`), the Gauss-Laguerre nodes per atom
+            (``num_freqs``), the projections of the polynomial block (``poly_features``, $m$) and per node
+            (``freq_features``). None: ``Sizes()``, App. D.1's $K = 2$, $J = 1$, 3 nodes, 8 and 4.
+        options: `ralimp.fits.FitOptions`, how `load_linear` fits (None: ``FitOptions()``):
+
+            - ``fit``: ``"variance"``, ``"discretized"`` or ``"paper"`` (`ralimp.fits.FITS`);
+            - ``tau``: the dilation $\tau$, or ``"auto"``: $\tau^2 = c \operatorname{RMS}(t)$ over the sample
+              (standard-normal inputs when there is none), $c$ = ``tau_c``;
+            - ``balance``: $\lambda$ of the rational features, evaluated at $[x; 1] / \lambda$ and
+              $\lambda [w; b]$ ($t$ unchanged). 1 (the default) is the paper's layer. ``"auto"`` (a departure
+              from the paper) takes $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert /
+              \operatorname{RMS} \lVert[w; b]\rVert$, which minimizes
+              $\mathbb E \lVert x/\lambda + \lambda w\rVert^2$, the exponent of the estimators' variance
+              (Prop. 1); it keeps float32 features finite when $\lVert x\rVert \gg \lVert w\rVert$ but cannot
+              lower the bound of `ralimp.analysis`;
+            - ``interval``: fit on this interval instead of the sample's pre-activations (None: the
+              sample's);
+            - ``q_floor``: the smallest atom width $q'$, in $v = t / \tau^2$ units;
+            - ``budget_count``: the count (``"paper"`` or ``"width"``) that `from_linear`'s choice of $J$
+              keeps.
         bias: learn a bias $b$ (folded in as $[x; 1] \cdot [w; b]$).
         learn_poles: train $A, B, p, q$ (else they are buffers).
         weight_matrix: ``rf_matrices`` name (or class) of every projection matrix.
         seed: seed of the projections.
-        interval: fit on this interval instead of the sample's pre-activations (None: the sample's).
-        fit: ``"variance"``, ``"discretized"`` or ``"paper"`` (`ralimp.fits.FITS`).
-        q_floor: the smallest atom width $q'$, in $v = t / \tau^2$ units.
-        budget_count: the count (``"paper"`` or ``"width"``) that `from_linear`'s choice of $J$ keeps.
-        tau_c: the constant $c$ of ``tau="auto"``.
-        balance: $\lambda$ of the rational features, evaluated at $[x; 1] / \lambda$ and $\lambda [w; b]$
-            ($t$ unchanged). 1 (the default) is the paper's layer. ``"auto"`` (a departure from the paper)
-            takes $\lambda^2 = \operatorname{RMS} \lVert[x; 1]\rVert / \operatorname{RMS} \lVert[w; b]\rVert$,
-            which minimizes $\mathbb E \lVert x/\lambda + \lambda w\rVert^2$, the exponent of the estimators'
-            variance (Prop. 1); it keeps float32 features finite when $\lVert x\rVert \gg \lVert w\rVert$ but
-            cannot lower the bound of
-            `ralimp.analysis`.
-        sample: calibration inputs ``(..., in_features)``: the fit, ``tau="auto"`` and ``balance="auto"``.
+        exponent_guard: raise before a forward pass whose bound on the estimators' log second moment
+            exceeds the work dtype's limit (`check_exponent`). False runs the layer as the paper writes it,
+            whatever its variance does.
         device: where parameters live.
         dtype: parameter dtype.
         matrix_kw: extra keyword arguments of ``rf_matrices.create``.
-        exponent_guard: raise before a forward pass whose feature exponent bound exceeds the work dtype's
-            limit (`check_exponent`). False runs the layer as the paper writes it, whatever its variance
-            does.
     """
 
     # buffers, or parameters when ``learn_poles`` (``register_buffer``/``register_parameter``)
@@ -131,85 +145,100 @@ class RaLiMP(FeatureLinearization):
         in_features: int,
         out_features: int,
         *,
-        activation: str | Elementwise | RationalFunction = "gelu",
-        poly_degree: int = Sizes.poly_degree,
-        poly_features: int = Sizes.poly_features,
-        num_atoms: int = Sizes.num_atoms,
-        num_freqs: int = Sizes.num_freqs,
-        freq_features: int = Sizes.freq_features,
-        tau: float | str = FitOptions.tau,
+        activation: str | Elementwise | RationalFunction | DiscretizedFit = "gelu",
+        poly_degree: int | None = None,
+        poly_features: int | None = None,
+        num_atoms: int | None = None,
+        num_freqs: int | None = None,
+        freq_features: int | None = None,
+        tau: float | str | None = None,
+        sizes: Sizes | None = None,
+        options: FitOptions | None = None,
         bias: bool = True,
         learn_poles: bool = True,
         weight_matrix: str | type = "base",
         seed: int | None = None,
-        interval: tuple[float, float] | None = FitOptions.interval,
-        fit: str = FitOptions.fit,
-        q_floor: float = FitOptions.q_floor,
-        budget_count: str = FitOptions.budget_count,
-        tau_c: float = FitOptions.tau_c,
-        balance: float | str = FitOptions.balance,
-        sample: torch.Tensor | None = None,
+        exponent_guard: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         matrix_kw: dict[str, Any] | None = None,
-        exponent_guard: bool = True,
     ) -> None:
         super().__init__()
         self.exponent_guard = exponent_guard
         self.set_features(in_features, out_features)
-        check_int("poly_degree", poly_degree, 0)
-        check_int("num_atoms", num_atoms, 0)
-        self.options = FitOptions(
-            fit,
-            tau,
-            float(tau_c),
-            balance,
-            None if interval is None else (float(interval[0]), float(interval[1])),
-            float(q_floor),
-            budget_count,
-        )
+        named = {
+            "poly_degree": poly_degree,
+            "poly_features": poly_features,
+            "num_atoms": num_atoms,
+            "num_freqs": num_freqs,
+            "freq_features": freq_features,
+        }
+        sizes = Sizes.of({"sizes": sizes, **{k: v for k, v in named.items() if v is not None}})
+        check_int("poly_degree", sizes.poly_degree, 0)
+        check_int("num_atoms", sizes.num_atoms, 0)
+        self.options = FitOptions.of({"options": options, **({} if tau is None else {"tau": tau})})
         self.learn_poles = learn_poles
         self.name = ""  # the module path, set by `replace_mlp` (error messages, `fit_record`)
         factory: Factory = {"device": device, "dtype": dtype or torch.get_default_dtype()}
 
-        self.num_freqs = check_positive_int("num_freqs", num_freqs)
-        self._set_target(activation, poly_degree, num_atoms)
+        self.num_freqs = check_positive_int("num_freqs", sizes.num_freqs)
+        self._set_target(activation, sizes.poly_degree, sizes.num_atoms)
 
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self._init_linear(bias, factory)
+        self._init_projections(sizes, weight_matrix, seed, factory, matrix_kw or {})
+        self._init_coefficients(factory)
+        self.readout: nn.Parameter | None = None
+        self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
+        self._fit: DiscretizedFit | None = None  # set by load_linear
+        self._calibration: Calibration | None = None
+
+    def _init_linear(self, bias: bool, factory: Factory) -> None:
+        """``W, b`` with ``nn.Linear``'s initialization (the global RNG)."""
+        self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            bound = 1 / math.sqrt(in_features)
+            bound = 1 / math.sqrt(self.in_features)
             nn.init.uniform_(self.bias, -bound, bound)
 
-        dim = in_features + 1
-        mkw = dict(matrix_kw or {})
+    def _init_projections(
+        self,
+        sizes: Sizes,
+        weight_matrix: str | type,
+        seed: int | None,
+        factory: Factory,
+        matrix_kw: dict[str, Any],
+    ) -> None:
+        """The ``K`` polynomial projections and the ``J n`` node projections, seeded from ``seed``."""
+        dim = self.in_features + 1
         seed_list = seeds(seed, self.poly_degree + self.num_atoms * self.num_freqs)
         self.poly_matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(
-                weight_matrix, poly_features, dim, seed=s, even_in_omega=True, **factory, **mkw
+                weight_matrix, sizes.poly_features, dim, seed=s, even_in_omega=True, **factory, **matrix_kw
             )
             for s in seed_list[: self.poly_degree]
         )
         self.freq_matrices: Sequence[WeightMatrix] = weight_matrices(
             rf_matrices.create(
-                weight_matrix, freq_features, dim, seed=s, even_in_omega=False, **factory, **mkw
+                weight_matrix, sizes.freq_features, dim, seed=s, even_in_omega=False, **factory, **matrix_kw
             )
             for s in seed_list[self.poly_degree :]
         )
         nodes, gammas = gauss_laguerre(self.num_freqs)
         self.register_buffer("nodes", nodes.to(**factory))
         self.register_buffer("gammas", gammas.to(**factory))
+
+    def _init_coefficients(self, factory: Factory) -> None:
+        r"""$\tau$, $\lambda$ (1) and every coefficient of the fit (0): parameters, or buffers when fixed."""
         self.register_buffer("tau", torch.ones((), **factory))
         self.register_buffer("scale", torch.ones((), **factory))  # balance lambda
         self.poly_coef = nn.Parameter(torch.zeros(self.poly_degree + 1, **factory))
-        pole = nn.Parameter if learn_poles else (lambda v: v)
         self._pole_names = ("atom_a", "atom_b", "atom_p", "atom_q_raw")
         # without atoms the (empty) atom tensors are buffers: a parameter that never gets a gradient stops DDP
         for name in self._pole_names:
             value = torch.zeros(self.num_atoms, **factory)
-            if learn_poles and self.num_atoms:
-                self.register_parameter(name, pole(value))
+            if self.learn_poles and self.num_atoms:
+                self.register_parameter(name, nn.Parameter(value))
             else:
                 self.register_buffer(name, value)
         for name in ("node_cos", "node_sin"):
@@ -218,14 +247,6 @@ class RaLiMP(FeatureLinearization):
                 self.register_parameter(name, nn.Parameter(value))
             else:
                 self.register_buffer(name, value)
-        self.readout: nn.Parameter | None = None
-        self._cache: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None
-        if not building_from_linear():  # from_linear loads (calibrates and fits) its linear instead
-            self.load_linear(
-                self.weight.detach().clone(),
-                None if self.bias is None else self.bias.detach().clone(),
-                sample=sample,
-            )
 
     # ----------------------------------------------------------------------------------------------- init
     def _set_target(
@@ -304,26 +325,47 @@ class RaLiMP(FeatureLinearization):
             self.bias.copy_(bias)
         if calibration is None:
             calibration = self.calibrate(weight, bias, sample, self.options)
-        self.calibration = calibration
         made = (fits or {}).get(self.sizes())
-        self.fit = fit_layer(self.target, calibration, self.sizes(), self.options) if made is None else made
-        self.tau.fill_(self.calibration.tau)
-        self.scale.fill_(self.calibration.balance)
+        fit = fit_layer(self.target, calibration, self.sizes(), self.options) if made is None else made
+        self._calibration, self._fit = calibration, fit
+        self.tau.fill_(calibration.tau)
+        self.scale.fill_(calibration.balance)
         t2 = float(self.tau) ** 2
-        self.poly_coef.copy_(torch.tensor(self.fit.poly, dtype=torch.float64))
+        self.poly_coef.copy_(torch.tensor(fit.poly, dtype=torch.float64))
         if self.num_atoms:
-            atoms = self.fit.atom_table
+            atoms = fit.atom_table
             self.atom_a.copy_(atoms[:, 0] / t2**2)
             self.atom_b.copy_(atoms[:, 1] / t2)
             self.atom_p.copy_(atoms[:, 2] / t2)
             self.atom_q_raw.copy_(_inverse_softplus(atoms[:, 3] / t2))
-            self.node_cos.copy_(self.fit.node_cos)
-            self.node_sin.copy_(self.fit.node_sin)
+            self.node_cos.copy_(fit.node_cos)
+            self.node_sin.copy_(fit.node_sin)
         if self.readout is not None:
             for parameter in self._absorbed_by_readout():
                 parameter.requires_grad_(True)
         self.readout = None
         self._cache = None
+
+    @property
+    def fit(self) -> DiscretizedFit:
+        r"""The fit `load_linear` set the coefficients from, a `ralimp.DiscretizedFit` in $t$ units."""
+        if self._fit is None:
+            raise RuntimeError(self._not_fitted("fit"))
+        return self._fit
+
+    @property
+    def calibration(self) -> Calibration:
+        """The calibration `load_linear` fitted on (`ralimp.calibration.Calibration`)."""
+        if self._calibration is None:
+            raise RuntimeError(self._not_fitted("calibration"))
+        return self._calibration
+
+    def _not_fitted(self, what: str) -> str:
+        name = self.name or f"RaLiMP({self.in_features} -> {self.out_features})"
+        return (
+            f"{what}: layer {name} was built and not fitted; build it with RaLiMP.from_linear or "
+            "ralimp.create, or fit it with load_linear(weight, bias, sample=...)"
+        )
 
     def set_readout(self, psi: torch.Tensor) -> None:
         r"""Replace $\Psi(W)$ by the free trainable readout ``psi`` ``(out_features, F)`` (``init="lstsq"``).
@@ -386,25 +428,36 @@ class RaLiMP(FeatureLinearization):
         the best wins. The random features that fewer atoms free go to the polynomial block, so
         ``num_random_features`` (``budget_count="paper"``) or ``feature_dim`` (``"width"``) stays as given.
         ``layer.fit_record()`` records the choice.
+
+        ``kw`` holds `from_linear`'s keywords: the sizes and fit options flat (``num_atoms=2``,
+        ``fit="paper"``; over ``sizes=`` and ``options=`` when those are given too), the constructor's other
+        keywords as they are. The plan groups them into the constructor's ``sizes`` and ``options``.
         """
+        grouped = {f.name for f in fields(Sizes)} | {f.name for f in fields(FitOptions)}
+        plan = {name: value for name, value in kw.items() if name not in grouped}
         options, sizes = FitOptions.of(kw), Sizes.of(kw)
+        plan["options"] = options
         bias = None if linear.bias is None else linear.bias.detach()
         cal = cls.calibrate(linear.weight.detach(), bias, sample, options)
         given = isinstance(activation, RationalFunction | DiscretizedFit)
         if given or options.fit != "variance" or not sizes.num_atoms:
-            return kw, {"calibration": cal}
+            return {**plan, "sizes": sizes}, {"calibration": cal}
         chosen, fit = choose_atoms(resolve_activation(activation)[1], cal, sizes, options)
-        plan = {**kw, "num_atoms": chosen.num_atoms, "poly_features": chosen.poly_features}
-        return plan, {"calibration": cal, "fits": {chosen.canonical(): fit}}
+        return {**plan, "sizes": chosen}, {"calibration": cal, "fits": {chosen.canonical(): fit}}
 
     def fit_record(self) -> dict[str, Any]:
-        """What the fit chose: `FeatureLinearization.fit_record` plus mode, range, ``tau``, ``J``, widths."""
-        cal = self.calibration
+        """What the fit chose: `FeatureLinearization.fit_record` plus mode, range, ``tau``, ``J``, widths.
+
+        A layer built and not fitted (`load_linear`) has ``fit_range`` None and ``calibration``
+        ``"not fitted"``.
+        """
+        cal, fit = self._calibration, self._fit
+        source = "not fitted" if cal is None else "standard-normal inputs" if cal.synthetic else "sample"
         return {
             **super().fit_record(),
             "fit": self.options.fit,
-            "fit_range": [round(v, 6) for v in self.fit.interval],
-            "calibration": "standard-normal inputs" if cal.synthetic else "sample",
+            "fit_range": None if fit is None else [round(v, 6) for v in fit.interval],
+            "calibration": source,
             "tau": round(float(self.tau), 6),
             "num_atoms": self.num_atoms,
             "pole_widths_v": [round(float(q), 6) for q in self.pole_widths().detach()],
@@ -468,13 +521,17 @@ class RaLiMP(FeatureLinearization):
 
     @torch.no_grad()
     def check_exponent(self, u: torch.Tensor, freqs: torch.Tensor) -> None:
-        r"""Raise a ``ValueError`` when the features of ``u`` ``(..., D)`` ($[x; 1]$) would overflow.
+        r"""Raise a ``ValueError`` when the bound on the estimators' log second moment over ``u`` is large.
 
-        The exponent is $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda w\rVert^2 / \tau^2$ (Prop. 1;
-        the log of the estimator's second moment); its batch maximum is bounded by
-        $\max_k (s_k / q') (\max \lVert x\rVert / \lambda + \lambda \max \lVert w\rVert)^2 / \tau^2$ (equal
-        when the largest input and weight row are aligned; the weight side is 0 under a free readout). The
-        limit is `exponent_limit` of ``u``'s dtype (80.7 float32, 701.8 float64).
+        ``u`` is ``(..., D)`` ($[x; 1]$). The bound is $2\sigma^2 = (s_k / q') \lVert x / \lambda + \lambda
+        w\rVert^2 / \tau^2$, the log of the estimator's second moment $\mathbb E|Y_k|^2 = e^{2\sigma^2}$
+        (Prop. 1, Eq. 13), over the batch bounded by $\max_k (s_k / q') (\max \lVert x\rVert / \lambda +
+        \lambda \max \lVert w\rVert)^2 / \tau^2$ (equal when the largest input and weight row are aligned;
+        the weight side is 0 under a free readout). The limit is `exponent_limit` of ``u``'s dtype (80.7
+        float32, 701.8 float64), past which that second moment is not representable. It is not the exponent
+        the features compute ($Z = \sqrt{s/2}\, \omega \cdot u$, far smaller): a batch it refuses has
+        finite features as a rule, and an estimator whose variance swamps its mean; ``exponent_guard=False``
+        skips the check.
 
         The bound is computed with tensor operations and read once (one host sync per forward pass in eager
         mode, none more for the error message unless it fires). While ``torch.compile`` traces the layer the
@@ -490,11 +547,15 @@ class RaLiMP(FeatureLinearization):
         name = self.name or f"RaLiMP({self.in_features} -> {self.out_features})"
         tau = float(self.tau)
         raise ValueError(
-            f"x: in layer {name}, the complex-exponential features would overflow {u.dtype}: the exponent "
-            f"(s_k/q) ||x/lambda + lambda w||^2 / tau^2 reaches {float(exponent):.4g} on this batch (limit "
-            f"{limit:.1f}; max ||[x; 1]|| = {float(u.norm(dim=-1).max()):.4g}, tau = {tau:.4g}, narrowest "
-            f"width q' = {float(self.pole_widths().min()):.4g}). Remedies: normalize or rescale the layer's "
-            "inputs, recalibrate on inputs like these (load_linear(..., sample=...)), fit='variance' "
+            f"x: in layer {name}, the bound on the estimators' log second moment (Prop. 1), 2 sigma^2 = "
+            "(s_k/q) ||x/lambda + lambda w||^2 / tau^2 for the largest input and weight row aligned, reaches "
+            f"{float(exponent):.4g} on this batch (limit {limit:.1f}; the second moment e^(2 sigma^2) would "
+            f"overflow {u.dtype}; max ||[x; 1]|| = {float(u.norm(dim=-1).max()):.4g}, tau = {tau:.4g}, "
+            f"narrowest width q' = {float(self.pole_widths().min()):.4g}). The features' own exponent is far "
+            "smaller; it is their variance that swamps the output (exponent_guard=False runs the layer "
+            "anyway). Remedies: "
+            "normalize or rescale the layer's inputs, recalibrate on inputs like these "
+            "(load_linear(..., sample=...)), fit='variance' "
             "(wider poles or num_atoms=0), balance='auto', or float64."
         )
 

@@ -5,7 +5,10 @@ everything later queries need is the ``m x (Dv + 1)`` sums $\sum_j \phi_{k_j}^\t
 normalizer) relative to a running log-scale, whatever $t$ is ($O(1)$ memory and time per token):
 [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState], advanced by
 [`decode`][rf_attention.ops.recurrent.decode] (both re-exported here). Exact softmax attention has no
-such state: it keeps every key and value ([`KVCache`][rf_attention.decoding.KVCache], O(t) per token).
+such state: it keeps every key and value ([`KVCache`][rf_attention.decoding.KVCache], O(t) per token). The
+sliding-window hybrid keeps both kinds, bounded: the feature sums of the keys older than its window and a ring
+of the last ``w`` keys and values ([`WindowState`][rf_attention.ops.window.WindowState], advanced by
+[`decode_window`][rf_attention.ops.recurrent.decode_window]).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rf_attention.ops.recurrent import RecurrentState, decode
+from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
+from rf_attention.ops.window import WindowState
 
-__all__ = ["KVCache", "RecurrentState", "decode"]
+__all__ = ["KVCache", "RecurrentState", "WindowState", "decode", "decode_window"]
 
 
 @dataclass

@@ -10,10 +10,11 @@ import torch.nn.functional as F
 
 from rf_attention import varlen
 from rf_attention.ops.causal import causal_attention
-from rf_attention.ops.common import DEFAULT_CHUNK_SIZE
+from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, FeatureFn
 from rf_attention.ops.features import ClosedForm, Features, qk_scale
 from rf_attention.ops.noncausal import noncausal_attention
-from rf_features import FeatureMap
+from rf_attention.ops.window import window_attention
+from rf_features import FeatureMap, LearnedFeatureMap
 from spectraformer_core import check_int
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -146,6 +147,20 @@ def _chunk_parallel(key_mask: torch.Tensor | None, features: Features, *, causal
     return kernel
 
 
+def _sliding_window(key_mask: torch.Tensor | None, features: FeatureFn, window: int, scale: float) -> Kernel:
+    """[`window_attention`][rf_attention.ops.window.window_attention] as a `Kernel` (``scale``: of q, k)."""
+
+    def kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, chunk_size: int | None
+    ) -> torch.Tensor:
+        chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        return window_attention(
+            q, k, v, key_mask, features, window=window, scale=scale * scale, chunk=chunk, eps=eps
+        )
+
+    return kernel
+
+
 def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -208,6 +223,7 @@ def rf_attention(
     eps: float | None = None,
     chunk_size: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     r"""Random-feature attention approximating ``softmax_attention(q, k, v)`` in $O(N)$.
 
@@ -235,10 +251,27 @@ def rf_attention(
         chunk_size: see [`linear_attention`][rf_attention.linear_attention].
         cu_seqlens: packed sequences, as in [`linear_attention`][rf_attention.linear_attention]; the
             feature map's batch statistics are then per sequence.
+        window: the sliding-window hybrid (needs ``causal=True`` and ``kernel="softmax"``): query $i$
+            weighs keys $j \in (i - w, i]$ by the exact $\exp(q_i \cdot k_j / \sqrt{D_h})$ and earlier
+            keys by $\phi(q_i) \cdot \phi(k_j)$, in one normalized sum with one stabilizing reference
+            ([`rf_attention.ops.window`][rf_attention.ops.window]), ``O(N (w + m))``. 0: plain random
+            features; ``w >= N``: exact causal softmax.
 
     Returns:
         ``(B, H, N_q, Dv)``.
     """
+    check_int("window", window, minimum=0)
+    if window and not causal:
+        raise ValueError(
+            f"window: the sliding-window hybrid is causal (keys (i - window, i]); got window={window} with "
+            "causal=False; pass causal=True or window=0"
+        )
+    if window and feature_map.kernel != "softmax":
+        raise ValueError(
+            f"window: the sliding-window hybrid mixes exact softmax weights with the features' estimate of "
+            f"them; needs a feature map with kernel='softmax', got kernel={feature_map.kernel!r}"
+        )
+    check_window_map(feature_map, window)
     if cu_seqlens is not None:
         if query_padding_mask is not None:
             raise ValueError("query_padding_mask: not supported with cu_seqlens")
@@ -254,6 +287,7 @@ def rf_attention(
             key_padding_mask=key_padding_mask,
             eps=eps,
             chunk_size=chunk_size,
+            window=window,
         )
     _check_shapes(q, k, v, causal)
     if causal and feature_map.statistics_mode == "batch" and feature_map.running_statistics_defaults():
@@ -271,6 +305,18 @@ def rf_attention(
 
     matrix = _learned_dense_matrix(feature_map)
     mask = _broadcast_key_mask(key_padding_mask, k)
+
+    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # scaled chunk by chunk: autograd keeps no scaled copy of q and k. The window keeps every
+        # constant: its features' estimate and its exact weights share one scale
+        return feature_map.weighted_log_features(
+            x * scale, stats, is_query=is_query, stabilized=not window, matrix=matrix
+        )
+
+    if window:
+        return _run_in_accumulation_dtype(
+            q, k, v, _sliding_window(mask, features, window, scale), eps=eps, chunk_size=chunk_size
+        )
     forms = [
         feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=scale, matrix=matrix)
         for side in (True, False)
@@ -280,13 +326,6 @@ def rf_attention(
         width = closed.query.offset.shape[-1]
         kernel = _chunk_parallel(mask, closed, causal=causal, width=width)
         return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
-
-    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # scaled chunk by chunk: autograd keeps no scaled copy of q and k
-        return feature_map.weighted_log_features(
-            x * scale, stats, is_query=is_query, stabilized=True, matrix=matrix
-        )
-
     kernel = _chunk_parallel(mask, features, causal=causal, width=feature_map.num_features)
     return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
 
@@ -304,6 +343,22 @@ def _learned_dense_matrix(feature_map: FeatureMap) -> torch.Tensor | None:
     if not (learned and torch.is_grad_enabled()) or getattr(weight_matrix, "fast_transform", False):
         return None
     return weight_matrix.matrix()
+
+
+def check_window_map(feature_map: FeatureMap, window: int) -> None:
+    """Refuse a sliding window over a learned map (``rf_features.learned``): its kernel has no fixed scale.
+
+    The hybrid adds the window's exact ``exp(q . k / sqrt(Dh))`` to ``phi(q) . phi(k)`` under one
+    normalizer, right for a map whose product estimates that kernel; a learned map's product is a kernel of
+    its own, which would need LoLCATs' learned factor between the two parts.
+    """
+    if window and isinstance(feature_map, LearnedFeatureMap):
+        raise ValueError(
+            f"window: {type(feature_map).__name__} is a learned map, whose phi(q) . phi(k) is no estimate of "
+            "the window's exact exp(q . k / sqrt(Dh)) (its scale is arbitrary), so the two parts would need "
+            f"a learned mixing factor; got window={window}. Use a random-feature pair with a window, or "
+            "window=0"
+        )
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:

@@ -12,8 +12,8 @@ from torch import nn
 
 import rf_features
 from rf_attention import varlen
-from rf_attention.decoding import KVCache, RecurrentState, decode
-from rf_attention.functional import rf_attention, softmax_attention
+from rf_attention.decoding import KVCache, RecurrentState, decode, decode_window
+from rf_attention.functional import check_window_map, rf_attention, softmax_attention
 from spectraformer_core import check_int
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
@@ -133,9 +133,18 @@ class MultiheadSelfAttention(nn.Module):
         raise NotImplementedError
 
     def prefill_heads(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        ends: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
-        """Causal attention on heads ``(B, H, N, Dh)`` and the decoding state after the ``N`` positions."""
+        """Causal attention on heads ``(B, H, N, Dh)`` and the decoding state after the ``N`` positions.
+
+        ``ends`` ``(B,)``: right-padded packed prompts end there (the next token follows each row's own
+        last token), or None (at ``N``).
+        """
         raise NotImplementedError(f"{type(self).__name__} has no recurrent (token-by-token) form")
 
     def step_heads(
@@ -224,7 +233,7 @@ class MultiheadSelfAttention(nn.Module):
             )
         layout = varlen.PackedLayout.from_cu_seqlens(cu_seqlens, x.shape[1])
         q, k, v = (layout.unpack(t) for t in self._heads(x, None))
-        out, state = self.prefill_heads(q, k, v, layout.padding.to(x.device))
+        out, state = self.prefill_heads(q, k, v, layout.padding.to(x.device), ends=layout.lengths)
         if isinstance(state, RecurrentState):
             state.length = layout.lengths.to(x.device)
         return self._merge(layout.pack(out)), state
@@ -375,9 +384,17 @@ class SoftmaxAttention(MultiheadSelfAttention):
         return softmax_attention(q, k, v, key_padding_mask=context_padding_mask, dropout_p=dropout_p)
 
     def prefill_heads(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        ends: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
-        """Causal attention and a [`KVCache`][rf_attention.decoding.KVCache] holding ``k``, ``v``."""
+        """Causal attention and a [`KVCache`][rf_attention.decoding.KVCache] holding ``k``, ``v``.
+
+        The cache keeps the positions past ``ends`` as padding (softmax weighs keys whatever their position).
+        """
         cache = KVCache.empty(k, v, capacity=max(16, k.shape[-2]))
         return self.attend(q, k, v, key_padding_mask), cache.append(k, v, key_padding_mask)
 
@@ -417,6 +434,10 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             is then refused: a redraw would throw away what was learned.
         input_map: a learned linear map of the queries and one of the keys per head before the features
             (identity at initialization; ``rf_features.FeatureMap``'s ``input_map``).
+        window: the sliding-window hybrid (``causal=True``, ``kernel="softmax"``): the last ``window``
+            positions are weighed by exact softmax weights, earlier ones by the features, in one normalized
+            sum ([`rf_attention.ops.window`][rf_attention.ops.window]); decoding then keeps the feature sums
+            and a ring of the last ``window`` keys and values. 0: plain random features.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
@@ -442,10 +463,17 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         matrix_options: dict[str, Any] | None = None,
         learnable: bool = False,
         input_map: bool = False,
+        window: int = 0,
         **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, seed=seed, **kw)
         check_int("redraw_interval", redraw_interval, minimum=0)
+        check_int("window", window, minimum=0)
+        if window and not self.causal:
+            raise ValueError(f"window: the sliding-window hybrid needs causal=True, got window={window}")
+        if window and kernel != "softmax":
+            raise ValueError(f"window: the sliding-window hybrid needs kernel='softmax', got {kernel!r}")
+        self.window = window
         if learnable and redraw_interval:
             raise ValueError(
                 f"redraw_interval: expected 0 with learnable=True (a redraw would throw away the learned "
@@ -464,10 +492,15 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             num_heads=num_heads if learnable else None,
             input_map=input_map,
         )
+        check_window_map(self.feature_map, window)
         self.redraw_interval = redraw_interval
         self.training_calls: torch.Tensor
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))
         _REDRAWING[id(self)] = self
+
+    def extra_repr(self) -> str:
+        """Width, heads, causality and a sliding window (when there is one) shown by ``repr``."""
+        return super().extra_repr() + (f", window={self.window}" if self.window else "")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickling and ``copy.deepcopy``: the copy redraws its own features."""
@@ -487,6 +520,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             causal=self.causal,
             key_padding_mask=key_padding_mask,
             query_padding_mask=key_padding_mask,
+            window=self.window,
         )
 
     def attend_cross(
@@ -527,15 +561,33 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         self.training_calls += 1
 
     def prefill_heads(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        ends: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
-        """[`decode`][rf_attention.ops.recurrent.decode] of the prefix from no state."""
+        """[`decode`][rf_attention.ops.recurrent.decode] (with a window ``decode_window``) from no state."""
+        if self.window:
+            return decode_window(
+                q,
+                k,
+                v,
+                self.feature_map,
+                None,
+                window=self.window,
+                key_padding_mask=key_padding_mask,
+                ends=ends,
+            )
         return decode(q, k, v, self.feature_map, None, key_padding_mask=key_padding_mask)
 
     def step_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, Any]:
         """[`decode`][rf_attention.ops.recurrent.decode] of the new positions from ``state``."""
+        if self.window:
+            return decode_window(q, k, v, self.feature_map, state, window=self.window)
         if state is not None and not isinstance(state, RecurrentState):
             raise ValueError(
                 f"state: expected a RecurrentState (from prefill or step) or None, got {type(state).__name__}"

@@ -583,6 +583,9 @@ def attention_transfer(
     if not parameters:
         raise ValueError(
             "model: its feature maps have no parameters to train; create the attention with learnable=True"
+            if attention_layers(model)
+            else "model: no random-feature attention layer to train; convert it first with rf_attention.hf."
+            "linearize(model, 'posrf-orf') (HF models) or rf_attention.create(..., learnable=True)"
         )
     for fm in feature_maps(model):
         _check_unsigned(fm)

@@ -95,6 +95,10 @@ class FeatureMap(nn.Module):
     repeats and updates nothing, so a checkpointed step updates them once and its gradients are those of the
     plain step. Set ``statistics_frozen = True`` to keep them fixed in training too (fine-tuning that saves
     only some parameters, e.g. LoRA adapters).
+
+    Running statistics and ``torch.compile``: a training step uses the copy of the running statistics that
+    the operator updating them returns (``rf_features.feature_map.update_running_statistic``), so a compiled
+    backward graph reads the statistics its forward pass used, not the updated buffers.
     """
 
     #: Output columns per weight-matrix row (2 for cos/sin pairs and antithetic pairs).
@@ -488,11 +492,15 @@ class FeatureMap(nn.Module):
             if in_use is not None:
                 running = in_use
             else:
-                running = {name: getattr(self, f"running_{name}").clone() for name in self._running_names}
-                if self.training and running and not self.statistics_frozen:
+                buffers = {name: getattr(self, f"running_{name}") for name in self._running_names}
+                if self.training and buffers and not self.statistics_frozen:
+                    running = {}
                     for name, value in self.statistics(q, k, query_mask, key_mask).items():
-                        mean = value.reshape(-1, *running[name].shape).mean(0)
-                        getattr(self, f"running_{name}").lerp_(mean.to(running[name]), self.momentum)
+                        buffer = buffers[name]
+                        mean = value.reshape(-1, *buffer.shape).mean(0).to(buffer)
+                        running[name] = update_running_statistic(buffer, mean, self.momentum)
+                else:
+                    running = {name: buffer.clone() for name, buffer in buffers.items()}
                 if not torch.compiler.is_compiling():
                     self._statistics_in_use = running
             return {name: value.to(q.dtype) for name, value in running.items()}
@@ -533,6 +541,26 @@ class FeatureMap(nn.Module):
     def extra_repr(self) -> str:
         """The kernel and the output width shown by ``repr``."""
         return f"kernel={self.kernel!r}, num_features={self.num_features}"
+
+
+@torch.library.custom_op("rf_features::update_running_statistic", mutates_args=("running",))
+def update_running_statistic(running: torch.Tensor, value: torch.Tensor, momentum: float) -> torch.Tensor:
+    """Move ``running`` towards ``value`` by ``momentum`` (in place) and return a copy of it from before.
+
+    One operator, opaque to ``torch.compile``, whose output is the copy the step uses: AOT autograd's
+    partitioner may recompute a cheap copy of a buffer (``clone``) in the backward graph from the buffer
+    itself, which the compiled step has updated by then; it saves the output of an opaque operator instead.
+    """
+    before = running.clone()
+    running.lerp_(value, momentum)
+    return before
+
+
+@update_running_statistic.register_fake
+def _update_running_statistic_fake(
+    running: torch.Tensor, value: torch.Tensor, momentum: float
+) -> torch.Tensor:
+    return torch.empty_like(running)
 
 
 def in_backward_pass() -> bool:

@@ -1,4 +1,4 @@
-"""What the tests of every package share: relative errors, seeded draws, thread counts, no import cycle.
+"""What the tests of every package share: relative errors, rounding tolerances, seeded draws, no cycle.
 
 The comparison in the style of flash-linear-attention's tests: one number per comparison, the norm of the
 difference over the norm of the reference, so a tolerance means the same at every shape and scale, and a
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +68,31 @@ def assert_rel_close(name: str, reference: torch.Tensor, actual: torch.Tensor, r
             f"{name}: relative error {error:.1e} > tolerance {ratio:.1e} "
             f"(||reference|| = {scale:.3g}, shape {tuple(reference.shape)})"
         )
+
+
+#: Higham and Mary's probabilistic rounding-error constant: each rounding error of a sum is at most the unit
+#: roundoff, independent and of mean zero, so the sum's error exceeds ``lambda sqrt(n) u sum |x_i|`` with
+#: probability below ``2 n exp(-lambda^2 / 2)`` (``8e-8 n`` at 6).
+ROUNDING_LAMBDA = 6.0
+
+
+def rounding_tolerance(dtype: torch.dtype, length: int, condition: float = 1.0) -> float:
+    r"""The relative difference allowed between two float computations of one result that sum in other orders.
+
+    Two machines (AVX2 and AVX-512 kernels block their sums differently), or two code paths, each stay within
+    $\lambda \sqrt{n}\, u \sum_i |x_i|$ of the exact sum (Higham and Mary 2019, ``ROUNDING_LAMBDA``), so
+    they differ by at most $2 \lambda \sqrt{n}\, u\, \kappa = \lambda \sqrt{n}\, \epsilon\, \kappa$ relative
+    to the result, with $u = \epsilon / 2$ the unit roundoff and $\kappa = \sum_i |x_i| / |\sum_i x_i|$.
+    Independent of the machine: never the error one machine printed.
+
+    Args:
+        dtype: the floating dtype both computations run in.
+        length: ``n``, the roundings each term goes through: the summed lengths of the nested sums (keys
+            ``N``, then features ``m``: ``N + m``).
+        condition: ``kappa``: 1 for sums of terms of one sign (positive features' normalizer); for signed
+            features the normalizer's ``|phi_q| . sum |phi_k| / |D|``.
+    """
+    return ROUNDING_LAMBDA * math.sqrt(length) * torch.finfo(dtype).eps * condition
 
 
 def seeded_randn(

@@ -4,7 +4,7 @@ Importing this package registers, with ``transformers.AttentionInterface`` (and 
 function with ``AttentionMaskInterface``), one attention per ``"<component>-<matrix>"`` pair of
 [`rf_attention.names`][rf_attention.names] under the name ``"rf-<pair>"`` (``"rf-posrf-orf"``,
 ``"rf-oprf-fastfoodl"``, ...) and ``"rf-performer"``. Any model that dispatches its attention through the
-interface (Llama, Mistral, Qwen2, Qwen3, GPT-2, ViT, ...) then runs it::
+interface (Llama, Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, ViT, ...) then runs it::
 
     import rf_attention.hf  # registers the names
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="rf-posrf-orf")
@@ -19,7 +19,9 @@ The model keeps all of its weights (projections, norms, MLPs, embeddings); each 
 feature map (the random weight matrix, learnable for ``fastfoodl`` or a converted model, OPRF/SADERF
 running statistics), attached to the HF attention module as ``rf_feature_map``, seeded ``seed +
 layer_idx``, when the model is built, loaded or switched to an ``rf-*`` name (see
-[`attach_feature_maps`][rf_attention.hf.attach_feature_maps]). The HF module's ``q, k, v`` (after its
+[`attach_feature_maps`][rf_attention.hf.attach_feature_maps]: transformers has no public hook there, so the
+import wraps ``PreTrainedModel.post_init``, ``from_pretrained`` and ``set_attn_implementation``, which
+change nothing for a model without an ``rf-*`` attention). The HF module's ``q, k, v`` (after its
 rotary embedding) are combined by [`rf_attention`][rf_attention.rf_attention] with HF's ``scaling``;
 grouped keys (GQA) are repeated; HF's 4D mask is read back into causality plus a key padding mask (a
 sliding window shorter than the sequence and other patterns are refused). Packed sequences (one row,
@@ -34,8 +36,9 @@ from them (O(N) per token).
 
 The parts: ``attention`` (the function HF calls, registration), ``masks`` (HF's masks read back, packed
 ``cu_seqlens``), ``cache`` (the cache and its layer), ``persistence`` (saving and loading the maps),
-``statistics`` (when running statistics move), ``attach`` (maps on a model from its creation) and
-``convert`` ([`linearize`][rf_attention.hf.linearize]).
+``statistics`` (when running statistics move), ``layers`` (which modules are attention modules, their
+head width), ``attach`` (maps on a model from its creation) and ``convert``
+([`linearize`][rf_attention.hf.linearize]).
 """
 
 from rf_attention.hf.attach import attach_feature_maps, install

@@ -6,6 +6,9 @@ runs first, then [`attach_feature_maps`][rf_attention.hf.attach_feature_maps] wh
 or ``from_config``), ``from_pretrained`` (after the weights are loaded: the maps saved beside them are
 restored) and ``set_attn_implementation``. So the maps are registered submodules before any optimizer is
 built, and ``generate`` keeps the recurrent state from its first call, whichever way the attention was set.
+``from_pretrained`` also checks an ``rf-*`` name before loading (unknown names, model classes outside
+``AttentionInterface``). transformers has no public hook after construction, loading or a switch; for any
+other model the wrappers change nothing. The guide lists every change the import makes.
 """
 
 from __future__ import annotations
@@ -17,8 +20,15 @@ from typing import TYPE_CHECKING, Any, cast
 from torch import nn
 from transformers import PreTrainedModel
 
-from rf_attention.hf.attention import PREFIX, HFRandomFeatureAttention, registered
-from rf_attention.hf.cache import is_attention_module, use_random_feature_cache_in_generate
+from rf_attention.hf.attention import (
+    PREFIX,
+    changed_since_drawn,
+    known,
+    registered,
+    unknown_name,
+)
+from rf_attention.hf.cache import use_random_feature_cache_in_generate
+from rf_attention.hf.layers import check_dispatches_through_interface, head_dim_of, is_attention_module
 from rf_attention.hf.persistence import leave_out_non_tensor_state, load_feature_maps, saved_feature_map_file
 
 if TYPE_CHECKING:
@@ -26,6 +36,13 @@ if TYPE_CHECKING:
 
 #: The config attribute that records the feature maps' options (``num_features``, ``seed``, ...).
 CONFIG_OPTIONS = "rf_attention"
+#: The config attribute that tells a reader of ``config.json`` what loads it (transformers itself only
+#: says that the ``rf-*`` ``attn_implementation`` is not supported).
+CONFIG_IMPORT_HINT = "rf_attention_requires"
+IMPORT_HINT = (
+    "import rf_attention.hf before from_pretrained (pip install 'rf-attention[hf]'): it registers the rf-* "
+    "attn_implementation and restores the feature maps"
+)
 
 
 def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None) -> int:
@@ -54,13 +71,61 @@ def attach_feature_maps(model: nn.Module, attn_implementation: str | None = None
         The number of attention modules that got a feature map.
     """
     target = transformers_model(model)
-    if attn_implementation is not None and attn_implementation != target.config._attn_implementation:
-        if registered(attn_implementation) is None:
-            raise ValueError(
-                f"attn_implementation: expected a registered {PREFIX}* name, got {attn_implementation!r}"
-            )
+    switch = attn_implementation is not None and attn_implementation != target.config._attn_implementation
+    check_dispatches_through_interface(target, switch=switch)
+    if attn_implementation is not None and switch:
+        known("attn_implementation", attn_implementation)
         target.set_attn_implementation(attn_implementation)  # which attaches the maps
-    return _attach(target)[0]
+    count = _attach(target)[0]
+    if not count:
+        raise ValueError(f"model: {no_attention_modules(target)}")
+    return count
+
+
+def no_attention_modules(model: nn.Module) -> str:
+    """The message for a model in which no attention module was found."""
+    return (
+        f"no attention module in {type(model).__name__} (a module with a config, a scaling and a head_dim "
+        "or head_size, as transformers' attention modules have)"
+    )
+
+
+def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module, int, int]]:
+    """``(name, module, layer index, head width)`` of each HF attention module of ``model``, in order.
+
+    The layer index is the module's ``layer_idx``, else its position among the attention modules.
+    """
+    found = [(name, module) for name, module in model.named_modules() if is_attention_module(module)]
+    layers = []
+    for i, (name, module) in enumerate(found):
+        layer = getattr(module, "layer_idx", None)
+        layers.append((name, module, i if layer is None else layer, cast(int, head_dim_of(module))))
+    return layers
+
+
+def warn_if_trained_maps_dropped(
+    modules: list[nn.Module], replacement: str, *, pair: str | None = None
+) -> None:
+    """Warn when maps that changed since drawn (trained or loaded) are to be replaced by ``replacement``.
+
+    Args:
+        modules: the attention modules whose maps are replaced.
+        replacement: the attention name that draws the new maps.
+        pair: only maps of another pair are replaced (a switch); None: every map (a conversion).
+    """
+    dropped: dict[str, int] = {}
+    for module in modules:
+        current = getattr(module, "rf_feature_map", None)
+        owner = getattr(module, "rf_attention_name", None)
+        if current is not None and owner != pair and changed_since_drawn(current):
+            dropped[str(owner)] = dropped.get(str(owner), 0) + 1
+    for owner, count in dropped.items():
+        warnings.warn(
+            f"{owner}: {count} attention layers have trained feature maps (changed since drawn) that "
+            f"{replacement} replaces with fresh draws; they are lost (switching back draws fresh ones too). "
+            "Save them first (model.save_pretrained), or train the new maps",
+            stacklevel=3,
+        )
 
 
 def transformers_model(model: nn.Module) -> PreTrainedModel:
@@ -76,53 +141,36 @@ def transformers_model(model: nn.Module) -> PreTrainedModel:
 def _attach(model: PreTrainedModel) -> tuple[int, int]:
     """[`attach_feature_maps`][rf_attention.hf.attach_feature_maps]; also the number of tensors restored."""
     name = model.config._attn_implementation
-    function = _with_recorded_options(registered(name), model.config)
+    function = registered(name)
+    if function is None and not str(name).startswith(PREFIX):
+        raise ValueError(
+            f"attn_implementation: expected a registered {PREFIX}* name, got {name!r}; convert the model "
+            "with rf_attention.hf.linearize(model, 'posrf-orf'), or load it with "
+            "attn_implementation='rf-posrf-orf'"
+        )
     if function is None:
-        raise ValueError(f"attn_implementation: expected a registered {PREFIX}* name, got {name!r}")
-    count, fresh = 0, []
-    for module_name, module in model.named_modules():
-        if is_attention_module(module):
-            layer = getattr(module, "layer_idx", None)
-            causal = bool(getattr(module, "is_causal", True))
-            head_dim = cast(int, module.head_dim)
-            before = getattr(module, "rf_feature_map", None)
-            fm = function.feature_map(
-                module, head_dim, causal, count if layer is None else layer, attaching=True
-            )
-            if fm is not before:
-                fresh.append(f"{module_name}.")
-            count += 1
+        raise unknown_name("attn_implementation", name)
+    check_dispatches_through_interface(model)
+    recorded = getattr(model.config, CONFIG_OPTIONS, None)
+    if isinstance(recorded, dict):
+        function = function.with_options(recorded)  # a saved or converted model's options
+    layers = attention_layers(model)
+    warn_if_trained_maps_dropped([module for _, module, _, _ in layers], name, pair=function.pair)
+    fresh = []
+    for module_name, module, layer, head_dim in layers:
+        before = getattr(module, "rf_feature_map", None)
+        causal = bool(getattr(module, "is_causal", True))
+        if function.feature_map(module, head_dim, causal, layer, attaching=True) is not before:
+            fresh.append(f"{module_name}.")
     leave_out_non_tensor_state(model)
     saved = saved_feature_map_file(getattr(model.config, "_name_or_path", None))
     # only maps drawn now: a map already attached may have trained since loading
     restored = load_feature_maps(model, saved.parent, modules=fresh) if saved is not None and fresh else 0
     model.config.attn_implementation = name
-    setattr(model.config, CONFIG_OPTIONS, _options(function))
+    setattr(model.config, CONFIG_OPTIONS, function.options)
+    setattr(model.config, CONFIG_IMPORT_HINT, IMPORT_HINT)
     use_random_feature_cache_in_generate(model)
-    return count, restored
-
-
-def _with_recorded_options(
-    function: HFRandomFeatureAttention | None, config: Any
-) -> HFRandomFeatureAttention | None:
-    """``function``, or a copy with the options the config records (a saved or converted model's)."""
-    recorded = getattr(config, CONFIG_OPTIONS, None)
-    if function is None or not isinstance(recorded, dict) or recorded == _options(function):
-        return function
-    options = {**function.feature_options, **recorded}
-    return HFRandomFeatureAttention(
-        function.component,
-        function.weight_matrix,
-        num_features=options.pop("num_features", function.num_features),
-        seed=options.pop("seed", function.seed),
-        name=function.name,
-        **options,
-    )
-
-
-def _options(function: HFRandomFeatureAttention) -> dict[str, Any]:
-    """What the config records of ``function``: ``num_features``, ``seed`` and the feature options."""
-    return {"num_features": function.num_features, "seed": function.seed, **function.feature_options}
+    return len(layers), restored
 
 
 def _runs_random_features(model: PreTrainedModel) -> bool:
@@ -148,6 +196,13 @@ def _after_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
 def _after_from_pretrained(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def from_pretrained(cls: type[PreTrainedModel], *args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("config")  # the Auto classes pass the name in it
+        requested = kwargs.get("attn_implementation") or getattr(
+            config, "_attn_implementation_internal", None
+        )
+        if isinstance(requested, str) and requested.startswith(PREFIX):  # before transformers' own checks
+            known("attn_implementation", requested)
+            check_dispatches_through_interface(cls)
         result = original(cls, *args, **kwargs)
         model = result[0] if isinstance(result, tuple) else result
         if isinstance(model, PreTrainedModel) and _runs_random_features(model):
@@ -175,6 +230,8 @@ def _after_set_attn_implementation(original: Callable[..., Any]) -> Callable[...
             _attach(self)
         elif str(getattr(self.config, "attn_implementation", "")).startswith(PREFIX):
             del self.config.attn_implementation  # the record of an earlier rf-* attention
+            if hasattr(self.config, CONFIG_IMPORT_HINT):
+                delattr(self.config, CONFIG_IMPORT_HINT)
         return result
 
     return set_attn_implementation

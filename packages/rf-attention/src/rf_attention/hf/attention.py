@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from typing import Any
 
@@ -13,16 +14,19 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
 from rf_attention.functional import rf_attention
-from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer
+from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer, pending_cache_layer
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
 from rf_attention.hf.statistics import statistics_where_saved
-from rf_attention.ops.recurrent import decode
+from rf_attention.ops.recurrent import decode, decode_window
 from rf_attention.registry import feature_pair
 from rf_attention.registry import names as attention_names
+from spectraformer_core import check_int
 
 #: Prefix of the names registered with ``transformers.AttentionInterface``.
 PREFIX = "rf-"
+#: The attribute of an HF attention module that holds its sliding window (set when its map is attached).
+WINDOW_ATTRIBUTE = "rf_window"
 #: Keyword arguments of HF attention calls that ask for something RF attention cannot do.
 _UNSUPPORTED = ("softcap", "s_aux", "position_bias")
 
@@ -37,6 +41,9 @@ class HFRandomFeatureAttention:
         seed: layer ``i`` draws its weight matrix from ``seed + i``.
         name: the registered name, used in messages (default ``"rf-<component>-<matrix>"``;
             ``"rf-performer"`` for the alias).
+        window: the sliding-window hybrid of [`rf_attention`][rf_attention.rf_attention] (causal layers):
+            the last ``window`` positions by exact softmax weights, earlier ones by the features; the cache
+            then keeps a ring of the last ``window`` keys and values beside the state. 0: none.
         **feature_options: more ``rf_features.create`` arguments (``kernel``, ``matrix_options``).
     """
 
@@ -51,8 +58,10 @@ class HFRandomFeatureAttention:
         num_features: int = 128,
         seed: int = 0,
         name: str | None = None,
+        window: int = 0,
         **feature_options: Any,
     ) -> None:
+        self.window = window
         self.component, self.weight_matrix = component, weight_matrix
         self.num_features, self.seed, self.feature_options = num_features, seed, feature_options
         self.name = name or f"{PREFIX}{component}-{weight_matrix}"
@@ -61,6 +70,57 @@ class HFRandomFeatureAttention:
     def pair(self) -> str:
         """``"rf-<component>-<matrix>"`` (``"rf-performer"`` and ``"rf-posrf-orf"`` share maps)."""
         return f"{PREFIX}{self.component}-{self.weight_matrix}"
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What a config records: ``num_features``, ``seed``, a window and the feature options."""
+        window = {"window": self.window} if self.window else {}
+        return {"num_features": self.num_features, "seed": self.seed, **window, **self.feature_options}
+
+    def with_options(self, options: dict[str, Any]) -> HFRandomFeatureAttention:
+        """This attention, or a copy with ``options`` (as `options` records them) in place of its own."""
+        if options == self.options:
+            return self
+        merged = {**self.feature_options, **options}
+        return HFRandomFeatureAttention(
+            self.component,
+            self.weight_matrix,
+            num_features=merged.pop("num_features", self.num_features),
+            seed=merged.pop("seed", self.seed),
+            name=self.name,
+            window=merged.pop("window", 0),
+            **merged,
+        )
+
+    def new_feature_map(
+        self, module: nn.Module, head_dim: int, causal: bool, layer: int | None = None
+    ) -> rf_features.FeatureMap:
+        """A fresh map for the attention ``module`` (seeded ``seed + layer``, on its device), not attached.
+
+        It remembers a checksum of its parameters as drawn (`changed_since_drawn`).
+        """
+        layer = getattr(module, "layer_idx", None) if layer is None else layer
+        fm = rf_features.create(
+            self.component,
+            weight_matrix=self.weight_matrix,
+            num_features=self.num_features,
+            dim=head_dim,
+            seed=self.seed + (layer or 0),
+            statistics_mode="running" if causal else "batch",
+            **self.feature_options,
+        )
+        parameter = next(module.parameters(), None)
+        fm.train(module.training)  # a map created during an eval() forward pass must not update statistics
+        fm = fm.to(device=None if parameter is None else parameter.device)
+        setattr(fm, "rf_drawn", _checksum(fm))  # noqa: B010 (nn.Module types attributes as Tensor | Module)
+        return fm
+
+    def attach(self, module: nn.Module, fm: rf_features.FeatureMap) -> rf_features.FeatureMap:
+        """Make ``fm`` the attention ``module``'s map for this pair (``module.rf_feature_map``)."""
+        module.rf_feature_map = fm
+        setattr(module, WINDOW_ATTRIBUTE, self.window)
+        setattr(module, "rf_attention_name", self.pair)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
+        return fm
 
     def feature_map(
         self,
@@ -71,7 +131,7 @@ class HFRandomFeatureAttention:
         *,
         attaching: bool = False,
     ) -> rf_features.FeatureMap:
-        """``module.rf_feature_map``, created (seeded, on the module's device) if missing or not this one.
+        """``module.rf_feature_map``, created (`new_feature_map`) and attached if missing or not this pair's.
 
         Raises:
             ValueError: the map is missing, the model was loaded from a folder whose safetensors hold
@@ -88,21 +148,7 @@ class HFRandomFeatureAttention:
                 "rf_feature_map tensors that from_pretrained left out; call "
                 "rf_attention.hf.attach_feature_maps(model) after loading (it restores them)"
             )
-        layer = getattr(module, "layer_idx", None) if layer is None else layer
-        fm = rf_features.create(
-            self.component,
-            weight_matrix=self.weight_matrix,
-            num_features=self.num_features,
-            dim=head_dim,
-            seed=self.seed + (layer or 0),
-            statistics_mode="running" if causal else "batch",
-            **self.feature_options,
-        )
-        parameter = next(module.parameters(), None)
-        fm.train(module.training)  # a map created during an eval() forward pass must not update statistics
-        module.rf_feature_map = fm.to(device=None if parameter is None else parameter.device)
-        setattr(module, "rf_attention_name", self.pair)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
-        return module.rf_feature_map
+        return self.attach(module, self.new_feature_map(module, head_dim, causal, layer))
 
     def _check_window(self, window: int | None, length: int) -> None:
         """A sliding window is no restriction when it spans all ``length`` positions; refused otherwise."""
@@ -141,16 +187,23 @@ class HFRandomFeatureAttention:
             )
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+        window = int(getattr(module, WINDOW_ATTRIBUTE, self.window))
+        if window and not causal:
+            raise ValueError(f"window: {self.name}'s sliding window of {window} needs causal attention")
         if query.shape[1] % key.shape[1]:
             raise ValueError(
                 f"key: expected a number of heads dividing the query's {query.shape[1]}, got {key.shape[1]}"
             )
+        if kwargs.get(CACHE_LAYER_KWARG) is None:  # a model that does not pass its kwargs to cache.update
+            kwargs[CACHE_LAYER_KWARG] = pending_cache_layer(key)
         groups = query.shape[1] // key.shape[1]
         if groups > 1:  # grouped-query attention: as HF's repeat_kv
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         fm = self.feature_map(module, query.shape[-1], causal)
         with statistics_where_saved(module, fm):
-            return self._attend(module, fm, query, key, value, attention_mask, scaling, causal, kwargs)
+            return self._attend(
+                module, fm, query, key, value, attention_mask, scaling, causal, window, kwargs
+            )
 
     def _attend(
         self,
@@ -162,9 +215,10 @@ class HFRandomFeatureAttention:
         attention_mask: torch.Tensor | None,
         scaling: float | None,
         causal: bool,
+        window: int,
         kwargs: dict[str, Any],
     ) -> tuple[torch.Tensor, None]:
-        """``__call__`` after the checks, grouped keys repeated and the feature map found."""
+        """``__call__`` after the checks, grouped keys repeated, the feature map and the window found."""
         cache_layer = kwargs.get(CACHE_LAYER_KWARG)
         head_dim = query.shape[-1]
         n_q, n_k = query.shape[-2], key.shape[-2]
@@ -178,28 +232,32 @@ class HFRandomFeatureAttention:
                     f"position_ids: packed sequences (restarting positions) cannot be decoded by "
                     f"{self.name}'s RandomFeatureCache (one state per row); run them with use_cache=False"
                 )
-            out = cache_layer.attend(self.name, query, key, value, fm, attention_mask, causal, scaling)
+            out = cache_layer.attend(
+                self.name, query, key, value, fm, attention_mask, causal, scaling, window=window
+            )
             return out.transpose(1, 2).contiguous(), None
-        if attention_mask is None and causal and 1 < n_q < n_k:
-            key, value, n_k = key[..., :n_q, :], value[..., :n_q, :], n_q  # empty static-cache slots
-        padding = key_padding_from_mask(attention_mask, n_q, n_k, causal)
-        if causal and n_q < n_k:  # HF's DynamicCache: the first N_k - N_q keys come from the cache
-            return _attend_after_cached_keys(query, key, value, fm, padding, scaling).transpose(1, 2), None
+        if packed:  # HF's block mask (no cache: it reads the restarting positions too) is the documents'
+            padding = None
+        else:
+            if attention_mask is None and causal and 1 < n_q < n_k:
+                key, value, n_k = key[..., :n_q, :], value[..., :n_q, :], n_q  # empty static-cache slots
+            padding = key_padding_from_mask(attention_mask, n_q, n_k, causal)
+            if causal and n_q < n_k:  # HF's DynamicCache: the first N_k - N_q keys come from the cache
+                out = _attend_after_cached_keys(query, key, value, fm, padding, scaling, window)
+                return out.transpose(1, 2), None
         if scaling is not None:  # rf_attention scales q . k by Dh^-1/2 itself
             query = query * (scaling * head_dim**0.5)
-        if cu_seqlens is not None and packed:
-            out = rf_attention(query, key, value, fm, causal=causal, cu_seqlens=cu_seqlens)
-        else:
-            query_padding = padding if n_q == n_k else None
-            out = rf_attention(
-                query,
-                key,
-                value,
-                fm,
-                causal=causal,
-                key_padding_mask=padding,
-                query_padding_mask=query_padding,
-            )
+        out = rf_attention(
+            query,
+            key,
+            value,
+            fm,
+            causal=causal,
+            key_padding_mask=padding,
+            query_padding_mask=padding if n_q == n_k else None,
+            cu_seqlens=cu_seqlens if packed else None,
+            window=window,
+        )
         return out.transpose(1, 2).contiguous(), None
 
 
@@ -210,25 +268,100 @@ def _attend_after_cached_keys(
     fm: rf_features.FeatureMap,
     padding: torch.Tensor | None,
     scale: float | None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal RF attention of the last ``N_q`` positions, the first ``N_k - N_q`` keys coming from a cache.
 
     The cached keys build a recurrent state (their own queries are not needed: the keys stand in for
-    them), which the new tokens continue: O(N_k) per call.
+    them), which the new tokens continue: O(N_k) per call. With a ``window``, the state of the hybrid.
     """
     prefix = k.shape[-2] - q.shape[-2]
     before = None if padding is None else padding[:, :prefix]
     after = None if padding is None else padding[:, prefix:]
     cached = k[..., :prefix, :]
+    if window:
+        _, ring = decode_window(
+            cached, cached, v[..., :prefix, :], fm, None, window=window, key_padding_mask=before, scale=scale
+        )
+        rest = (k[..., prefix:, :], v[..., prefix:, :])
+        return decode_window(q, *rest, fm, ring, window=window, key_padding_mask=after, scale=scale)[0]
     _, state = decode(cached, cached, v[..., :prefix, :], fm, None, key_padding_mask=before, scale=scale)
     out, _ = decode(q, k[..., prefix:, :], v[..., prefix:, :], fm, state, key_padding_mask=after, scale=scale)
     return out
+
+
+def _checksum(fm: nn.Module) -> tuple[float, ...]:
+    """The sum and the sum of squares of each parameter of ``fm`` (float64): a fingerprint of its values."""
+    with torch.no_grad():
+        return tuple(
+            float(total) for p in fm.parameters() for total in (p.double().sum(), p.double().square().sum())
+        )
+
+
+def changed_since_drawn(fm: nn.Module) -> bool:
+    """Whether the parameters of a map made by `new_feature_map` changed since (trained, or loaded)."""
+    drawn = getattr(fm, "rf_drawn", None)
+    return drawn is not None and drawn != _checksum(fm)
+
+
+def unknown_name(argument: str, name: str, names: list[str] | None = None) -> ValueError:
+    """The error for an unknown ``rf-*`` attention ``name``: the closest names, then all.
+
+    Args:
+        argument: the argument that gave ``name``.
+        name: as the user typed it (the names are listed with the ``rf-`` prefix if it has one).
+        names: the known names (default: the registered ``rf-*`` attentions).
+    """
+    prefixed = name.startswith(PREFIX)
+    bare = [n.removeprefix(PREFIX) for n in (_registered_names() if names is None else names)]
+    known = sorted(f"{PREFIX}{n}" if prefixed else n for n in bare)
+    closest = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    suggestion = f"; did you mean {' or '.join(repr(c) for c in closest)}?" if closest else ""
+    return ValueError(
+        f"{argument}: unknown random-feature attention {name!r}{suggestion} "
+        f"(known: {', '.join(map(repr, known))})"
+    )
+
+
+def known(argument: str, name: str) -> HFRandomFeatureAttention:
+    """The attention registered as ``name`` (``"posrf-orf"`` or ``"rf-posrf-orf"``).
+
+    Raises:
+        ValueError: an unknown name, with the closest known ones and the list (`unknown_name`).
+    """
+    function = registered(f"{PREFIX}{name.removeprefix(PREFIX)}")
+    if function is None:
+        raise unknown_name(argument, name)
+    return function
+
+
+def _registered_names() -> list[str]:
+    return [n for n in ALL_ATTENTION_FUNCTIONS.valid_keys() if registered(n) is not None]
+
+
+def _check_feature_options(
+    pairs: dict[str, tuple[str, str]], num_features: int, options: dict[str, Any]
+) -> None:
+    """Build each pair's map once, small, so that a keyword it does not take fails now, not at loading."""
+    for name, (component, matrix) in pairs.items():
+        try:
+            rf_features.create(
+                component, weight_matrix=matrix, num_features=num_features, dim=16, seed=0, **options
+            )
+        except TypeError as error:
+            raise ValueError(
+                f"feature_options: {name} does not take {sorted(options)} ({error}); the keywords go to "
+                "rf_features.create (kernel, matrix_options, learnable, num_heads, ...)"
+            ) from error
 
 
 def register(
     names: list[str] | None = None, *, num_features: int = 128, seed: int = 0, **feature_options: Any
 ) -> list[str]:
     """Register (or re-register with new options) ``"rf-<pair>"`` attentions with transformers.
+
+    Every argument is checked first (each pair's map is built once with ``feature_options``): nothing is
+    registered when one fails.
 
     Args:
         names: attention names such as ``"posrf-orf"`` or ``"rf-posrf-orf"``, or a learned map
@@ -239,17 +372,24 @@ def register(
 
     Returns:
         The registered ``attn_implementation`` names.
+
+    Raises:
+        ValueError: an unknown name (with the closest known ones), ``num_features < 1``, a keyword the
+            feature maps do not take.
     """
+    check_int("num_features", num_features)
+    check_int("seed", seed, minimum=None)
     pairs = {}
-    for name in names if names is not None else [*attention_names(), "performer"]:
+    every = [*attention_names(), "performer"]
+    for name in names if names is not None else every:
         bare = name.removeprefix(PREFIX)
         pair = ("posrf", "orf") if bare == "performer" else feature_pair(bare)
         if pair is not None:
             pairs[f"{PREFIX}{bare}"] = pair
         elif names is not None:
-            raise ValueError(
-                f"names: expected random-feature attention names such as 'posrf-orf', got {name!r}"
-            )
+            raise unknown_name("names", name, [n for n in every if n == "performer" or feature_pair(n)])
+    if feature_options:
+        _check_feature_options(pairs, num_features, feature_options)
     for key, pair in pairs.items():
         AttentionInterface.register(
             key,

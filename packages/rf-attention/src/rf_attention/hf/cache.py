@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import types
+import threading
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -11,8 +11,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, Dynam
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
+from rf_attention.hf.layers import is_attention_module
 from rf_attention.hf.masks import key_padding_from_mask
-from rf_attention.ops.recurrent import RecurrentState, decode
+from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
+from rf_attention.ops.window import WindowState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -20,6 +22,23 @@ if TYPE_CHECKING:
 #: The keyword a ``RecurrentCacheLayer`` adds to the attention call's ``kwargs`` (HF passes the same dict
 #: to ``cache.update`` and then to the attention function).
 CACHE_LAYER_KWARG = "rf_cache_layer"
+
+
+#: The cache layer whose ``update`` ran last in this thread, with the keys it returned.
+_PENDING = threading.local()
+
+
+def pending_cache_layer(key: torch.Tensor) -> RecurrentCacheLayer | None:
+    """The cache layer whose ``update`` returned ``key`` (this very tensor) in this thread, if any.
+
+    The attention call that follows ``update`` receives the keys it returned: the tensor's identity ties
+    the call to its layer, also for a model whose attention does not pass its kwargs to ``cache.update``.
+    """
+    entry = getattr(_PENDING, "entry", None)
+    if entry is None or entry[1] is not key:
+        return None
+    _PENDING.entry = None
+    return cast(RecurrentCacheLayer, entry[0])
 
 
 class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
@@ -37,7 +56,7 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.state: RecurrentState | None = None
+        self.state: RecurrentState | WindowState | None = None
         self.seen = 0
         self.pending = False
 
@@ -49,19 +68,16 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the new ``key_states, value_states`` and register this layer in the attention's kwargs.
+        """Return the new ``key_states, value_states`` and hand this layer to the attention function.
+
+        Through the attention call's ``kwargs`` where the model passes them to ``cache.update`` (Llama,
+        Qwen, ...), else (GPT-NeoX) through `pending_cache_layer`, which gives it to the call that receives
+        these very ``key_states``.
 
         Raises:
-            ValueError: the model's attention module does not pass its kwargs to ``cache.update``, or the
-                attention after the previous update was not an RF attention (it did not use the state).
+            ValueError: the attention after the previous update was not an RF attention (it did not use
+                the state).
         """
-        attention_kwargs = kwargs.get("kwargs")
-        if not isinstance(attention_kwargs, dict):
-            raise ValueError(
-                "cache: this model's attention does not pass its kwargs to cache.update, so a "
-                "RandomFeatureCache cannot reach its attention function; generate with "
-                "cache=transformers.DynamicCache(config=model.config) (O(N) per token)"
-            )
         if self.pending:
             raise ValueError(
                 "cache: the attention of a layer given a RecurrentCacheLayer is not an rf-* attention; build "
@@ -69,7 +85,10 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
             )
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        attention_kwargs[CACHE_LAYER_KWARG] = self
+        attention_kwargs = kwargs.get("kwargs")
+        if isinstance(attention_kwargs, dict):
+            attention_kwargs[CACHE_LAYER_KWARG] = self
+        _PENDING.entry = (self, key_states)
         self.pending = True
         return key_states, value_states
 
@@ -83,9 +102,16 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         attention_mask: torch.Tensor | None,
         causal: bool,
         scale: float | None,
+        *,
+        window: int = 0,
     ) -> torch.Tensor:
-        """Causal RF attention of ``T`` new tokens ``q, k, v (B, H, T, Dh)`` continuing the state."""
+        """Causal RF attention of ``T`` new tokens ``q, k, v (B, H, T, Dh)`` continuing the state.
+
+        With a ``window``, the hybrid's state: the feature sums and a ring of the last ``window`` keys and
+        values ([`WindowState`][rf_attention.ops.window.WindowState]).
+        """
         self.pending = False
+        _PENDING.entry = None
         if not causal:
             raise ValueError(f"{name}: a RandomFeatureCache serves causal (decoder) attention only")
         n = q.shape[-2]
@@ -95,7 +121,17 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
             # a mask sized for a softmax layer's keys (mixed models share one): the new keys are the last n
             attention_mask = attention_mask[..., -n:]
         padding = key_padding_from_mask(attention_mask, n, n, causal=True)
-        out, self.state = decode(q, k, v, fm, self.state, key_padding_mask=padding, scale=scale)
+        if window:
+            state = self.state if isinstance(self.state, WindowState) or self.state is None else None
+            if state is None and self.state is not None:
+                raise ValueError(f"{name}: the cache holds a state without a window; reset it")
+            out, self.state = decode_window(
+                q, k, v, fm, state, window=window, key_padding_mask=padding, scale=scale
+            )
+        else:
+            if isinstance(self.state, WindowState):
+                raise ValueError(f"{name}: the cache holds a sliding window's state; reset it")
+            out, self.state = decode(q, k, v, fm, self.state, key_padding_mask=padding, scale=scale)
         self.seen += n
         return out
 
@@ -127,7 +163,7 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat each row ``repeats`` times."""
         if self.state is not None:
-            rows = torch.arange(self.state.numerator.shape[0], device=self.state.numerator.device)
+            rows = torch.arange(self.state.sums.shape[0], device=self.state.sums.device)
             self.state = self.state.select(rows.repeat_interleave(repeats))
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -145,18 +181,12 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         """Nothing to prefetch."""
 
 
-def is_attention_module(module: nn.Module) -> bool:
-    """An HF attention module: a ``config``, a ``scaling`` and an integer ``head_dim``."""
-    head_dim = getattr(module, "head_dim", None)
-    return hasattr(module, "config") and hasattr(module, "scaling") and isinstance(head_dim, int)
-
-
 def keeps_recurrent_state(module: nn.Module) -> bool:
     """Whether ``module`` is an HF attention module whose ``attn_implementation`` keeps a recurrent state.
 
-    That is: a ``config``, a ``scaling``, an integer ``head_dim`` and an integer ``layer_idx``, and the
-    function registered for its config's ``_attn_implementation`` has ``keeps_recurrent_state = True``
-    (the ``rf-*`` attentions).
+    That is: an attention module (a ``config``, a ``scaling`` and a head width) with an integer
+    ``layer_idx``, and the function registered for its config's ``_attn_implementation`` has
+    ``keeps_recurrent_state = True`` (the ``rf-*`` attentions).
     """
     if not (is_attention_module(module) and isinstance(getattr(module, "layer_idx", None), int)):
         return False
@@ -196,23 +226,35 @@ class RandomFeatureCache(Cache):
 
 
 def use_random_feature_cache_in_generate(model: PreTrainedModel) -> None:
-    """Bind ``_prepare_cache_for_generation`` (below) to ``model``, in place of the class's.
+    """Make ``model.generate`` build a RandomFeatureCache where it would build HF's ``DynamicCache``.
 
-    A bound method of a module-level function: ``copy.deepcopy`` rebinds it to the copy, and pickling the
-    model (``torch.save(model)``) keeps working.
+    transformers picks the cache of ``generate`` in ``_prepare_cache_for_generation`` and offers no public
+    way to name another cache class (``generation_config.cache_implementation`` takes built-in names only),
+    so this model alone (not its class) gets an attribute of that name: a
+    [`RandomFeatureCachePreparation`][rf_attention.hf.cache.RandomFeatureCachePreparation], which runs the
+    class's method and swaps the cache. It is an object, not a bound method, so that ``copy.deepcopy``
+    and pickling (``torch.save(model)``) keep it.
     """
-    if not isinstance(model.__dict__.get("_prepare_cache_for_generation"), types.MethodType):
-        bound = types.MethodType(_prepare_cache_for_generation, model)
-        setattr(model, "_prepare_cache_for_generation", bound)  # noqa: B010 (a method, per instance)
+    if not isinstance(model.__dict__.get("_prepare_cache_for_generation"), RandomFeatureCachePreparation):
+        preparation = RandomFeatureCachePreparation(model)
+        setattr(model, "_prepare_cache_for_generation", preparation)  # noqa: B010 (per instance)
 
 
-def _prepare_cache_for_generation(
-    self: PreTrainedModel, generation_config: Any, model_kwargs: dict[str, Any], *args: Any, **kw: Any
-) -> Any:
-    """``generate``'s cache preparation, with a RandomFeatureCache where HF builds its DynamicCache."""
-    prepare = type(self)._prepare_cache_for_generation  # type: ignore[attr-defined]  # GenerationMixin's
-    result = prepare(self, generation_config, model_kwargs, *args, **kw)
-    cache = model_kwargs.get("cache")
-    if type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False):
-        model_kwargs["cache"] = RandomFeatureCache(self)
-    return result
+class RandomFeatureCachePreparation:
+    """``generate``'s cache preparation for ``model``, with a RandomFeatureCache where HF builds its own.
+
+    A cache the caller passes (``cache=...``) is kept, as are the other cache implementations.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+
+    def __call__(self, generation_config: Any, model_kwargs: dict[str, Any], *args: Any, **kw: Any) -> Any:
+        """Run the class's ``_prepare_cache_for_generation``, then replace a fresh ``DynamicCache``."""
+        model = self.model
+        prepare = type(model)._prepare_cache_for_generation  # type: ignore[attr-defined]  # GenerationMixin's
+        result = prepare(model, generation_config, model_kwargs, *args, **kw)
+        cache = model_kwargs.get("cache")
+        if type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False):
+            model_kwargs["cache"] = RandomFeatureCache(model)
+        return result

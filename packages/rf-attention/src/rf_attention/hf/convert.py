@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from rf_attention.hf.attach import CONFIG_OPTIONS, transformers_model
-from rf_attention.hf.attention import PREFIX, registered
+from rf_attention.functional import check_window_map
+from rf_attention.hf.attach import (
+    CONFIG_OPTIONS,
+    attention_layers,
+    no_attention_modules,
+    transformers_model,
+    warn_if_trained_maps_dropped,
+)
+from rf_attention.hf.attention import PREFIX, known
+from rf_attention.hf.layers import check_dispatches_through_interface
+from spectraformer_core import check_int
 
 if TYPE_CHECKING:
     from torch import nn
@@ -21,6 +30,7 @@ def linearize(
     learnable: bool = True,
     input_map: bool = True,
     seed: int | None = None,
+    window: int = 0,
 ) -> Model:
     """Turn every attention layer of a loaded transformers ``model`` into random-feature attention ``name``.
 
@@ -33,11 +43,15 @@ def linearize(
     options, so ``save_pretrained`` then ``from_pretrained`` gives the converted model with its learned maps,
     with no further call.
 
+    Atomic: every argument is checked and every map is built before the model changes, so a failure leaves
+    it as it was. Maps it replaces that changed since drawn (trained) are named in a warning.
+
     Args:
-        model: a transformers ``PreTrainedModel`` (or a wrapper of one, such as a ``peft`` model) whose
-            attention dispatches through ``AttentionInterface``.
+        model: a transformers ``PreTrainedModel`` whose attention dispatches through ``AttentionInterface``
+            (Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX, ...; not a ``peft`` model: convert the base model
+            first, then wrap it).
         name: a random-feature pair, ``"posrf-orf"`` or ``"rf-posrf-orf"`` (``"performer"`` too), or a
-            learned map, ``"hedgehog"`` or ``"t2r"`` (``rf_features.learned``).
+            learned map, ``"hedgehog"`` or ``"t2r"`` (``rf_features.learned``; not with ``window``).
         num_features: rows ``s`` of each weight matrix.
         learnable: per-head trainable weight matrices; False: one fixed random map per layer, shared by the
             heads.
@@ -45,18 +59,27 @@ def linearize(
             before the features (identity at the start): the largest single gain of attention transfer on
             peaked attention (the guide "Linearizing a pretrained model").
         seed: layer ``i`` draws from ``seed + i`` (default: the registered name's seed, 0).
+        window: the sliding-window hybrid in every layer (causal models): the last ``window`` positions
+            by the exact softmax weights, earlier ones by the features, one normalizer
+            ([`rf_attention`][rf_attention.rf_attention]); recorded in the config; ``generate``'s cache
+            keeps a ring of the last ``window`` keys and values per layer beside the state. 0: none.
 
     Returns:
         ``model``.
+
+    Raises:
+        ValueError: an unknown name (with the closest known ones), bad ``num_features`` or ``seed``, a
+            ``peft`` model, a model whose attention does not dispatch through ``AttentionInterface``
+            (Falcon, ...), or one with no attention module.
     """
-    implementation = f"{PREFIX}{name.removeprefix(PREFIX)}"
-    function = registered(implementation)
-    if function is None:
-        raise ValueError(f"name: expected a random-feature attention name such as 'posrf-orf', got {name!r}")
+    function = known("name", name)
     target = transformers_model(model)
-    for module in target.modules():
-        if hasattr(module, "rf_feature_map"):
-            del module.rf_feature_map  # drawn afresh with these options
+    _refuse_peft(model)
+    check_dispatches_through_interface(target, switch=True)
+    check_int("num_features", num_features)
+    check_int("window", window, minimum=0)
+    if seed is not None:
+        check_int("seed", seed, minimum=None)
     heads = target.config.get_text_config(decoder=True).num_attention_heads
     options = {
         **function.feature_options,
@@ -65,6 +88,32 @@ def linearize(
         "input_map": learnable and input_map,
     }
     record = {"num_features": num_features, "seed": function.seed if seed is None else seed, **options}
+    if window:
+        record["window"] = window
+    converted = function.with_options(record)
+    layers = attention_layers(target)
+    if not layers:
+        raise ValueError(f"model: {no_attention_modules(target)}")
+    maps = [  # every map first: a failure here leaves the model unchanged
+        (module, converted.new_feature_map(module, head_dim, bool(getattr(module, "is_causal", True)), layer))
+        for _, module, layer, head_dim in layers
+    ]
+    for _, fm in maps:
+        check_window_map(fm, window)
+    warn_if_trained_maps_dropped([module for module, _ in maps], converted.name)
+    for module, fm in maps:
+        converted.attach(module, fm)
     setattr(target.config, CONFIG_OPTIONS, record)
-    target.set_attn_implementation(implementation)  # which attaches the maps (rf_attention.hf.attach)
+    target.set_attn_implementation(f"{PREFIX}{name.removeprefix(PREFIX)}")  # attaches the cache too
     return model
+
+
+def _refuse_peft(model: nn.Module) -> None:
+    """Refuse a ``peft`` model: maps added inside it would train but not be saved with the adapter."""
+    if any(type(module).__module__.split(".")[0] == "peft" for module in model.modules()):
+        raise ValueError(
+            f"model: a peft model ({type(model).__name__}); feature maps added inside it train with the "
+            "adapter but peft's save_pretrained writes the adapter's weights only, so a reloaded adapter "
+            "would run fresh maps. Instead linearize the base model before get_peft_model (train its maps "
+            "with attention_transfer or full fine-tuning and save_pretrained it), then wrap it"
+        )

@@ -72,6 +72,7 @@ def naive_rf_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     query_padding_mask: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     r"""Random-feature attention from the unstabilized features of $q D_h^{-1/4}$ and $k D_h^{-1/4}$.
 
@@ -88,6 +89,9 @@ def naive_rf_attention(
         causal: query $i$ sees keys $j \le i$.
         key_padding_mask: bool ``[B, N_k]``, True at padding.
         query_padding_mask: bool ``[B, N_q]``, True at padding (left out of the statistics).
+        window: the sliding-window hybrid (``causal`` only): the entries $j \in (i - w, i]$ of the
+            ``N_q x N_k`` matrix are the exact $\exp(q_i \cdot k_j / \sqrt{D_h})$, the others
+            $\phi(q_i) \cdot \phi(k_j)$; 0: random features only.
 
     Returns:
         ``[B, H, N_q, Dv]``.
@@ -96,7 +100,20 @@ def naive_rf_attention(
     phi_q, phi_k = feature_map(
         q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
     )
-    return naive_linear_attention(phi_q, phi_k, v, causal=causal, key_padding_mask=key_padding_mask)
+    if not window:
+        return naive_linear_attention(phi_q, phi_k, v, causal=causal, key_padding_mask=key_padding_mask)
+    if not causal:
+        raise ValueError(f"window: needs causal=True, got window={window} with causal=False")
+    positions = torch.arange(q.shape[-2], device=q.device)
+    distance = positions.unsqueeze(-1) - torch.arange(k.shape[-2], device=q.device)
+    band = (distance >= 0) & (distance < window)
+    scores = torch.where(band, torch.exp(q @ k.mT / math.sqrt(q.shape[-1])), phi_q @ phi_k.mT)
+    allowed = _allowed(q.shape[-2], key_padding_mask, causal, k)
+    assert allowed is not None, "causal"
+    scores = scores.masked_fill(~allowed, 0.0)
+    empty = ~allowed.any(-1, keepdim=True)
+    den = scores.sum(-1, keepdim=True).masked_fill(empty, 1.0)
+    return ((scores @ v) / den).masked_fill(empty, 0.0)
 
 
 def naive_softmax_attention(

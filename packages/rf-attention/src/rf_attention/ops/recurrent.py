@@ -37,6 +37,8 @@ from rf_attention.functional import _accumulation_dtype
 from rf_attention.ops.causal import CausalState, causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
 from rf_attention.ops.features import ClosedForm, Features, qk_scale
+from rf_attention.ops.window import WindowState, window_prefill, window_step
+from spectraformer_core import check_int
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,81 @@ def _prompt(
         layout=None if state is None else state.layout,
     )
     return out, new
+
+
+def decode_window(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: rf_features.FeatureMap,
+    state: WindowState | None,
+    *,
+    window: int,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int | None = None,
+    ends: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, WindowState]:
+    r"""Hybrid attention of ``T`` new tokens continuing ``state``, and the state after them.
+
+    The [`decode`][rf_attention.ops.recurrent.decode] of the sliding-window hybrid
+    ([`rf_attention.ops.window`][rf_attention.ops.window]). From no state, the ``T`` tokens run through
+    the hybrid's forward pass and leave a [`WindowState`][rf_attention.ops.window.WindowState] (the feature
+    sums of keys older than the window, the ring of the last ``window`` keys and values); from a state,
+    each token is one [`window_step`][rf_attention.ops.window.window_step],
+    ``O(m (Dh + Dv) + w Dh)`` whatever the context. The state is updated in place.
+
+    Args:
+        q: ``(B, H, T, Dh)`` queries, unscaled.
+        k: ``(B, H, T, Dh)`` keys.
+        v: ``(B, H, T, Dv)`` values.
+        feature_map: as for ``decode`` (``kernel="softmax"``).
+        state: the tokens so far, or None.
+        window: ``w >= 1``, the keys ``(i - w, i]`` weighed exactly (the state's ring, when given).
+        key_padding_mask: bool ``(B, T)``, True at padding.
+        scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``), of the exact weights and the features.
+        chunk_size: positions per chunk of the causal kernel from no state (default 128).
+        ends: ``(B,)`` prompt lengths of right-padded packed prompts (from no state only): each row's
+            window ends at its own last token.
+
+    Returns:
+        ``(out (B, H, T, Dv) in v's dtype, state)``.
+    """
+    _check_inputs(q, k, v, feature_map, None, key_padding_mask)
+    check_int("window", window, minimum=1)
+    if state is not None and (not isinstance(state, WindowState) or state.window != window):
+        held = f" of window {state.window}" if isinstance(state, WindowState) else ""
+        raise ValueError(
+            f"state: expected a WindowState of window {window} (from prefill or step) or None, got "
+            f"{type(state).__name__}{held}"
+        )
+    acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
+    x_scale = _input_scale(q.shape[-1], scale)
+    qs, ks, vs = q.to(acc), k.to(acc), v.to(acc)
+    stats = feature_map.current_statistics(
+        qs * x_scale, ks * x_scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+    )
+
+    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return feature_map.weighted_log_features(x * x_scale, stats, is_query=is_query)
+
+    eps = torch.finfo(acc).eps
+    if state is None:
+        chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        out, state = window_prefill(
+            qs, ks, vs, key_padding_mask, features, window=window, scale=x_scale**2, chunk=chunk, eps=eps,
+            signed=_signed(feature_map), ends=ends,
+        )  # fmt: skip
+        return out.to(v.dtype), state
+    outs = []
+    for t in range(q.shape[-2]):
+        padding = None if key_padding_mask is None else key_padding_mask[:, t]
+        new = slice(t, t + 1)
+        outs.append(
+            window_step(qs[..., new, :], ks[..., new, :], vs[..., new, :], padding, state, features,
+                        scale=x_scale**2, eps=eps)
+        )  # fmt: skip
+    return torch.cat(outs, dim=-2).to(v.dtype), state
 
 
 def _step(
