@@ -92,9 +92,12 @@ class RaLiMP(FeatureLinearization):
             then fitted like a callable, or used node by node with ``fit="paper"``) or a
             `ralimp.DiscretizedFit` (dilated likewise, used as is); the last two fix ``poly_degree`` and
             ``num_atoms``.
-        poly_degree, poly_features, num_atoms, num_freqs, freq_features: the sizes one by one, over
-            ``sizes`` (DESIGN's flat constructor; None: ``sizes``' value).
-        tau: ``options.tau`` one by one, over ``options`` (None: ``options``' value).
+        poly_degree: $K$, over ``sizes.poly_degree`` (None: ``sizes``' value; so for the four below).
+        poly_features: $m$ of the polynomial block, over ``sizes.poly_features``.
+        num_atoms: $J$, over ``sizes.num_atoms``.
+        num_freqs: Gauss-Laguerre nodes per atom, over ``sizes.num_freqs``.
+        freq_features: random projections per node, over ``sizes.freq_features``.
+        tau: the dilation, over ``options.tau`` (None: ``options``' value).
         sizes: `ralimp.fits.Sizes`: $K$ (``poly_degree``), $J$ (``num_atoms``; `from_linear` with
             ``fit="variance"`` chooses $0..J$, `plan_from_linear`), the Gauss-Laguerre nodes per atom
             (``num_freqs``), the projections of the polynomial block (``poly_features``, $m$) and per node
