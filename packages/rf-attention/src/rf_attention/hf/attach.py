@@ -28,7 +28,12 @@ from rf_attention.hf.attention import (
     unknown_name,
 )
 from rf_attention.hf.cache import use_random_feature_cache_in_generate
-from rf_attention.hf.layers import check_dispatches_through_interface, head_dim_of, is_attention_module
+from rf_attention.hf.layers import (
+    SOFTMAX_ATTRIBUTE,
+    check_dispatches_through_interface,
+    head_dim_of,
+    is_attention_module,
+)
 from rf_attention.hf.persistence import leave_out_non_tensor_state, load_feature_maps, saved_feature_map_file
 
 if TYPE_CHECKING:
@@ -158,6 +163,11 @@ def _attach(model: PreTrainedModel) -> tuple[int, int]:
     warn_if_trained_maps_dropped([module for _, module, _, _ in layers], name, pair=function.pair)
     fresh = []
     for module_name, module, layer, head_dim in layers:
+        if function.keeps_softmax(layer):
+            function.keep_softmax(module)
+            continue
+        if hasattr(module, SOFTMAX_ATTRIBUTE):  # kept by an earlier conversion, converted now
+            delattr(module, SOFTMAX_ATTRIBUTE)
         before = getattr(module, "rf_feature_map", None)
         causal = bool(getattr(module, "is_causal", True))
         if function.feature_map(module, head_dim, causal, layer, attaching=True) is not before:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
 from rf_attention.functional import rf_attention
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer, pending_cache_layer
+from rf_attention.hf.layers import SOFTMAX_ATTRIBUTE
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
 from rf_attention.hf.statistics import statistics_where_saved
@@ -44,6 +47,7 @@ class HFRandomFeatureAttention:
         window: the sliding-window hybrid of [`rf_attention`][rf_attention.rf_attention] (causal layers):
             the last ``window`` positions by exact softmax weights, earlier ones by the features; the cache
             then keeps a ring of the last ``window`` keys and values beside the state. 0: none.
+        softmax_layers: the layers (``layer_idx``) kept as softmax attention (``sdpa``): no map, a KV cache.
         **feature_options: more ``rf_features.create`` arguments (``kernel``, ``matrix_options``).
     """
 
@@ -59,9 +63,11 @@ class HFRandomFeatureAttention:
         seed: int = 0,
         name: str | None = None,
         window: int = 0,
+        softmax_layers: Sequence[int] = (),
         **feature_options: Any,
     ) -> None:
         self.window = window
+        self.softmax_layers = tuple(sorted({int(layer) for layer in softmax_layers}))
         self.component, self.weight_matrix = component, weight_matrix
         self.num_features, self.seed, self.feature_options = num_features, seed, feature_options
         self.name = name or f"{PREFIX}{component}-{weight_matrix}"
@@ -74,8 +80,10 @@ class HFRandomFeatureAttention:
     @property
     def options(self) -> dict[str, Any]:
         """What a config records: ``num_features``, ``seed``, a window and the feature options."""
-        window = {"window": self.window} if self.window else {}
-        return {"num_features": self.num_features, "seed": self.seed, **window, **self.feature_options}
+        extra: dict[str, Any] = {"window": self.window} if self.window else {}
+        if self.softmax_layers:
+            extra["softmax_layers"] = list(self.softmax_layers)
+        return {"num_features": self.num_features, "seed": self.seed, **extra, **self.feature_options}
 
     def with_options(self, options: dict[str, Any]) -> HFRandomFeatureAttention:
         """This attention, or a copy with ``options`` (as `options` records them) in place of its own."""
@@ -89,6 +97,7 @@ class HFRandomFeatureAttention:
             seed=merged.pop("seed", self.seed),
             name=self.name,
             window=merged.pop("window", 0),
+            softmax_layers=merged.pop("softmax_layers", ()),
             **merged,
         )
 
@@ -121,6 +130,16 @@ class HFRandomFeatureAttention:
         setattr(module, WINDOW_ATTRIBUTE, self.window)
         setattr(module, "rf_attention_name", self.pair)  # noqa: B010 (nn.Module types attributes as Tensor | Module)
         return fm
+
+    def keeps_softmax(self, layer: int) -> bool:
+        """Whether layer ``layer`` stays softmax attention (``softmax_layers``)."""
+        return layer in self.softmax_layers
+
+    def keep_softmax(self, module: nn.Module) -> None:
+        """Make the attention ``module`` run softmax attention (``sdpa``): its map, if any, is removed."""
+        if hasattr(module, "rf_feature_map"):
+            del module.rf_feature_map
+        setattr(module, SOFTMAX_ATTRIBUTE, True)
 
     def feature_map(
         self,
@@ -184,6 +203,10 @@ class HFRandomFeatureAttention:
                 f"{self.name}: attention dropout ({dropout}) is not applied (random-feature attention forms "
                 "no attention probabilities); set the model's attention dropout to 0",
                 stacklevel=2,
+            )
+        if getattr(module, SOFTMAX_ATTRIBUTE, False):  # a layer the conversion kept (softmax_layers)
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
             )
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else bool(causal)

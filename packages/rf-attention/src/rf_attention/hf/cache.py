@@ -11,7 +11,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, Dynam
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
-from rf_attention.hf.layers import is_attention_module
+from rf_attention.hf.layers import SOFTMAX_ATTRIBUTE, is_attention_module
 from rf_attention.hf.masks import key_padding_from_mask
 from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
 from rf_attention.ops.window import WindowState
@@ -186,9 +186,12 @@ def keeps_recurrent_state(module: nn.Module) -> bool:
 
     That is: an attention module (a ``config``, a ``scaling`` and a head width) with an integer
     ``layer_idx``, and the function registered for its config's ``_attn_implementation`` has
-    ``keeps_recurrent_state = True`` (the ``rf-*`` attentions).
+    ``keeps_recurrent_state = True`` (the ``rf-*`` attentions), and the conversion did not keep it as softmax
+    (``softmax_layers``).
     """
     if not (is_attention_module(module) and isinstance(getattr(module, "layer_idx", None), int)):
+        return False
+    if getattr(module, SOFTMAX_ATTRIBUTE, False):
         return False
     implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
     function = ALL_ATTENTION_FUNCTIONS.get(implementation) if implementation else None

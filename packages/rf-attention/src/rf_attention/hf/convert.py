@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from rf_attention.functional import check_window_map
@@ -31,6 +32,7 @@ def linearize(
     input_map: bool = True,
     seed: int | None = None,
     window: int = 0,
+    softmax_layers: Sequence[int] = (),
 ) -> Model:
     """Turn every attention layer of a loaded transformers ``model`` into random-feature attention ``name``.
 
@@ -63,12 +65,16 @@ def linearize(
             by the exact softmax weights, earlier ones by the features, one normalizer
             ([`rf_attention`][rf_attention.rf_attention]); recorded in the config; ``generate``'s cache
             keeps a ring of the last ``window`` keys and values per layer beside the state. 0: none.
+        softmax_layers: layer indices (``layer_idx``) kept as they are, softmax attention (``sdpa``) with
+            their KV cache in ``generate``: no map, nothing for attention transfer to train; recorded in the
+            config. At least one layer must be converted.
 
     Returns:
         ``model``.
 
     Raises:
-        ValueError: an unknown name (with the closest known ones), bad ``num_features`` or ``seed``, a
+        ValueError: an unknown name (with the closest known ones), bad ``num_features``, ``seed`` or
+            ``softmax_layers`` (not layer indices of the model, or every layer), a
             ``peft`` model, a model whose attention does not dispatch through ``AttentionInterface``
             (Falcon, ...), or one with no attention module.
     """
@@ -90,17 +96,27 @@ def linearize(
     record = {"num_features": num_features, "seed": function.seed if seed is None else seed, **options}
     if window:
         record["window"] = window
+    kept = sorted({check_int("softmax_layers", layer, minimum=0) for layer in softmax_layers})
+    if kept:
+        record["softmax_layers"] = kept
     converted = function.with_options(record)
     layers = attention_layers(target)
     if not layers:
         raise ValueError(f"model: {no_attention_modules(target)}")
+    indices = {layer for _, _, layer, _ in layers}
+    if not set(kept) <= indices or set(kept) == indices:
+        raise ValueError(
+            f"softmax_layers: expected some of the model's layers {sorted(indices)} and not all of them "
+            f"(at least one is converted), got {kept}"
+        )
+    converted_layers = [entry for entry in layers if not converted.keeps_softmax(entry[2])]
     maps = [  # every map first: a failure here leaves the model unchanged
         (module, converted.new_feature_map(module, head_dim, bool(getattr(module, "is_causal", True)), layer))
-        for _, module, layer, head_dim in layers
+        for _, module, layer, head_dim in converted_layers
     ]
     for _, fm in maps:
         check_window_map(fm, window)
-    warn_if_trained_maps_dropped([module for module, _ in maps], converted.name)
+    warn_if_trained_maps_dropped([module for _, module, _, _ in layers], converted.name)
     for module, fm in maps:
         converted.attach(module, fm)
     setattr(target.config, CONFIG_OPTIONS, record)

@@ -25,6 +25,10 @@ def head_dim_of(module: nn.Module) -> int | None:
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
 
 
+#: The attribute of an HF attention module that a conversion kept as softmax attention (``softmax_layers``).
+SOFTMAX_ATTRIBUTE = "rf_softmax"
+
+
 def is_attention_module(module: nn.Module) -> bool:
     """An HF attention module: a ``config``, a ``scaling`` and a head width (`head_dim_of`)."""
     return hasattr(module, "config") and hasattr(module, "scaling") and head_dim_of(module) is not None
