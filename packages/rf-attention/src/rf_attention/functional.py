@@ -13,6 +13,7 @@ from rf_attention.ops.causal import causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE
 from rf_attention.ops.features import ClosedForm, Features, qk_scale
 from rf_attention.ops.noncausal import noncausal_attention
+from rf_attention.ops.triton import uses_triton
 from rf_features import FeatureMap
 from spectraformer_core import check_int
 
@@ -208,6 +209,7 @@ def rf_attention(
     eps: float | None = None,
     chunk_size: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     r"""Random-feature attention approximating ``softmax_attention(q, k, v)`` in $O(N)$.
 
@@ -235,6 +237,9 @@ def rf_attention(
         chunk_size: see [`linear_attention`][rf_attention.linear_attention].
         cu_seqlens: packed sequences, as in [`linear_attention`][rf_attention.linear_attention]; the
             feature map's batch statistics are then per sequence.
+        backend: ``"auto"`` (the Triton kernels for CUDA tensors when triton imports and the map has a
+            closed form, else PyTorch), ``"torch"`` or ``"triton"``
+            ([`uses_triton`][rf_attention.ops.triton.uses_triton] says what is refused).
 
     Returns:
         ``(B, H, N_q, Dv)``.
@@ -254,6 +259,7 @@ def rf_attention(
             key_padding_mask=key_padding_mask,
             eps=eps,
             chunk_size=chunk_size,
+            backend=backend,
         )
     _check_shapes(q, k, v, causal)
     if causal and feature_map.statistics_mode == "batch" and feature_map.running_statistics_defaults():
@@ -264,6 +270,7 @@ def rf_attention(
         )
     scale = qk_scale(q.shape[-1])
     acc = _accumulation_dtype(q, k, v)
+    q_in, k_in = q, k
     q, k = q.to(acc), k.to(acc)
     stats = feature_map.current_statistics(
         q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
@@ -275,6 +282,15 @@ def rf_attention(
         feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=scale, matrix=matrix)
         for side in (True, False)
     ]
+    closed_form = forms[0] is not None and forms[1] is not None
+    if uses_triton(backend, q_in, closed_form=None if closed_form else type(feature_map).__name__):
+        from rf_attention.ops.triton.attention import closed_form_attention
+
+        closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)  # type: ignore[arg-type]
+        eps = torch.finfo(acc).eps if eps is None else eps
+        return closed_form_attention(
+            q_in, k_in, v, mask, closed, causal=causal, eps=eps, chunk_size=chunk_size
+        )
     if forms[0] is not None and forms[1] is not None:
         closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)
         width = closed.query.offset.shape[-1]
