@@ -13,7 +13,7 @@ from rf_attention.ops.causal import causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE
 from rf_attention.ops.features import ClosedForm, Features, qk_scale
 from rf_attention.ops.noncausal import noncausal_attention
-from rf_attention.ops.triton import uses_triton
+from rf_attention.ops.triton import check_backend, uses_triton
 from rf_features import FeatureMap
 from spectraformer_core import check_int
 
@@ -31,6 +31,7 @@ def linear_attention(
     eps: float | None = None,
     chunk_size: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     r"""Kernelized attention $D^{-1} (\phi_q \phi_k^\top) v$ in $O(N)$ time and memory (Eq. 7, Figure 1).
 
@@ -64,10 +65,20 @@ def linear_attention(
         cu_seqlens: ``(S + 1,)`` int32 cumulative starts of ``S`` sequences packed along ``N``
             (flash-attn's convention; inputs ``(1, H, T, *)``): each sequence attends to itself only
             ([`rf_attention.varlen`][rf_attention.varlen]).
+        backend: ``"auto"`` or ``"torch"`` (given features always run on PyTorch); ``"triton"`` is
+            refused: the Triton kernels compute the features inside the kernel from a feature map's closed
+            form ([`rf_attention`][rf_attention.rf_attention]).
 
     Returns:
         ``(..., N_q, Dv)`` in ``v``'s dtype; float16/bfloat16 inputs are accumulated in float32.
     """
+    check_backend(backend)
+    if backend == "triton":
+        raise ValueError(
+            "backend: 'triton' is not available for linear_attention: the Triton kernels compute the "
+            "features inside the kernel from a feature map's closed form (rf_attention(..., "
+            "backend='triton')); given features run on backend='torch'"
+        )
     if cu_seqlens is not None:
         return varlen.attend_packed(
             linear_attention,

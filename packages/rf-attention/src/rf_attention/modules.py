@@ -14,6 +14,7 @@ import rf_features
 from rf_attention import varlen
 from rf_attention.decoding import KVCache, RecurrentState, decode
 from rf_attention.functional import rf_attention, softmax_attention
+from rf_attention.ops.triton import check_backend
 from spectraformer_core import check_int
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
@@ -417,6 +418,9 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             is then refused: a redraw would throw away what was learned.
         input_map: a learned linear map of the queries and one of the keys per head before the features
             (identity at initialization; ``rf_features.FeatureMap``'s ``input_map``).
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``: the kernels of
+            [`rf_attention`][rf_attention.rf_attention] (training and prefix passes; decoding steps run on
+            PyTorch).
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
@@ -442,9 +446,12 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         matrix_options: dict[str, Any] | None = None,
         learnable: bool = False,
         input_map: bool = False,
+        backend: str = "auto",
         **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, seed=seed, **kw)
+        check_backend(backend)
+        self.backend = backend
         check_int("redraw_interval", redraw_interval, minimum=0)
         if learnable and redraw_interval:
             raise ValueError(
@@ -487,6 +494,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             causal=self.causal,
             key_padding_mask=key_padding_mask,
             query_padding_mask=key_padding_mask,
+            backend=self.backend,
         )
 
     def attend_cross(
@@ -511,6 +519,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             self.feature_map,
             key_padding_mask=context_padding_mask,
             query_padding_mask=query_padding_mask,
+            backend=self.backend,
         )
 
     def _count_training_call(self) -> None:

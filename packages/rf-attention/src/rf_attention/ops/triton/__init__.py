@@ -33,6 +33,12 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def check_backend(backend: str) -> None:
+    """A ``ValueError`` naming the argument and the choices unless ``backend`` is one of ``BACKENDS``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+
+
 def uses_triton(backend: str, x: torch.Tensor, *, closed_form: str | None) -> bool:
     """Whether a call on ``x`` runs the Triton kernels, for ``backend`` ``"auto" | "torch" | "triton"``.
 
@@ -45,8 +51,7 @@ def uses_triton(backend: str, x: torch.Tensor, *, closed_form: str | None) -> bo
         x: a tensor of the call (its device and dtype decide).
         closed_form: None if the features have a closed form, else the name of the map that has none.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    check_backend(backend)
     if backend == "torch":
         return False
     on_device = x.is_cuda or interpreting()

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from rf_attention.ops.features import ClosedForm, FeatureSide
 from rf_attention.ops.triton._features import (
+    DOT_PRECISION,
     KernelSide,
     block,
     features_vjp,
@@ -37,6 +38,8 @@ from rf_attention.ops.triton.noncausal import _side_grads, _store_side_grads, _s
 
 #: Positions per chunk when the call names none.
 DEFAULT_CHUNK = 64
+#: Warps per program of the chunk kernels.
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -84,12 +87,6 @@ def chunk_forward_kernel(
 ):  # fmt: skip
     """One sequence's outputs, normalizers, guard flags, references entering each chunk, final state."""
     g = tl.program_id(0)
-    q_proj, q_square, q_offset, q_sign, q_shift = load_side(
-        qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
-    )
-    k_proj, k_square, k_offset, k_sign, k_shift = load_side(
-        kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr, g, d, m, BD, BM, False, TRIG
-    )
     rc = tl.arange(0, BC)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
@@ -99,6 +96,12 @@ def chunk_forward_kernel(
     reference = tl.max(tl.full((BC,), float("-inf"), tl.float32), axis=0)
     chunks = tl.cdiv(n, BC)
     for t in range(0, chunks):
+        q_proj, q_square, q_offset, q_sign, q_shift = load_side(
+            qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
+        )
+        k_proj, k_square, k_offset, k_sign, k_shift = load_side(
+            kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr, g, d, m, BD, BM, False, TRIG
+        )
         start = t * BC
         tl.store(refs_ptr + g * (chunks + 1) + t, reference)
         _, _, val, _, _, _, phi_q, _, phi_k, key_scale, carry, weights = _chunk_features(
@@ -106,15 +109,15 @@ def chunk_forward_kernel(
             q_proj, q_square, q_offset, q_sign, q_shift, k_proj, k_square, k_offset, k_sign, k_shift,
             BC, BD, BV, HAS_MASK, TRIG,
         )  # fmt: skip
-        scores = tl.dot(phi_q, tl.trans(phi_k), input_precision="ieee") * weights
-        y = carry[:, None] * tl.dot(phi_q, sums, input_precision="ieee") + tl.dot(
-            scores, val, input_precision="ieee"
+        scores = tl.dot(phi_q, tl.trans(phi_k), input_precision=DOT_PRECISION) * weights
+        y = carry[:, None] * tl.dot(phi_q, sums, input_precision=DOT_PRECISION) + tl.dot(
+            scores, val, input_precision=DOT_PRECISION
         )
         den = carry * tl.sum(phi_q * norm[None, :], axis=1) + tl.sum(scores, axis=1)
         bound = den
         if TRIG or HAS_SIGN:
             abs_q = tl.abs(phi_q)
-            inner = tl.dot(abs_q, tl.trans(tl.abs(phi_k)), input_precision="ieee") * weights
+            inner = tl.dot(abs_q, tl.trans(tl.abs(phi_k)), input_precision=DOT_PRECISION) * weights
             bound = carry * tl.sum(abs_q * mag[None, :], axis=1) + tl.sum(inner, axis=1)
         den, free = guard(den, bound, eps, TRIG or HAS_SIGN)
         rn = start + rc
@@ -127,7 +130,7 @@ def chunk_forward_kernel(
         safe_end = finite(end)
         decay = tl.exp(reference - safe_end)
         weighted = phi_k * tl.exp(key_scale - safe_end)[:, None]
-        sums = sums * decay + tl.dot(tl.trans(weighted), val, input_precision="ieee")
+        sums = sums * decay + tl.dot(tl.trans(weighted), val, input_precision=DOT_PRECISION)
         norm = norm * decay + tl.sum(weighted, axis=0)
         mag = mag * decay + tl.sum(tl.abs(weighted), axis=0)
         reference = end
@@ -170,12 +173,6 @@ def chunk_query_grads_kernel(
 ):  # fmt: skip
     """``grad q`` and the query side's gradients of one sequence, the chunks walked forward."""
     g = tl.program_id(0)
-    q_proj, q_square, q_offset, q_sign, q_shift = load_side(
-        qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
-    )
-    k_proj, k_square, k_offset, k_sign, k_shift = load_side(
-        kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr, g, d, m, BD, BM, False, TRIG
-    )
     rc = tl.arange(0, BC)
     rd = tl.arange(0, BD)
     sums = tl.zeros((BM, BV), tl.float32)
@@ -185,6 +182,12 @@ def chunk_query_grads_kernel(
     grad_offset = tl.zeros((BM,), tl.float32)
     chunks = tl.cdiv(n, BC)
     for t in range(0, chunks):
+        q_proj, q_square, q_offset, q_sign, q_shift = load_side(
+            qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
+        )
+        k_proj, k_square, k_offset, k_sign, k_shift = load_side(
+            kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr, g, d, m, BD, BM, False, TRIG
+        )
         start = t * BC
         reference = tl.load(refs_ptr + g * (chunks + 1) + t)
         xq, _, val, u_q, _, mag_q, phi_q, _, phi_k, key_scale, carry, weights = _chunk_features(
@@ -193,23 +196,26 @@ def chunk_query_grads_kernel(
             BC, BD, BV, HAS_MASK, TRIG,
         )  # fmt: skip
         grad_num, grad_den = _output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, start, n, dv, BC, BV)
-        grad_scores = (tl.dot(grad_num, tl.trans(val), input_precision="ieee") + grad_den[:, None]) * weights
+        grad_scores = (
+            tl.dot(grad_num, tl.trans(val), input_precision=DOT_PRECISION) + grad_den[:, None]
+        ) * weights
         grad_phi = carry[:, None] * (
-            tl.dot(grad_num, tl.trans(sums), input_precision="ieee") + grad_den[:, None] * norm[None, :]
-        ) + tl.dot(grad_scores, phi_k, input_precision="ieee")
+            tl.dot(grad_num, tl.trans(sums), input_precision=DOT_PRECISION)
+            + grad_den[:, None] * norm[None, :]
+        ) + tl.dot(grad_scores, phi_k, input_precision=DOT_PRECISION)
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi_q, mag_q, xq, u_q, q_proj, q_square, q_sign, q_shift, TRIG
         )
         rn = start + rc
         tl.store(grad_q_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x,
                  mask=(rn[:, None] < n) & (rd[None, :] < d))  # fmt: skip
-        grad_proj += tl.dot(tl.trans(xq), grad_u, input_precision="ieee")
+        grad_proj += tl.dot(tl.trans(xq), grad_u, input_precision=DOT_PRECISION)
         grad_square += tl.sum(xq * xq * row[:, None], axis=0)
         grad_offset += tl.sum(grad_log, axis=0)
         safe_end = finite(tl.load(refs_ptr + g * (chunks + 1) + t + 1))
         decay = tl.exp(reference - safe_end)
         weighted = phi_k * tl.exp(key_scale - safe_end)[:, None]
-        sums = sums * decay + tl.dot(tl.trans(weighted), val, input_precision="ieee")
+        sums = sums * decay + tl.dot(tl.trans(weighted), val, input_precision=DOT_PRECISION)
         norm = norm * decay + tl.sum(weighted, axis=0)
     _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
                       g, d, m, BD, BM)  # fmt: skip
@@ -227,12 +233,6 @@ def chunk_key_grads_kernel(
 ):  # fmt: skip
     """``grad k``, ``grad v`` and the key side's gradients of one sequence, the chunks walked backward."""
     g = tl.program_id(0)
-    q_proj, q_square, q_offset, q_sign, q_shift = load_side(
-        qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
-    )
-    k_proj, k_square, k_offset, k_sign, k_shift = load_side(
-        kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr, g, d, m, BD, BM, False, TRIG
-    )
     rc = tl.arange(0, BC)
     rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
@@ -243,6 +243,12 @@ def chunk_key_grads_kernel(
     grad_offset = tl.zeros((BM,), tl.float32)
     chunks = tl.cdiv(n, BC)
     for back in range(0, chunks):
+        q_proj, q_square, q_offset, q_sign, q_shift = load_side(
+            qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
+        )
+        k_proj, k_square, k_offset, k_sign, k_shift = load_side(
+            kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr, g, d, m, BD, BM, False, TRIG
+        )
         t = chunks - 1 - back
         start = t * BC
         reference = tl.load(refs_ptr + g * (chunks + 1) + t)
@@ -254,13 +260,15 @@ def chunk_key_grads_kernel(
         grad_num, grad_den = _output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, start, n, dv, BC, BV)
         safe_end = finite(tl.load(refs_ptr + g * (chunks + 1) + t + 1))
         key_weights = tl.exp(key_scale - safe_end)
-        grad_scores = (tl.dot(grad_num, tl.trans(val), input_precision="ieee") + grad_den[:, None]) * weights
-        scores = tl.dot(phi_q, tl.trans(phi_k), input_precision="ieee") * weights
+        grad_scores = (
+            tl.dot(grad_num, tl.trans(val), input_precision=DOT_PRECISION) + grad_den[:, None]
+        ) * weights
+        scores = tl.dot(phi_q, tl.trans(phi_k), input_precision=DOT_PRECISION) * weights
         grad_phi = key_weights[:, None] * (
-            tl.dot(val, tl.trans(grad_sums), input_precision="ieee") + grad_norm[None, :]
-        ) + tl.dot(tl.trans(grad_scores), phi_q, input_precision="ieee")
-        grad_val = key_weights[:, None] * tl.dot(phi_k, grad_sums, input_precision="ieee") + tl.dot(
-            tl.trans(scores), grad_num, input_precision="ieee"
+            tl.dot(val, tl.trans(grad_sums), input_precision=DOT_PRECISION) + grad_norm[None, :]
+        ) + tl.dot(tl.trans(grad_scores), phi_q, input_precision=DOT_PRECISION)
+        grad_val = key_weights[:, None] * tl.dot(phi_k, grad_sums, input_precision=DOT_PRECISION) + tl.dot(
+            tl.trans(scores), grad_num, input_precision=DOT_PRECISION
         )
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi_k, mag_k, xk, u_k, k_proj, k_square, k_sign, k_shift, TRIG
@@ -271,12 +279,12 @@ def chunk_key_grads_kernel(
                  mask=inside[:, None] & (rd[None, :] < d))  # fmt: skip
         tl.store(grad_v_ptr + (g * n + rn[:, None]) * dv + rv[None, :], grad_val,
                  mask=inside[:, None] & (rv[None, :] < dv))  # fmt: skip
-        grad_proj += tl.dot(tl.trans(xk), grad_u, input_precision="ieee")
+        grad_proj += tl.dot(tl.trans(xk), grad_u, input_precision=DOT_PRECISION)
         grad_square += tl.sum(xk * xk * row[:, None], axis=0)
         grad_offset += tl.sum(grad_log, axis=0)
         decay = tl.exp(reference - safe_end)
         carried = phi_q * carry[:, None]
-        grad_sums = grad_sums * decay + tl.dot(tl.trans(carried), grad_num, input_precision="ieee")
+        grad_sums = grad_sums * decay + tl.dot(tl.trans(carried), grad_num, input_precision=DOT_PRECISION)
         grad_norm = grad_norm * decay + tl.sum(carried * grad_den[:, None], axis=0)
     _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
                       g, d, m, BD, BM)  # fmt: skip
@@ -334,6 +342,7 @@ class _ChunkAttention(torch.autograd.Function):
         chunk_forward_kernel[(size,)](
             q, k, v, k if mask_u8 is None else mask_u8, *qs.args(), *ks.args(),
             out, den, free, refs, sums, norm, mag, n, d, m, dv, eps, **_flags(chunk, d, m, dv, mask_u8, qs),
+            num_warps=NUM_WARPS,
         )  # fmt: skip
         ctx.save_for_backward(
             q, k, v, mask_u8, query_projection, query_square, query_offset, key_projection, key_square,
@@ -358,10 +367,14 @@ class _ChunkAttention(torch.autograd.Function):
         saved = (grad_out.contiguous(), out, den, free, refs)
         grad_q = torch.empty(size, n, d, device=device)
         query_shares = _side_grads(size, 1, d, m, device)
-        chunk_query_grads_kernel[(size,)](*inputs, *saved, grad_q, *query_shares, n, d, m, dv, **flags)
+        chunk_query_grads_kernel[(size,)](
+            *inputs, *saved, grad_q, *query_shares, n, d, m, dv, **flags, num_warps=NUM_WARPS
+        )
         grad_k, grad_v = torch.empty(size, n, d, device=device), torch.empty(size, n, dv, device=device)
         key_shares = _side_grads(size, 1, d, m, device)
-        chunk_key_grads_kernel[(size,)](*inputs, *saved, grad_k, grad_v, *key_shares, n, d, m, dv, **flags)
+        chunk_key_grads_kernel[(size,)](
+            *inputs, *saved, grad_k, grad_v, *key_shares, n, d, m, dv, **flags, num_warps=NUM_WARPS
+        )
         query_grads = _summed_side_grads(query_shares, (query_projection, query_square, query_offset))
         key_grads = _summed_side_grads(key_shares, (key_projection, key_square, key_offset))
         return (

@@ -23,6 +23,7 @@ import triton.language as tl
 from rf_attention.ops.common import finite_or_zero
 from rf_attention.ops.features import ClosedForm
 from rf_attention.ops.triton._features import (
+    DOT_PRECISION,
     KernelSide,
     block,
     features_vjp,
@@ -34,6 +35,8 @@ from rf_attention.ops.triton._features import (
 
 #: Rows of a block.
 BLOCK_ROWS = 32
+#: Warps per program.
+NUM_WARPS = 4
 #: Programs the key and backward kernels aim at per launch (splits of each sequence): a few per SM.
 TARGET_PROGRAMS = 512
 
@@ -58,9 +61,6 @@ def key_sums_kernel(
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    proj, square, offset, sign, shift = load_side(
-        proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, False, TRIG
-    )
     rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
@@ -71,6 +71,9 @@ def key_sums_kernel(
     lo = split * rows
     hi = tl.minimum(lo + rows, n)
     for start in range(lo, hi, BN):
+        proj, square, offset, sign, shift = load_side(
+            proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, False, TRIG
+        )
         rn = start + tl.arange(0, BN)
         inside = rn < hi
         x = tl.load(
@@ -91,7 +94,9 @@ def key_sums_kernel(
         reference = finite(new_top)
         decay = tl.exp(top - reference)
         phi = tl.exp(log - reference[None, :]) * mult
-        sums = sums * decay[:, None] + tl.dot(tl.trans(phi), val.to(tl.float32), input_precision="ieee")
+        sums = sums * decay[:, None] + tl.dot(
+            tl.trans(phi), val.to(tl.float32), input_precision=DOT_PRECISION
+        )
         norm = norm * decay + tl.sum(phi, axis=0)
         mag = mag * decay + tl.sum(tl.abs(phi), axis=0)
         top = new_top
@@ -132,7 +137,7 @@ def query_outputs_kernel(
     state_mask = (rm[:, None] < m) & (rv[None, :] < dv)
     sums = tl.load(sums_ptr + (g * m + rm[:, None]) * dv + rv[None, :], mask=state_mask, other=0.0)
     norm = tl.load(norm_ptr + g * m + rm, mask=rm < m, other=0.0)
-    y = tl.dot(phi, sums, input_precision="ieee")
+    y = tl.dot(phi, sums, input_precision=DOT_PRECISION)
     den = tl.sum(phi * norm[None, :], axis=1)
     if TRIG:
         mag = tl.load(mag_ptr + g * m + rm, mask=rm < m, other=0.0)
@@ -161,9 +166,6 @@ def query_grads_kernel(
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    proj, square, offset, sign, shift = load_side(
-        proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
-    )
     rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
@@ -178,6 +180,9 @@ def query_grads_kernel(
     lo = split * rows
     hi = tl.minimum(lo + rows, n)
     for start in range(lo, hi, BN):
+        proj, square, offset, sign, shift = load_side(
+            proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
+        )
         rn = start + tl.arange(0, BN)
         inside = rn < hi
         rows_d = inside[:, None] & (rd[None, :] < d)
@@ -195,15 +200,16 @@ def query_grads_kernel(
         grad_num = grad / den[:, None]
         grad_den = -tl.sum(grad_num * out, axis=1) * free
         grad_phi = (
-            tl.dot(grad_num, tl.trans(sums), input_precision="ieee") + grad_den[:, None] * norm[None, :]
+            tl.dot(grad_num, tl.trans(sums), input_precision=DOT_PRECISION)
+            + grad_den[:, None] * norm[None, :]
         )
-        grad_sums += tl.dot(tl.trans(phi), grad_num, input_precision="ieee")
+        grad_sums += tl.dot(tl.trans(phi), grad_num, input_precision=DOT_PRECISION)
         grad_norm += tl.sum(phi * grad_den[:, None], axis=0)
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi, magnitude, x, u, proj, square, sign, shift, TRIG
         )
         tl.store(grad_q_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x, mask=rows_d)
-        grad_proj += tl.dot(tl.trans(x), grad_u, input_precision="ieee")
+        grad_proj += tl.dot(tl.trans(x), grad_u, input_precision=DOT_PRECISION)
         grad_square += tl.sum(x * x * row[:, None], axis=0)
         grad_offset += tl.sum(grad_log, axis=0)
     _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
@@ -239,9 +245,6 @@ def key_grads_kernel(
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    proj, square, offset, sign, shift = load_side(
-        proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, False, TRIG
-    )
     rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
@@ -255,6 +258,9 @@ def key_grads_kernel(
     lo = split * rows
     hi = tl.minimum(lo + rows, n)
     for start in range(lo, hi, BN):
+        proj, square, offset, sign, shift = load_side(
+            proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, False, TRIG
+        )
         rn = start + tl.arange(0, BN)
         inside = rn < hi
         rows_d = inside[:, None] & (rd[None, :] < d)
@@ -267,14 +273,14 @@ def key_grads_kernel(
         log, mult, u = log_features(x, valid, proj, square, offset, sign, shift, TRIG)
         magnitude = tl.exp(log - reference[None, :])
         phi = magnitude * mult
-        grad_phi = tl.dot(val, tl.trans(grad_sums), input_precision="ieee") + grad_norm[None, :]
-        grad_val = tl.dot(phi, grad_sums, input_precision="ieee")
+        grad_phi = tl.dot(val, tl.trans(grad_sums), input_precision=DOT_PRECISION) + grad_norm[None, :]
+        grad_val = tl.dot(phi, grad_sums, input_precision=DOT_PRECISION)
         tl.store(grad_v_ptr + (g * n + rn[:, None]) * dv + rv[None, :], grad_val, mask=rows_v)
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi, magnitude, x, u, proj, square, sign, shift, TRIG
         )
         tl.store(grad_k_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x, mask=rows_d)
-        grad_proj += tl.dot(tl.trans(x), grad_u, input_precision="ieee")
+        grad_proj += tl.dot(tl.trans(x), grad_u, input_precision=DOT_PRECISION)
         grad_square += tl.sum(x * x * row[:, None], axis=0)
         grad_offset += tl.sum(grad_log, axis=0)
     _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
@@ -339,7 +345,7 @@ class _NonCausalAttention(torch.autograd.Function):
         norm, mag, top = (torch.empty(size, splits, m, device=device) for _ in range(3))
         key_sums_kernel[(size, splits)](
             k, v, k if mask_u8 is None else mask_u8, *ks.args(), sums, norm, mag, top, n_k, d, m, dv, rows,
-            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes,
+            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes, num_warps=NUM_WARPS,
         )  # fmt: skip
         reference = top.amax(dim=1)  # (G, m)
         decay = torch.exp(top - finite_or_zero(reference).unsqueeze(1))
@@ -351,7 +357,7 @@ class _NonCausalAttention(torch.autograd.Function):
         den, free = torch.empty(size, n_q, device=device), torch.empty(size, n_q, device=device)
         query_outputs_kernel[(size, triton.cdiv(n_q, BLOCK_ROWS))](
             q, *qs.args(), sums, norm, mag, out, den, free, n_q, d, m, dv, eps,
-            HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes,
+            HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes, num_warps=NUM_WARPS,
         )  # fmt: skip
         ctx.save_for_backward(
             q, k, v, mask_u8, query_projection, query_square, query_offset, key_projection, key_square,
@@ -383,7 +389,7 @@ class _NonCausalAttention(torch.autograd.Function):
         query_shares = _side_grads(size, splits, d, m, device)
         query_grads_kernel[(size, splits)](
             q, grad_out, out, den, free, *qs.args(), sums, norm, grad_q, grad_sums, grad_norm, *query_shares,
-            n_q, d, m, dv, rows, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes,
+            n_q, d, m, dv, rows, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes, num_warps=NUM_WARPS,
         )  # fmt: skip
         grad_sums, grad_norm = grad_sums.sum(dim=1).contiguous(), grad_norm.sum(dim=1).contiguous()
         splits, rows = _splits(size, n_k)
@@ -393,7 +399,7 @@ class _NonCausalAttention(torch.autograd.Function):
         key_grads_kernel[(size, splits)](
             k, v, k if mask_u8 is None else mask_u8, *ks.args(), reference.contiguous(), grad_sums, grad_norm,
             grad_k, grad_v, *key_shares, n_k, d, m, dv, rows,
-            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes,
+            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes, num_warps=NUM_WARPS,
         )  # fmt: skip
         query_grads = _summed_side_grads(query_shares, (query_projection, query_square, query_offset))
         key_grads = _summed_side_grads(key_shares, (key_projection, key_square, key_offset))
