@@ -249,8 +249,9 @@ def rf_attention(
         cu_seqlens: packed sequences, as in [`linear_attention`][rf_attention.linear_attention]; the
             feature map's batch statistics are then per sequence.
         backend: ``"auto"`` (the Triton kernels for CUDA tensors when triton imports and the map has a
-            closed form, else PyTorch), ``"torch"`` or ``"triton"``
-            ([`uses_triton`][rf_attention.ops.triton.uses_triton] says what is refused).
+            closed form, else PyTorch), ``"torch"`` or ``"triton"`` (refused on CPU tensors unless
+            ``TRITON_INTERPRET=1``, for float64 and for maps without a closed form; the Attention guide's
+            Backends section).
 
     Returns:
         ``(B, H, N_q, Dv)``.
