@@ -22,6 +22,8 @@ from rf_attention.ops.triton._features import KernelSide, block, finite, guard, 
 
 #: Warps per program.
 NUM_WARPS = 4
+#: Launch options: the warps, and fused multiply-adds (named: Triton warns while its default is unset).
+LAUNCH = {"num_warps": NUM_WARPS, "enable_fp_fusion": True}
 
 
 @triton.jit
@@ -129,7 +131,7 @@ def fused_recurrent_step(
         q.reshape(size, d).contiguous(), k.reshape(size, d).contiguous(), v.reshape(size, dv).contiguous(),
         scale if mask is None else mask, *qs.args(), *ks.args(), sums, scale, mag, out, new_sums, new_scale,
         new_mag, d, m, dv, eps, BD=block(d), BM=block(m), BW=triton.next_power_of_2(dv + 1),
-        HAS_MASK=mask is not None, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, num_warps=NUM_WARPS,
+        HAS_MASK=mask is not None, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **LAUNCH,
     )  # fmt: skip
     new = RecurrentState(
         sums=new_sums.reshape(*lead, m, dv + 1),

@@ -37,6 +37,8 @@ from rf_attention.ops.triton._features import (
 BLOCK_ROWS = 32
 #: Warps per program.
 NUM_WARPS = 4
+#: Launch options: the warps, and fused multiply-adds (named: Triton warns while its default is unset).
+LAUNCH = {"num_warps": NUM_WARPS, "enable_fp_fusion": True}
 #: Programs the key and backward kernels aim at per launch (splits of each sequence): a few per SM.
 TARGET_PROGRAMS = 512
 
@@ -249,8 +251,6 @@ def key_grads_kernel(
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
     state_mask = (rm[:, None] < m) & (rv[None, :] < dv)
-    grad_sums = tl.load(grad_sums_ptr + (g * m + rm[:, None]) * dv + rv[None, :], mask=state_mask, other=0.0)
-    grad_norm = tl.load(grad_norm_ptr + g * m + rm, mask=rm < m, other=0.0)
     reference = finite(tl.load(top_ptr + g * m + rm, mask=rm < m, other=0.0))
     grad_proj = tl.zeros((BD, BM), tl.float32)
     grad_square = tl.zeros((BD,), tl.float32)
@@ -258,6 +258,11 @@ def key_grads_kernel(
     lo = split * rows
     hi = tl.minimum(lo + rows, n)
     for start in range(lo, hi, BN):
+        # reloaded per block (from L2) as the side's tensors are: not held in shared memory across the loop
+        grad_sums = tl.load(
+            grad_sums_ptr + (g * m + rm[:, None]) * dv + rv[None, :], mask=state_mask, other=0.0
+        )
+        grad_norm = tl.load(grad_norm_ptr + g * m + rm, mask=rm < m, other=0.0)
         proj, square, offset, sign, shift = load_side(
             proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, False, TRIG
         )
@@ -345,7 +350,7 @@ class _NonCausalAttention(torch.autograd.Function):
         norm, mag, top = (torch.empty(size, splits, m, device=device) for _ in range(3))
         key_sums_kernel[(size, splits)](
             k, v, k if mask_u8 is None else mask_u8, *ks.args(), sums, norm, mag, top, n_k, d, m, dv, rows,
-            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes, num_warps=NUM_WARPS,
+            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes, **LAUNCH,
         )  # fmt: skip
         reference = top.amax(dim=1)  # (G, m)
         decay = torch.exp(top - finite_or_zero(reference).unsqueeze(1))
@@ -357,7 +362,7 @@ class _NonCausalAttention(torch.autograd.Function):
         den, free = torch.empty(size, n_q, device=device), torch.empty(size, n_q, device=device)
         query_outputs_kernel[(size, triton.cdiv(n_q, BLOCK_ROWS))](
             q, *qs.args(), sums, norm, mag, out, den, free, n_q, d, m, dv, eps,
-            HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes, num_warps=NUM_WARPS,
+            HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes, **LAUNCH,
         )  # fmt: skip
         ctx.save_for_backward(
             q, k, v, mask_u8, query_projection, query_square, query_offset, key_projection, key_square,
@@ -389,7 +394,7 @@ class _NonCausalAttention(torch.autograd.Function):
         query_shares = _side_grads(size, splits, d, m, device)
         query_grads_kernel[(size, splits)](
             q, grad_out, out, den, free, *qs.args(), sums, norm, grad_q, grad_sums, grad_norm, *query_shares,
-            n_q, d, m, dv, rows, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes, num_warps=NUM_WARPS,
+            n_q, d, m, dv, rows, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **sizes, **LAUNCH,
         )  # fmt: skip
         grad_sums, grad_norm = grad_sums.sum(dim=1).contiguous(), grad_norm.sum(dim=1).contiguous()
         splits, rows = _splits(size, n_k)
@@ -399,7 +404,7 @@ class _NonCausalAttention(torch.autograd.Function):
         key_grads_kernel[(size, splits)](
             k, v, k if mask_u8 is None else mask_u8, *ks.args(), reference.contiguous(), grad_sums, grad_norm,
             grad_k, grad_v, *key_shares, n_k, d, m, dv, rows,
-            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes, num_warps=NUM_WARPS,
+            HAS_MASK=mask_u8 is not None, TRIG=ks.trigonometric, **sizes, **LAUNCH,
         )  # fmt: skip
         query_grads = _summed_side_grads(query_shares, (query_projection, query_square, query_offset))
         key_grads = _summed_side_grads(key_shares, (key_projection, key_square, key_offset))
