@@ -229,11 +229,11 @@ def test_triton_backend_refuses_what_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="chunk_size: the Triton causal kernel takes 16, 32, 64 or 128"):
         rf_attend(q, k, v, fm, causal=True, chunk_size=24, backend="triton")
     if DEVICE == "cpu":
+        auto = rf_attend(q, k, v, fm, backend="auto")  # PyTorch on CPU tensors, even under the interpreter
+        assert_rel_close("output", rf_attend(q, k, v, fm, backend="torch"), auto, 0.0)
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         with pytest.raises(ValueError, match="got a cpu tensor without TRITON_INTERPRET=1"):
             rf_attend(q, k, v, fm, backend="triton")
-        auto = rf_attend(q, k, v, fm, backend="auto")  # PyTorch on CPU tensors
-        assert_rel_close("output", rf_attend(q, k, v, fm, backend="torch"), auto, 0.0)
 
 
 def test_import_rf_attention_never_imports_triton():

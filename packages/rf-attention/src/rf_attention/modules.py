@@ -418,9 +418,8 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             is then refused: a redraw would throw away what was learned.
         input_map: a learned linear map of the queries and one of the keys per head before the features
             (identity at initialization; ``rf_features.FeatureMap``'s ``input_map``).
-        backend: ``"auto"``, ``"torch"`` or ``"triton"``: the kernels of
-            [`rf_attention`][rf_attention.rf_attention] (training and prefix passes; decoding steps run on
-            PyTorch).
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``: the kernels of the forward pass
+            ([`rf_attention`][rf_attention.rf_attention]); ``prefill`` and ``step`` decode on PyTorch.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
