@@ -43,9 +43,10 @@ def uses_triton(backend: str, x: torch.Tensor, *, closed_form: str | None) -> bo
     """Whether a call on ``x`` runs the Triton kernels, for ``backend`` ``"auto" | "torch" | "triton"``.
 
     ``auto``: Triton for CUDA tensors of float32/float16/bfloat16 with a closed form when triton imports,
-    else PyTorch (CPU tensors too under ``TRITON_INTERPRET=1``). ``"triton"``: refused (``ValueError``) on
-    CPU tensors unless ``TRITON_INTERPRET=1``, for float64 (the kernels accumulate in float32) and for a
-    feature map without a closed form.
+    else PyTorch (CPU tensors too under ``TRITON_INTERPRET=1``, and while ``torch.compile`` traces: the
+    kernels' autograd functions are not registered as custom operators, the PyTorch path compiles whole).
+    ``"triton"``: refused (``ValueError``) on CPU tensors unless ``TRITON_INTERPRET=1``, for float64 (the
+    kernels accumulate in float32) and for a feature map without a closed form.
 
     Args:
         backend: the ``backend=`` argument.
@@ -56,8 +57,9 @@ def uses_triton(backend: str, x: torch.Tensor, *, closed_form: str | None) -> bo
     if backend == "torch":
         return False
     kernel_dtype = x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-    if backend == "auto":  # never the interpreter: it is for tests
-        return x.is_cuda and kernel_dtype and closed_form is None and triton_installed()
+    if backend == "auto":  # never the interpreter (it is for tests), nor inside torch.compile
+        compiling = torch.compiler.is_compiling()
+        return x.is_cuda and kernel_dtype and closed_form is None and not compiling and triton_installed()
     on_device = x.is_cuda or interpreting()
     if not triton_installed():
         raise ValueError(
