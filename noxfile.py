@@ -116,6 +116,20 @@ def tests_all(session: nox.Session) -> None:
     session.run("pytest", *tests, *PARALLEL, *session.posargs, env=WORKER_ENV)
 
 
+@nox.session(name="tests-triton", default=True)
+def tests_triton(session: nox.Session) -> None:
+    """Run rf-attention's Triton kernels on CPU tensors (Triton's interpreter); compile them for sm_80/sm_90.
+
+    ``TRITON_INTERPRET=1``; the other sessions skip these tests (they need it or a CUDA device).
+    """
+    sync(session, "--package", "rf-attention", "--group", "test")
+    tests = [
+        "packages/rf-attention/tests/test_triton.py",
+        "packages/rf-attention/tests/test_triton_compile.py",
+    ]
+    session.run("pytest", *tests, *PARALLEL, *session.posargs, env={**WORKER_ENV, "TRITON_INTERPRET": "1"})
+
+
 @nox.session(default=True)
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole tree."""

@@ -13,6 +13,7 @@ from rf_attention.ops.causal import causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, FeatureFn
 from rf_attention.ops.features import ClosedForm, Features, qk_scale
 from rf_attention.ops.noncausal import noncausal_attention
+from rf_attention.ops.triton import check_backend, uses_triton
 from rf_attention.ops.window import window_attention
 from rf_features import FeatureMap, LearnedFeatureMap
 from spectraformer_core import check_int
@@ -31,6 +32,7 @@ def linear_attention(
     eps: float | None = None,
     chunk_size: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     r"""Kernelized attention $D^{-1} (\phi_q \phi_k^\top) v$ in $O(N)$ time and memory (Eq. 7, Figure 1).
 
@@ -64,10 +66,20 @@ def linear_attention(
         cu_seqlens: ``(S + 1,)`` int32 cumulative starts of ``S`` sequences packed along ``N``
             (flash-attn's convention; inputs ``(1, H, T, *)``): each sequence attends to itself only
             ([`rf_attention.varlen`][rf_attention.varlen]).
+        backend: ``"auto"`` or ``"torch"`` (given features always run on PyTorch); ``"triton"`` is
+            refused: the Triton kernels compute the features inside the kernel from a feature map's closed
+            form ([`rf_attention`][rf_attention.rf_attention]).
 
     Returns:
         ``(..., N_q, Dv)`` in ``v``'s dtype; float16/bfloat16 inputs are accumulated in float32.
     """
+    check_backend(backend)
+    if backend == "triton":
+        raise ValueError(
+            "backend: 'triton' is not available for linear_attention: the Triton kernels compute the "
+            "features inside the kernel from a feature map's closed form (rf_attention(..., "
+            "backend='triton')); given features run on backend='torch'"
+        )
     if cu_seqlens is not None:
         return varlen.attend_packed(
             linear_attention,
@@ -224,6 +236,7 @@ def rf_attention(
     chunk_size: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
     window: int = 0,
+    backend: str = "auto",
 ) -> torch.Tensor:
     r"""Random-feature attention approximating ``softmax_attention(q, k, v)`` in $O(N)$.
 
@@ -256,6 +269,10 @@ def rf_attention(
             keys by $\phi(q_i) \cdot \phi(k_j)$, in one normalized sum with one stabilizing reference
             ([`rf_attention.ops.window`][rf_attention.ops.window]), ``O(N (w + m))``. 0: plain random
             features; ``w >= N``: exact causal softmax.
+        backend: ``"auto"`` (the Triton kernels for CUDA tensors when triton imports and the map has a
+            closed form, else PyTorch), ``"torch"`` or ``"triton"`` (refused on CPU tensors unless
+            ``TRITON_INTERPRET=1``, for float64 and for maps without a closed form; the Attention guide's
+            Backends section).
 
     Returns:
         ``(B, H, N_q, Dv)``.
@@ -288,6 +305,7 @@ def rf_attention(
             eps=eps,
             chunk_size=chunk_size,
             window=window,
+            backend=backend,
         )
     _check_shapes(q, k, v, causal)
     if causal and feature_map.statistics_mode == "batch" and feature_map.running_statistics_defaults():
@@ -298,6 +316,7 @@ def rf_attention(
         )
     scale = qk_scale(q.shape[-1])
     acc = _accumulation_dtype(q, k, v)
+    q_in, k_in = q, k
     q, k = q.to(acc), k.to(acc)
     stats = feature_map.current_statistics(
         q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
@@ -314,6 +333,11 @@ def rf_attention(
         )
 
     if window:
+        if backend == "triton":
+            raise ValueError(
+                "backend: the Triton kernels have no sliding window; run window > 0 with backend='auto' or "
+                "'torch'"
+            )
         return _run_in_accumulation_dtype(
             q, k, v, _sliding_window(mask, features, window, scale), eps=eps, chunk_size=chunk_size
         )
@@ -321,6 +345,15 @@ def rf_attention(
         feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=scale, matrix=matrix)
         for side in (True, False)
     ]
+    closed_form = forms[0] is not None and forms[1] is not None
+    if uses_triton(backend, q_in, closed_form=None if closed_form else type(feature_map).__name__):
+        from rf_attention.ops.triton.attention import closed_form_attention
+
+        closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)  # type: ignore[arg-type]
+        eps = torch.finfo(acc).eps if eps is None else eps
+        return closed_form_attention(
+            q_in, k_in, v, mask, closed, causal=causal, eps=eps, chunk_size=chunk_size
+        )
     if forms[0] is not None and forms[1] is not None:
         closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)
         width = closed.query.offset.shape[-1]

@@ -14,6 +14,7 @@ import rf_features
 from rf_attention import varlen
 from rf_attention.decoding import KVCache, RecurrentState, decode, decode_window
 from rf_attention.functional import check_window_map, rf_attention, softmax_attention
+from rf_attention.ops.triton import check_backend
 from spectraformer_core import check_int
 
 #: Added to ``seed`` for the projections' generator, so that they and a feature map drawn from the same
@@ -438,6 +439,8 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             positions are weighed by exact softmax weights, earlier ones by the features, in one normalized
             sum ([`rf_attention.ops.window`][rf_attention.ops.window]); decoding then keeps the feature sums
             and a ring of the last ``window`` keys and values. 0: plain random features.
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``: the kernels of the forward pass
+            ([`rf_attention`][rf_attention.rf_attention]); ``prefill`` and ``step`` decode on PyTorch.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
@@ -464,9 +467,12 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         learnable: bool = False,
         input_map: bool = False,
         window: int = 0,
+        backend: str = "auto",
         **kw: Any,
     ) -> None:
         super().__init__(dim, num_heads, seed=seed, **kw)
+        check_backend(backend)
+        self.backend = backend
         check_int("redraw_interval", redraw_interval, minimum=0)
         check_int("window", window, minimum=0)
         if window and not self.causal:
@@ -521,6 +527,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             key_padding_mask=key_padding_mask,
             query_padding_mask=key_padding_mask,
             window=self.window,
+            backend=self.backend,
         )
 
     def attend_cross(
@@ -545,6 +552,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             self.feature_map,
             key_padding_mask=context_padding_mask,
             query_padding_mask=query_padding_mask,
+            backend=self.backend,
         )
 
     def _count_training_call(self) -> None:
