@@ -76,6 +76,8 @@ def test_every_method_spends_the_budget_exactly_through_ralimp_create(budget):
     assert float(layer.tau) == 1.0
     paper = build("ralimp-paper", "gelu", 32, dim=16, seed=0, sample=x).layer
     assert (paper.num_atoms, paper.options.fit, paper.num_random_features) == (1, "paper", 32)
+    assert layer.exponent_guard
+    assert not paper.exponent_guard  # the paper's layer runs whatever its variance does
 
 
 def test_paper_literal_turns_off_balance_and_the_output_head_and_records_the_departures():

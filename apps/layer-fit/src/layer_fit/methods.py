@@ -10,8 +10,10 @@ paper's counting; table in the RaLiMP guide):
 - ``snnk``: SNNK (Fourier variant), ``B`` complex projections;
 - ``ralimp``: RaLiMP with ``K = 2``, one atom at 3 Gauss-Laguerre nodes, ``tau = 1`` (App. D.1): at
   ``B = 32`` 8 polynomial + 2 x 3 x 4 = 24 rational features;
-- ``ralimp-paper``: the same RaLiMP with the paper's start, ``fit="paper"``: one atom whatever its variance
-  (``ralimp`` keeps the atom only where the variance-aware fit finds it pays);
+- ``ralimp-paper``: the same RaLiMP as the paper writes it: its start, ``fit="paper"`` (one atom whatever its
+  variance; ``ralimp`` keeps the atom only where the variance-aware fit finds it pays), and no exponent
+  guard (``exponent_guard=False``: features that overflow give ``inf``/``NaN``, which the run records as
+  diverged, instead of an error before the first step);
 - ``ralimp-psi``: the same RaLiMP, compressed at initialization with an identity following layer
   (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as
   EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
@@ -38,8 +40,9 @@ Builder = Callable[..., nn.Module]
 METHODS: Registry[Builder] = Registry("method")
 
 #: RaLiMP's shape in the paper's single-layer fit (App. D.1: at most one atom, 3 nodes, tau = 1), started
-#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, overflows
-#: float32 at width 256); the budget sets the feature counts.
+#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, has a
+#: feature exponent bound above float32's limit at width 256, see ``ralimp-paper``); the budget sets the
+#: feature counts.
 RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "variance"}
 
 
@@ -71,8 +74,8 @@ def build_ralimp(linear: nn.Linear, activation: str, budget: int, *, seed: int, 
 
 @METHODS.register("ralimp-paper")
 def build_ralimp_paper(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
-    """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept)."""
-    shape = RALIMP_SHAPE | {"fit": "paper"}
+    """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept), unguarded."""
+    shape = RALIMP_SHAPE | {"fit": "paper", "exponent_guard": False}
     return ralimp.create(
         "ralimp", linear, activation, budget=budget, seed=seed, sample=sample, balance=balance, **shape
     )
