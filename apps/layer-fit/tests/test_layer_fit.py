@@ -80,6 +80,22 @@ def test_every_method_spends_the_budget_exactly_through_ralimp_create(budget):
     assert not paper.exponent_guard  # the paper's layer runs whatever its variance does
 
 
+def test_ralimp_omega_trains_the_projections_that_ralimp_keeps_fixed():
+    data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
+    fixed = build("ralimp", "gelu", 16, dim=TINY["dim"], seed=0, sample=data.calibration_sample)
+    model = build("ralimp-omega", "gelu", 16, dim=TINY["dim"], seed=0, sample=data.calibration_sample)
+    assert model.state_dict().keys() == fixed.state_dict().keys()  # checkpoints keep their layout
+    projections = [m.weight for m in (*model.layer.poly_matrices, *model.layer.freq_matrices)]
+    trained = {id(p) for p in model.parameters()}
+    assert projections
+    assert all(id(p) in trained for p in projections)
+    assert not any(m.weight.requires_grad for m in fixed.layer.poly_matrices)
+    torch.nn.functional.mse_loss(model(data.x), data.y).backward()
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in projections)
+    # the same start as ralimp: the projections are the same draws
+    assert torch.equal(model(data.x), fixed(data.x))
+
+
 def test_paper_literal_turns_off_balance_and_the_output_head_and_records_the_departures():
     literal = FitConfig(paper_literal=True)
     assert (literal.balance, literal.affine, literal.departures()) == (1.0, False, [])

@@ -17,6 +17,10 @@ paper's counting; table in the RaLiMP guide):
 - ``ralimp-psi``: the same RaLiMP, compressed at initialization with an identity following layer
   (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as
   EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
+- ``ralimp-omega``: the same RaLiMP with its random projections trained too (each projection matrix's rows a
+  parameter): a reading no text of the paper supports (App. C.2 puts "all randomness in a RaLiMP" in the
+  projections), run to test whether trained projections explain Fig. 2's ordering; it alone moves
+  ``Phi(x)``, so it alone can go below the information floor of its initial features;
 - ``linear`` (not in the paper's figure): a rank-``B`` linear map ``U V x + b`` (LowRank with the
   identity as activation).
 
@@ -31,6 +35,7 @@ import torch
 from torch import nn
 
 import ralimp
+import rf_matrices
 from spectraformer_core import Registry
 
 Builder = Callable[..., nn.Module]
@@ -89,6 +94,19 @@ def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: i
     with torch.no_grad():
         eye.weight.copy_(torch.eye(linear.out_features))
     return layer.compress(eye)
+
+
+@METHODS.register("ralimp-omega")
+def build_ralimp_omega(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+    """``build_ralimp`` whose projection matrices (dense ``(m, d + 1)`` rows) are trainable parameters."""
+    layer = build_ralimp(linear, activation, budget, seed=seed, sample=sample, balance=balance)
+    for matrix in (*layer.poly_matrices, *layer.freq_matrices):
+        if not isinstance(matrix, rf_matrices.DenseWeightMatrix):
+            raise ValueError(f"ralimp-omega: expected dense projection matrices, got {type(matrix).__name__}")
+        rows = matrix.weight.detach().clone()
+        del matrix.weight  # the buffer, replaced by a parameter of the same name (same state_dict key)
+        matrix.weight = nn.Parameter(rows)
+    return layer
 
 
 def equal_width(budget: int) -> int:
