@@ -28,6 +28,7 @@ from layer_fit import (
 )
 from layer_fit.cli import main
 from layer_fit.floors import singular_values
+from layer_fit.methods import train_projections
 
 TINY = {"samples": 128, "dim": 16, "log_every": 5, "checkpoint_every": 0, "device": "cpu"}
 
@@ -94,6 +95,16 @@ def test_ralimp_omega_trains_the_projections_that_ralimp_keeps_fixed():
     assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in projections)
     # the same start as ralimp: the projections are the same draws
     assert torch.equal(model(data.x), fixed(data.x))
+    for control, fixed_name in (("eugen-omega", "eugen"), ("snnk-omega", "snnk")):
+        trained_layer = build(control, "gelu", 16, dim=TINY["dim"], seed=0, sample=data.x).layer
+        fixed_layer = build(fixed_name, "gelu", 16, dim=TINY["dim"], seed=0, sample=data.x).layer
+        names = {n for n, _ in fixed_layer.named_parameters()}
+        extra = {n for n, _ in trained_layer.named_parameters()} - names
+        assert extra
+        assert all(n.endswith(".weight") for n in extra)
+        assert {n for n, _ in fixed_layer.named_buffers()} >= extra  # the fixed method's projection buffers
+    with pytest.raises(ValueError, match="expected dense random projection matrices in LowRank"):
+        train_projections(build("lowrank", "gelu", 16, dim=TINY["dim"], seed=0, sample=data.x).layer)
 
 
 def test_paper_literal_turns_off_balance_and_the_output_head_and_records_the_departures():

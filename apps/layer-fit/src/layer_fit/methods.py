@@ -17,10 +17,11 @@ paper's counting; table in the RaLiMP guide):
 - ``ralimp-psi``: the same RaLiMP, compressed at initialization with an identity following layer
   (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as
   EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
-- ``ralimp-omega``: the same RaLiMP with its random projections trained too (each projection matrix's rows a
-  parameter): a reading no text of the paper supports (App. C.2 puts "all randomness in a RaLiMP" in the
-  projections), run to test whether trained projections explain Fig. 2's ordering; it alone moves
-  ``Phi(x)``, so it alone can go below the information floor of its initial features;
+- ``ralimp-omega`` (and ``eugen-omega``, ``snnk-omega``, its controls): the method with its random
+  projections trained too (each projection matrix's rows a parameter): a reading no text of the paper
+  supports (App. C.2 puts "all randomness in a RaLiMP" in the projections), run to test whether trained
+  projections explain Fig. 2's ordering; only these move ``Phi(x)``, so only these can go below the
+  information floor of their initial features;
 - ``linear`` (not in the paper's figure): a rank-``B`` linear map ``U V x + b`` (LowRank with the
   identity as activation).
 
@@ -35,7 +36,6 @@ import torch
 from torch import nn
 
 import ralimp
-import rf_matrices
 from spectraformer_core import Registry
 
 Builder = Callable[..., nn.Module]
@@ -96,17 +96,36 @@ def build_ralimp_psi(linear: nn.Linear, activation: str, budget: int, *, seed: i
     return layer.compress(eye)
 
 
-@METHODS.register("ralimp-omega")
-def build_ralimp_omega(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
-    """``build_ralimp`` whose projection matrices (dense ``(m, d + 1)`` rows) are trainable parameters."""
-    layer = build_ralimp(linear, activation, budget, seed=seed, sample=sample, balance=balance)
-    for matrix in (*layer.poly_matrices, *layer.freq_matrices):
-        if not isinstance(matrix, rf_matrices.DenseWeightMatrix):
-            raise ValueError(f"ralimp-omega: expected dense projection matrices, got {type(matrix).__name__}")
+def train_projections(layer: nn.Module) -> nn.Module:
+    """``layer`` with the rows of every dense random projection matrix in it made a trainable parameter.
+
+    A dense projection matrix (``rf_matrices.DenseWeightMatrix``) holds its drawn rows as the buffer
+    ``weight``; each becomes an ``nn.Parameter`` of the same name (the same ``state_dict`` key, the same
+    draws). A layer without one is an error.
+    """
+    matrices = [m for m in layer.modules() if "weight" in dict(m.named_buffers(recurse=False))]
+    if not matrices:
+        kind = type(layer).__name__
+        raise ValueError(f"layer: expected dense random projection matrices in {kind}, found none")
+    for matrix in matrices:
         rows = matrix.weight.detach().clone()
-        del matrix.weight  # the buffer, replaced by a parameter of the same name (same state_dict key)
+        del matrix.weight  # the buffer, replaced by a parameter of the same name
         matrix.weight = nn.Parameter(rows)
     return layer
+
+
+def _with_trained_projections(builder: Builder, name: str) -> Builder:
+    def build(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance):
+        layer = builder(linear, activation, budget, seed=seed, sample=sample, balance=balance)
+        return train_projections(layer)
+
+    build.__doc__ = f"``{name}`` with its random projections trained too (`train_projections`)."
+    return build
+
+
+#: ``<method>-omega``: the method with its random projections trained too (`train_projections`).
+for _name, _builder in (("ralimp", build_ralimp), ("eugen", build_eugen), ("snnk", build_snnk)):
+    METHODS.register(f"{_name}-omega")(_with_trained_projections(_builder, _name))
 
 
 def equal_width(budget: int) -> int:
