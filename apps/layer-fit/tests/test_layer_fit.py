@@ -293,6 +293,16 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_of_runs_that_all_diverged_draws_labels_and_prints_no_nan(tmp_path):
+    path = tmp_path / "results.jsonl"
+    for record in _synthetic_records()[:3]:  # gelu lowrank at budget 16, three seeds
+        append_jsonl(path, {**record, "mse": None, "diverged": True})
+    texts = report(ReportConfig(results=path, table_features=16))
+    assert "diverged (3 diverged)" in texts["table"]
+    assert "nan" not in texts["table"].lower()
+    assert (tmp_path / "report" / "mse_bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_report_refuses_mixed_protocols(tmp_path):
     path = tmp_path / "results.jsonl"
     records = _synthetic_records()

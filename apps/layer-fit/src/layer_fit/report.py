@@ -258,15 +258,22 @@ def plot_bars(cells: dict, budget: int, path: Path) -> None:
     activations = [a for a in activations if any((a, m, budget) in cells for m in methods)]
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(activations), 3.6))
+    diverged = []  # (x, method) of the cells whose every seed diverged: no bar, a label
     for i, method in enumerate(methods):
         found = [cells.get((a, method, budget)) for a in activations]
         xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(activations))]
         means = [c.mean if c else math.nan for c in found]
         stds = [c.std if c else 0.0 for c in found]
         lower = [min(s, 0.9 * m) if not math.isnan(m) else 0.0 for m, s in zip(means, stds, strict=True)]
-        ax.bar(xs, means, width, yerr=[lower, stds], capsize=2, label=method)
+        bars = ax.bar(xs, means, width, yerr=[lower, stds], capsize=2, label=method)
+        color = bars.patches[0].get_facecolor() if bars.patches else None
+        diverged += [(x, color) for x, c in zip(xs, found, strict=True) if c and math.isnan(c.mean)]
     ax.set_xticks(range(len(activations)), activations)
-    ax.set_yscale("log")
+    if any(c.mean > 0 for c in cells.values() if not math.isnan(c.mean)):
+        ax.set_yscale("log")  # (a log axis needs a positive value: not when every cell diverged)
+    for x, color in diverged:
+        ax.text(x, 0.02, "diverged", transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                va="bottom", fontsize=6, color=color)  # fmt: skip
     ax.set_ylabel("train MSE (standardized)")
     ax.set_title(f"single-layer fit, budget {budget}")
     ax.legend(fontsize=8, ncols=min(len(methods), 5))
