@@ -297,6 +297,7 @@ def test_report_of_runs_that_all_diverged_draws_labels_and_prints_no_nan(tmp_pat
     path = tmp_path / "results.jsonl"
     for record in _synthetic_records()[:3]:  # gelu lowrank at budget 16, three seeds
         append_jsonl(path, {**record, "mse": None, "diverged": True})
+        append_jsonl(path, {**record, "method": "eugen", "mse": 1.6e23})  # far above the axis: cut, labelled
     texts = report(ReportConfig(results=path, table_features=16))
     assert "diverged (3 diverged)" in texts["table"]
     assert "nan" not in texts["table"].lower()

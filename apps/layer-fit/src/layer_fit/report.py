@@ -247,6 +247,11 @@ def write_cells(path: Path, cells: dict) -> None:
     write_csv(path, header, rows)
 
 
+#: The top of the bar plot's axis: ten times the MSE of predicting each column's mean (standardized units);
+#: a bar above it is cut there and its value written on it.
+PLOT_TOP = 10.0
+
+
 def plot_bars(cells: dict, budget: int, path: Path) -> None:
     """Fig. 2 (left): grouped bars of the mean MSE per activation, one bar per method, std error bars."""
     import matplotlib
@@ -258,7 +263,8 @@ def plot_bars(cells: dict, budget: int, path: Path) -> None:
     activations = [a for a in activations if any((a, m, budget) in cells for m in methods)]
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(activations), 3.6))
-    diverged = []  # (x, method) of the cells whose every seed diverged: no bar, a label
+    diverged = []  # (x, color) of the cells whose every seed diverged: no bar, a label
+    beyond = []  # (x, mean) of the bars above PLOT_TOP: cut there, their value written
     for i, method in enumerate(methods):
         found = [cells.get((a, method, budget)) for a in activations]
         xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(activations))]
@@ -268,12 +274,18 @@ def plot_bars(cells: dict, budget: int, path: Path) -> None:
         bars = ax.bar(xs, means, width, yerr=[lower, stds], capsize=2, label=method)
         color = bars.patches[0].get_facecolor() if bars.patches else None
         diverged += [(x, color) for x, c in zip(xs, found, strict=True) if c and math.isnan(c.mean)]
+        beyond += [(x, m) for x, m in zip(xs, means, strict=True) if m > PLOT_TOP]
     ax.set_xticks(range(len(activations)), activations)
     if any(c.mean > 0 for c in cells.values() if not math.isnan(c.mean)):
         ax.set_yscale("log")  # (a log axis needs a positive value: not when every cell diverged)
+    if beyond:
+        ax.set_ylim(top=PLOT_TOP)
     for x, color in diverged:
         ax.text(x, 0.02, "diverged", transform=ax.get_xaxis_transform(), rotation=90, ha="center",
                 va="bottom", fontsize=6, color=color)  # fmt: skip
+    for x, mean in beyond:
+        ax.text(x, 0.98, f"{mean:.1e}", transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                va="top", fontsize=6)  # fmt: skip
     ax.set_ylabel("train MSE (standardized)")
     ax.set_title(f"single-layer fit, budget {budget}")
     ax.legend(fontsize=8, ncols=min(len(methods), 5))
