@@ -266,6 +266,9 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     gelu = next(line for line in table.splitlines() if line.startswith("| gelu"))
     assert "1.000e-01 ± 1.0e-02" in gelu
     assert "| ralimp" in gelu
+    by_method = [[c.strip() for c in line.split("|")[1:-1]] for line in texts["by_method"].splitlines()]
+    assert by_method[0] == ["method", "gelu", "tanh"]
+    assert ["ralimp", "0.1 ± 0.01 (3)", "0.3 ± 0.01 (3)"] in by_method  # method x activation, seeds counted
     tanh = next(line for line in table.splitlines() if line.startswith("| tanh"))
     assert "5.000e-02 ± 1.0e-02" in tanh
     assert tanh.split("|")[-3].strip() == "eugen"
@@ -300,6 +303,9 @@ def test_report_of_runs_that_all_diverged_draws_labels_and_prints_no_nan(tmp_pat
         append_jsonl(path, {**record, "method": "eugen", "mse": 1.6e23})  # far above the axis: cut, labelled
     texts = report(ReportConfig(results=path, table_features=16))
     assert "diverged (3 diverged)" in texts["table"]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in texts["by_method"].splitlines()]
+    assert ["lowrank", "diverged (3)"] in rows
+    assert ["eugen", "1.6e+23 ± 0 (3)"] in rows
     assert "nan" not in texts["table"].lower()
     assert (tmp_path / "report" / "mse_bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

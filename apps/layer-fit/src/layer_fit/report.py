@@ -131,6 +131,29 @@ def main_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _short(cell: Cell | None) -> str:
+    """``mean ± std (seeds)`` to 3 digits (no spread for one seed), the diverged runs counted; ``-``: none."""
+    if cell is None:
+        return "-"
+    if math.isnan(cell.mean):
+        return f"diverged ({cell.diverged})"
+    spread = f" ± {cell.std:.2g}" if cell.seeds > 1 else ""
+    text = f"{cell.mean:.3g}{spread} ({cell.seeds})"
+    return text + (f", {cell.diverged} diverged" if cell.diverged else "")
+
+
+def method_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
+    """Method x activation at ``budget``, compact: ``mean ± std (seeds)`` of the train MSE per cell."""
+    activations, methods, _ = _axes(cells)
+    header = ["method", *activations]
+    rows = [
+        [method, *(_short(cells.get((a, method, budget))) for a in activations)]
+        for method in methods
+        if any((a, method, budget) in cells for a in activations)
+    ]
+    return header, rows
+
+
 def floors_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
     """Activation x method at ``budget``: ``information floor / Eckart-Young floor (F)`` beside the MSE table.
 
@@ -348,6 +371,7 @@ def report(config: ReportConfig) -> dict[str, str]:
     texts = {"table": "\n\n".join([markdown_table(*main_table(cells, budget)), *claims])}
     (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
     write_cells(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
+    texts["by_method"] = write_table(out / "table_by_method", *method_table(cells, budget))
     floors = write_table(out / "floors", *floors_table(cells, budget))
     texts["floors"] = "\n\n".join([floors, *floor_lines(cells, budget)])
     plot_bars(cells, budget, out / "mse_bars.png")
