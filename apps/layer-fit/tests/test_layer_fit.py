@@ -30,6 +30,7 @@ from layer_fit import (
 )
 from layer_fit.cli import build_parser, main
 from layer_fit.floors import singular_values
+from layer_fit.methods import train_projections
 
 TINY = {"samples": 128, "dim": 16, "log_every": 5, "checkpoint_every": 0, "device": "cpu"}
 
@@ -78,6 +79,34 @@ def test_every_method_spends_the_budget_exactly_through_ralimp_create(budget):
     assert float(layer.tau) == 1.0
     paper = build("ralimp-paper", "gelu", 32, dim=16, seed=0, sample=x).layer
     assert (paper.num_atoms, paper.options.fit, paper.num_random_features) == (1, "paper", 32)
+    assert layer.exponent_guard
+    assert not paper.exponent_guard  # the paper's layer runs whatever its variance does
+
+
+def test_ralimp_omega_trains_the_projections_that_ralimp_keeps_fixed():
+    data = make_data("gelu", samples=TINY["samples"], dim=TINY["dim"], seed=0)
+    fixed = build("ralimp", "gelu", 16, dim=TINY["dim"], seed=0, sample=data.calibration_sample)
+    model = build("ralimp-omega", "gelu", 16, dim=TINY["dim"], seed=0, sample=data.calibration_sample)
+    assert model.state_dict().keys() == fixed.state_dict().keys()  # checkpoints keep their layout
+    projections = [m.weight for m in (*model.layer.poly_matrices, *model.layer.freq_matrices)]
+    trained = {id(p) for p in model.parameters()}
+    assert projections
+    assert all(id(p) in trained for p in projections)
+    assert not any(m.weight.requires_grad for m in fixed.layer.poly_matrices)
+    torch.nn.functional.mse_loss(model(data.x), data.y).backward()
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in projections)
+    # the same start as ralimp: the projections are the same draws
+    assert torch.equal(model(data.x), fixed(data.x))
+    for control, fixed_name in (("eugen-omega", "eugen"), ("snnk-omega", "snnk")):
+        trained_layer = build(control, "gelu", 16, dim=TINY["dim"], seed=0, sample=data.x).layer
+        fixed_layer = build(fixed_name, "gelu", 16, dim=TINY["dim"], seed=0, sample=data.x).layer
+        names = {n for n, _ in fixed_layer.named_parameters()}
+        extra = {n for n, _ in trained_layer.named_parameters()} - names
+        assert extra
+        assert all(n.endswith(".weight") for n in extra)
+        assert {n for n, _ in fixed_layer.named_buffers()} >= extra  # the fixed method's projection buffers
+    with pytest.raises(ValueError, match="expected dense random projection matrices in LowRank"):
+        train_projections(build("lowrank", "gelu", 16, dim=TINY["dim"], seed=0, sample=data.x).layer)
 
 
 def test_paper_literal_turns_off_balance_and_the_output_head_and_records_the_departures():
@@ -239,6 +268,9 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     gelu = next(line for line in table.splitlines() if line.startswith("| gelu"))
     assert "1.000e-01 ± 1.0e-02" in gelu
     assert "| ralimp" in gelu
+    by_method = [[c.strip() for c in line.split("|")[1:-1]] for line in texts["by_method"].splitlines()]
+    assert by_method[0] == ["method", "gelu", "tanh"]
+    assert ["ralimp", "0.1 ± 0.01 (3)", "0.3 ± 0.01 (3)"] in by_method  # method x activation, seeds counted
     tanh = next(line for line in table.splitlines() if line.startswith("| tanh"))
     assert "5.000e-02 ± 1.0e-02" in tanh
     assert tanh.split("|")[-3].strip() == "eugen"
@@ -264,6 +296,20 @@ def test_report_tables_and_plots_from_a_synthetic_results_file(tmp_path):
     assert (out / "sweep_floors.md").is_file()
     for name in ("mse_bars.png", "mse_vs_budget.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_runs_that_all_diverged_draws_labels_and_prints_no_nan(tmp_path):
+    path = tmp_path / "results.jsonl"
+    for record in _synthetic_records()[:3]:  # gelu lowrank at budget 16, three seeds
+        append_jsonl(path, {**record, "mse": None, "diverged": True})
+        append_jsonl(path, {**record, "method": "eugen", "mse": 1.6e23})  # far above the axis: cut, labelled
+    texts = report(ReportConfig(results=path, table_features=16))
+    assert "diverged (3 diverged)" in texts["table"]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in texts["by_method"].splitlines()]
+    assert ["lowrank", "diverged (3)"] in rows
+    assert ["eugen", "1.6e+23 ± 0 (3)"] in rows
+    assert "nan" not in texts["table"].lower()
+    assert (tmp_path / "report" / "mse_bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_report_refuses_mixed_protocols(tmp_path):
@@ -364,25 +410,35 @@ def test_weight_matrix_draws_the_projections_of_every_random_feature_method(tmp_
     assert args.weight_matrix == "orf"
 
 
-def test_a_method_that_does_not_start_is_recorded_and_the_grid_goes_on(tmp_path):
-    # the paper's layer (balance 1, one atom kept by fit="paper") at width 16: the exponent guard raises
+@pytest.fixture
+def refusing_method():
+    """A method registered for one test whose builder raises, as a layer that cannot start does."""
+
+    def build(linear, activation, budget, *, seed, sample, balance, weight_matrix):
+        raise ValueError("x: this method refuses every layer")
+
+    METHODS.register("refuses")(build)
+    yield "refuses"
+    METHODS.unregister("refuses")
+
+
+def test_a_method_that_does_not_start_is_recorded_and_the_grid_goes_on(tmp_path, refusing_method):
     config = FitConfig(
         activation=("gelu",),
-        layer=("ralimp-paper", "eugen"),
+        layer=(refusing_method, "eugen"),
         features=(32,),
         seed=(0,),
         steps=5,
-        paper_literal=True,
         out=tmp_path,
         **TINY,
     )
     results = run_fit(config, progress=False)
     raw = {r["details"]["method"]: r for r in read_jsonl(results)}
-    assert (raw["ralimp-paper"]["steps"], raw["ralimp-paper"]["train_seconds"]) == (0, 0.0)
+    assert (raw[refusing_method]["steps"], raw[refusing_method]["train_seconds"]) == (0, 0.0)
     records = {method: flat_record(r) for method, r in raw.items()}
-    idle = records["ralimp-paper"]
-    guard = "ValueError: x: in layer RaLiMP(16 -> 16), the bound on the estimators' log second moment"
-    assert idle["not_started"].startswith(guard)
+    idle = records[refusing_method]
+    reason = "ValueError: x: this method refuses every layer"
+    assert idle["not_started"] == reason
     assert (idle["mse"], idle["diverged"]) == (None, False)
     assert records["eugen"]["mse"] is not None
     assert "not_started" not in records["eugen"]
@@ -390,10 +446,14 @@ def test_a_method_that_does_not_start_is_recorded_and_the_grid_goes_on(tmp_path)
     assert len(read_jsonl(results)) == 2
     texts = report(ReportConfig(results=results, table_features=32))
     row = next(line for line in texts["table"].splitlines() if line.startswith("| gelu"))
-    assert "does not start (ValueError: x: in layer RaLiMP(16 -> 16), the bound on the …)" in row
+    assert f"does not start ({reason})" in row
     assert row.split("|")[-3].strip() == "eugen"  # the lowest of the methods that ran
-    assert f"does not start: gelu / ralimp-paper / B=32, 1 run(s): {guard}" in texts["table"]
+    assert f"does not start: gelu / {refusing_method} / B=32, 1 run(s): {reason}" in texts["table"]
     assert "not_started" in (tmp_path / "report" / "table.csv").read_text()
+    by_method = next(
+        line for line in texts["by_method"].splitlines() if line.startswith(f"| {refusing_method}")
+    )
+    assert "does not start" in by_method
 
 
 def test_a_first_loss_that_is_not_finite_does_not_start(tmp_path, monkeypatch):

@@ -189,6 +189,29 @@ def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
     assert [r["relative_l2"] for r in again] == [r["relative_l2"] for r in records]
 
 
+def test_dense_from_restores_a_finished_dense_run_of_another_folder_and_times_it_here(tmp_path):
+    first = tiny_pinn(tmp_path, layer=("dense",), steps=6, out=tmp_path / "dense-only")
+    (dense,) = compare(PinnFamily(first))
+    kept = (first.out / "runs" / "dense" / "record.json").read_text()
+    config = tiny_pinn(tmp_path, layer=("dense", "eugen"), steps=6, dense_from=first.out)
+    records = compare(PinnFamily(config))
+    assert [r["kind"] for r in records] == ["dense", "eugen"]
+    assert records[0]["relative_l2"] == dense["relative_l2"]  # the restored weights, not a new training
+    assert records[0]["train_seconds"] == dense["train_seconds"]
+    assert records[0]["time_ratio"] == 1.0
+    assert records[1]["time_ratio"] > 0
+    lines = [
+        flat_record(json.loads(line)) for line in (config.out / "results.jsonl").read_text().splitlines()
+    ]
+    assert [r["kind"] for r in lines] == ["dense", "eugen"]
+    assert not (config.out / "runs" / "dense").exists()
+    assert (first.out / "runs" / "dense" / "record.json").read_text() == kept
+    with pytest.raises(ValueError, match=r"--dense-from: .* holds no finished dense run"):
+        compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), dense_from=tmp_path / "nothing")))
+    with pytest.raises(ValueError, match=r"saved by a run with other settings \(steps: 6 -> 5\)"):
+        compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), steps=5, dense_from=first.out)))
+
+
 def test_resuming_under_other_settings_is_refused(tmp_path):
     config = tiny_pinn(tmp_path, layer=("dense",), steps=3)
     compare(PinnFamily(config))
@@ -447,12 +470,13 @@ def test_scipy_lbfgsb_takes_the_same_steps_on_a_loss_a_billion_times_smaller():
     assert not torch.allclose(torch_ends[0], torch_ends[1], rtol=1e-3)
 
 
-def test_the_paper_config_runs_l_bfgs_b_in_float64_past_scipys_default_gtol():
+def test_the_paper_config_runs_raissis_l_bfgs_b_in_float64():
     from pathlib import Path
 
     table = read_toml(Path(__file__).parents[1] / "configs" / "pinn-paper.toml")
     config = PinnConfig(**{k: v for k, v in table.items() if k != "out"})
     assert config.precision == "float64"
     assert config.lbfgs_steps * config.lbfgs_iterations == 50_000  # Raissi's maxiter
-    assert (config.lbfgs_tolerance_grad, config.lbfgs_tolerance_change) == (1e-9, np.finfo(float).eps)
+    # Raissi's gtol (scipy's default, which his code keeps) and ftol = machine epsilon
+    assert (config.lbfgs_tolerance_grad, config.lbfgs_tolerance_change) == (1e-5, np.finfo(float).eps)
     assert (config.depth, config.width, config.num_boundary, config.num_collocation) == (8, 20, 100, 10_000)

@@ -11,11 +11,18 @@ paper's counting; table in the RaLiMP guide):
 - ``snnk``: SNNK (Fourier variant), ``B`` complex projections;
 - ``ralimp``: RaLiMP with ``K = 2``, one atom at 3 Gauss-Laguerre nodes, ``tau = 1`` (App. D.1): at
   ``B = 32`` 8 polynomial + 2 x 3 x 4 = 24 rational features;
-- ``ralimp-paper``: the same RaLiMP with the paper's start, ``fit="paper"``: one atom whatever its variance
-  (``ralimp`` keeps the atom only where the variance-aware fit finds it pays);
+- ``ralimp-paper``: the same RaLiMP as the paper writes it: its start, ``fit="paper"`` (one atom whatever its
+  variance; ``ralimp`` keeps the atom only where the variance-aware fit finds it pays), and no exponent
+  guard (``exponent_guard=False``: features that overflow give ``inf``/``NaN``, which the run records as
+  diverged, instead of an error before the first step);
 - ``ralimp-psi``: the same RaLiMP, compressed at initialization with an identity following layer
   (``layer.compress``, App. B), so that training updates ``Psi`` itself on the frozen ``Phi(x)``, as
   EUGen and SNNK do (``ralimp`` trains ``W, b``, which sit in the exponent of the features);
+- ``ralimp-omega`` (and ``eugen-omega``, ``snnk-omega``, its controls): the method with its random
+  projections trained too (each projection matrix's rows a parameter): a reading no text of the paper
+  supports (App. C.2 puts "all randomness in a RaLiMP" in the projections), run to test whether trained
+  projections explain Fig. 2's ordering; only these move ``Phi(x)``, so only these can go below the
+  information floor of their initial features;
 - ``linear`` (not in the paper's figure): a rank-``B`` linear map ``U V x + b`` (LowRank with the
   identity as activation).
 
@@ -41,9 +48,9 @@ Builder = Callable[..., nn.Module]
 METHODS: Registry[Builder] = Registry("method")
 
 #: RaLiMP's shape in the paper's single-layer fit (App. D.1: at most one atom, 3 nodes, tau = 1), started
-#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, trips the
-#: exponent guard at width 256: the bound on its estimators' log second moment exceeds float32's range, and
-#: with the guard off it fails through that variance); the budget sets the feature counts.
+#: by the variance-aware fit (which may choose no atom; the paper's own start, ``fit="paper"``, has a bound
+#: on its estimators' log second moment above float32's range at width 256 and runs unguarded in
+#: ``ralimp-paper``, where that variance shows); the budget sets the feature counts.
 RALIMP_SHAPE = {"poly_degree": 2, "num_atoms": 1, "num_freqs": 3, "tau": 1.0, "fit": "variance"}
 
 
@@ -109,8 +116,8 @@ def build_ralimp(
 def build_ralimp_paper(
     linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
 ):
-    """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept)."""
-    shape = RALIMP_SHAPE | {"fit": "paper"}
+    """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept), unguarded."""
+    shape = RALIMP_SHAPE | {"fit": "paper", "exponent_guard": False}
     return ralimp.create(
         "ralimp",
         linear,
@@ -136,6 +143,40 @@ def build_ralimp_psi(
     with torch.no_grad():
         eye.weight.copy_(torch.eye(linear.out_features))
     return layer.compress(eye)
+
+
+def train_projections(layer: nn.Module) -> nn.Module:
+    """``layer`` with the rows of every dense random projection matrix in it made a trainable parameter.
+
+    A dense projection matrix (``rf_matrices.DenseWeightMatrix``) holds its drawn rows as the buffer
+    ``weight``; each becomes an ``nn.Parameter`` of the same name (the same ``state_dict`` key, the same
+    draws). A layer without one is an error.
+    """
+    matrices = [m for m in layer.modules() if "weight" in dict(m.named_buffers(recurse=False))]
+    if not matrices:
+        kind = type(layer).__name__
+        raise ValueError(f"layer: expected dense random projection matrices in {kind}, found none")
+    for matrix in matrices:
+        rows = matrix.weight.detach().clone()
+        del matrix.weight  # the buffer, replaced by a parameter of the same name
+        matrix.weight = nn.Parameter(rows)
+    return layer
+
+
+def _with_trained_projections(builder: Builder, name: str) -> Builder:
+    def build(linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix):
+        layer = builder(
+            linear, activation, budget, seed=seed, sample=sample, balance=balance, weight_matrix=weight_matrix
+        )
+        return train_projections(layer)
+
+    build.__doc__ = f"``{name}`` with its random projections trained too (`train_projections`)."
+    return build
+
+
+#: ``<method>-omega``: the method with its random projections trained too (`train_projections`).
+for _name, _builder in (("ralimp", build_ralimp), ("eugen", build_eugen), ("snnk", build_snnk)):
+    METHODS.register(f"{_name}-omega")(_with_trained_projections(_builder, _name))
 
 
 def equal_width(budget: int) -> int:

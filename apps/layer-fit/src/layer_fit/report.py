@@ -101,14 +101,14 @@ def _fmt(cell: Cell | None) -> str:
     if cell is None:
         return "-"
     if cell.reason is not None and not cell.seeds and not cell.diverged:
-        return f"does not start ({_short(cell.reason)})"
+        return f"does not start ({_reason_cell(cell.reason)})"
     text = "diverged" if math.isnan(cell.mean) else f"{cell.mean:.3e} ± {cell.std:.1e}"
     width = "" if cell.feature_dim is None else f" [F={cell.feature_dim}]"
     idle = f" ({cell.not_started} did not start)" if cell.not_started else ""
     return text + width + (f" ({cell.diverged} diverged)" if cell.diverged else "") + idle
 
 
-def _short(reason: str) -> str:
+def _reason_cell(reason: str) -> str:
     """``reason`` cut to `REASON_WIDTH` characters for a table cell, its ``|`` escaped."""
     cut = reason if len(reason) <= REASON_WIDTH else reason[: REASON_WIDTH - 1] + "…"
     return cut.replace("|", "\\|")
@@ -156,6 +156,31 @@ def main_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
                 "/".join(map(str, seeds)),
             ]
         )
+    return header, rows
+
+
+def _compact(cell: Cell | None) -> str:
+    """``mean ± std (seeds)`` to 3 digits (no spread for one seed), the diverged runs counted; ``-``: none."""
+    if cell is None:
+        return "-"
+    if cell.reason is not None and not cell.seeds and not cell.diverged:
+        return "does not start"
+    if math.isnan(cell.mean):
+        return f"diverged ({cell.diverged})"
+    spread = f" ± {cell.std:.2g}" if cell.seeds > 1 else ""
+    text = f"{cell.mean:.3g}{spread} ({cell.seeds})"
+    return text + (f", {cell.diverged} diverged" if cell.diverged else "")
+
+
+def method_table(cells: dict, budget: int) -> tuple[list[str], list[list[str]]]:
+    """Method x activation at ``budget``, compact: ``mean ± std (seeds)`` of the train MSE per cell."""
+    activations, methods, _ = _axes(cells)
+    header = ["method", *activations]
+    rows = [
+        [method, *(_compact(cells.get((a, method, budget))) for a in activations)]
+        for method in methods
+        if any((a, method, budget) in cells for a in activations)
+    ]
     return header, rows
 
 
@@ -277,6 +302,11 @@ def write_cells(path: Path, cells: dict) -> None:
     write_csv(path, header, rows)
 
 
+#: The top of the bar plot's axis: ten times the MSE of predicting each column's mean (standardized units);
+#: a bar above it is cut there and its value written on it.
+PLOT_TOP = 10.0
+
+
 def plot_bars(cells: dict, budget: int, path: Path) -> None:
     """Fig. 2 (left): grouped bars of the mean MSE per activation, one bar per method, std error bars."""
     import matplotlib
@@ -288,15 +318,29 @@ def plot_bars(cells: dict, budget: int, path: Path) -> None:
     activations = [a for a in activations if any((a, m, budget) in cells for m in methods)]
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(activations), 3.6))
+    diverged = []  # (x, color) of the cells whose every seed diverged: no bar, a label
+    beyond = []  # (x, mean) of the bars above PLOT_TOP: cut there, their value written
     for i, method in enumerate(methods):
         found = [cells.get((a, method, budget)) for a in activations]
         xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(activations))]
         means = [c.mean if c else math.nan for c in found]
         stds = [c.std if c else 0.0 for c in found]
         lower = [min(s, 0.9 * m) if not math.isnan(m) else 0.0 for m, s in zip(means, stds, strict=True)]
-        ax.bar(xs, means, width, yerr=[lower, stds], capsize=2, label=method)
+        bars = ax.bar(xs, means, width, yerr=[lower, stds], capsize=2, label=method)
+        color = bars.patches[0].get_facecolor() if bars.patches else None
+        diverged += [(x, color) for x, c in zip(xs, found, strict=True) if c and math.isnan(c.mean)]
+        beyond += [(x, m) for x, m in zip(xs, means, strict=True) if m > PLOT_TOP]
     ax.set_xticks(range(len(activations)), activations)
-    ax.set_yscale("log")
+    if any(c.mean > 0 for c in cells.values() if not math.isnan(c.mean)):
+        ax.set_yscale("log")  # (a log axis needs a positive value: not when every cell diverged)
+    if beyond:
+        ax.set_ylim(top=PLOT_TOP)
+    for x, color in diverged:
+        ax.text(x, 0.02, "diverged", transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                va="bottom", fontsize=6, color=color)  # fmt: skip
+    for x, mean in beyond:
+        ax.text(x, 0.98, f"{mean:.1e}", transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                va="top", fontsize=6)  # fmt: skip
     ax.set_ylabel("train MSE (standardized)")
     ax.set_title(f"single-layer fit, budget {budget}")
     ax.legend(fontsize=8, ncols=min(len(methods), 5))
@@ -364,6 +408,7 @@ def report(config: ReportConfig) -> dict[str, str]:
     }
     (out / "table.md").write_text(texts["table"] + "\n", encoding="utf-8")
     write_cells(out / "table.csv", {k: v for k, v in cells.items() if k[2] == budget})
+    texts["by_method"] = write_table(out / "table_by_method", *method_table(cells, budget))
     floors = write_table(out / "floors", *floors_table(cells, budget))
     texts["floors"] = "\n\n".join([floors, *floor_lines(cells, budget)])
     plot_bars(cells, budget, out / "mse_bars.png")

@@ -57,10 +57,15 @@ class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
     """Settings every family shares: which variants, their feature budget, seed, optimizer, output, resuming.
 
     A variant's identity (what its checkpoint must match to be resumed) is every setting except layer,
-    device, threads, out, resume, checkpoint_every and time_repeats.
+    device, threads, out, resume, checkpoint_every, time_repeats and dense_from.
     """
 
-    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("layer", "checkpoint_every", "time_repeats")
+    MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (
+        "layer",
+        "checkpoint_every",
+        "time_repeats",
+        "dense_from",
+    )
 
     layer: tuple[str, ...] = option(
         "layer",
@@ -103,6 +108,13 @@ class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
     out: Path = option("out", Path("results/nerf-pinn"))
     checkpoint_every: int = option("checkpoint_every", 200)
     time_repeats: int = field(default=10, metadata=_help("interleaved rounds of the inference timing"))
+    dense_from: Path | None = field(
+        default=None,
+        metadata=_help(
+            "the --out folder of another comparison whose finished dense run (same settings) is restored "
+            "instead of trained here; it is timed here with the other variants and its folder is left as is"
+        ),
+    )
 
     def __post_init__(self) -> None:
         """Known kinds (dense among them), a known replacement rule, positive counts."""

@@ -129,15 +129,30 @@ class Family(abc.ABC):
         return config_dict(self.config)
 
     def run(self, kind: str, on_checkpoint: Callable[[int], None] | None = None) -> Run:
-        """The run of variant ``kind``: ``<out>/runs/<kind>/`` under its `identity`, seeded with ``seed``."""
-        return Run.from_config(
+        """The run of variant ``kind``: ``<out>/runs/<kind>/`` under its `identity`, seeded with ``seed``.
+
+        With ``dense_from`` the dense run is ``<dense_from>/runs/dense/``, which must have finished.
+
+        Raises:
+            ValueError: ``dense_from`` holds no finished dense run.
+        """
+        restored = kind == DENSE and self.config.dense_from is not None
+        out = self.config.dense_from if restored else self.config.out
+        run = Run.from_config(
             self.config,
             name=kind,
             on_save=on_checkpoint,
             identity=self.identity(kind),
             device=self.device,
             distributed=False,
+            out=out,
         )
+        if restored and run.finished() is None:
+            raise ValueError(
+                f"--dense-from: {out} holds no finished dense run ({run.dir / 'record.json'} is missing); "
+                "expected the --out folder of a comparison whose dense variant finished"
+            )
+        return run
 
     def trainer(self, run: Run, model: nn.Module) -> Trainer:
         """The harness of a variant's ``model``: its optimizers, phases, a log line per step, NaN stops it."""
@@ -287,7 +302,10 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
         metrics = {family.metric: record[family.metric], "time_ratio": record["time_ratio"]}
         details = {k: v for k, v in record.items() if k not in (*metrics, "train_seconds", "diverged_at")}
         full = trainers[record["kind"]].record(config, metrics=metrics, details=details)
-        trainers[record["kind"]].finish(full)
+        if record["kind"] == DENSE and config.dense_from is not None:
+            app_common.results.append_jsonl(results, full)  # the restored run's own folder stays as it is
+        else:
+            trainers[record["kind"]].finish(full)
     table = results_table(records, family.metric)
     (out / "results.md").write_text(table + "\n")
     write_csv(records, family.metric, out / "results.csv")
