@@ -99,17 +99,7 @@ def build_ralimp(
     linear: nn.Linear, activation: str, budget: int, *, seed: int, sample, balance, weight_matrix
 ):
     """RaLiMP of `RALIMP_SHAPE` spending ``budget``; ``balance`` calibrated on ``sample``."""
-    return ralimp.create(
-        "ralimp",
-        linear,
-        activation,
-        budget=budget,
-        seed=seed,
-        sample=sample,
-        balance=balance,
-        weight_matrix=weight_matrix,
-        **RALIMP_SHAPE,
-    )
+    return _ralimp(linear, activation, budget, seed, sample, balance, weight_matrix, RALIMP_SHAPE)
 
 
 @METHODS.register("ralimp-paper")
@@ -118,6 +108,11 @@ def build_ralimp_paper(
 ):
     """RaLiMP of `RALIMP_SHAPE` with the paper's fit (``fit="paper"``: its one atom kept), unguarded."""
     shape = RALIMP_SHAPE | {"fit": "paper", "exponent_guard": False}
+    return _ralimp(linear, activation, budget, seed, sample, balance, weight_matrix, shape)
+
+
+def _ralimp(linear, activation, budget, seed, sample, balance, weight_matrix, shape):
+    """``ralimp.create("ralimp", ...)`` with a method's arguments and its ``shape`` (sizes, fit options)."""
     return ralimp.create(
         "ralimp",
         linear,
