@@ -4,6 +4,8 @@ import csv
 import dataclasses
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,6 +215,16 @@ def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_p
         ("lowrank", 0),
         ("lowrank", 1),
     ]
+    # the apps' one naming scheme: a readable label, then a digest of the run's identity
+    assert all(
+        re.fullmatch(rf"sigmoid-{r['method']}-b8-s{r['seed']}-[0-9a-f]{{8}}", r["name"]) for r in records
+    )
+    assert config.run_name("sigmoid", "eugen", 8, 0) != dataclasses.replace(config, lr=0.5).run_name(
+        "sigmoid", "eugen", 8, 0
+    )
+    assert config.run_name("sigmoid", "eugen", 8, 0) == dataclasses.replace(
+        config, device="auto", threads=2, checkpoint_every=3, shard="0/2"
+    ).run_name("sigmoid", "eugen", 8, 0)
     run_fit(config, progress=False)
     assert len(read_jsonl(results)) == 4
     run_fit(dataclasses.replace(config, seed=(0, 1, 2)), progress=False)
@@ -310,6 +322,21 @@ def test_report_of_runs_that_all_diverged_draws_labels_and_prints_no_nan(tmp_pat
     assert ["eugen", "1.6e+23 ± 0 (3)"] in rows
     assert "nan" not in texts["table"].lower()
     assert (tmp_path / "report" / "mse_bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_reads_the_committed_records_written_before_run_names_had_a_digest(tmp_path):
+    committed = Path(__file__).parents[1] / "records" / "fig2-paper.jsonl"
+    records = read_jsonl(committed)
+    assert all(re.fullmatch(r"[a-z]+-[a-z-]+-b\d+-s\d+", r["name"]) for r in records)  # no digest
+    texts = report(ReportConfig(results=committed, report_dir=tmp_path, table_features=32))
+    gelu = next(line for line in texts["table"].splitlines() if line.startswith("| gelu"))
+    assert "±" in gelu
+    # a run recorded twice (a folder of runs of the old names continued under the new ones) is refused
+    doubled = tmp_path / "doubled.jsonl"
+    for record in (records[0], {**records[0], "name": f"{records[0]['name']}-1a2b3c4d"}):
+        append_jsonl(doubled, record)
+    with pytest.raises(ValueError, match=r"\(gelu, ralimp, 32, 0\) is recorded twice.*1a2b3c4d"):
+        report(ReportConfig(results=doubled, report_dir=tmp_path))
 
 
 def test_report_refuses_mixed_protocols(tmp_path):

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -192,7 +193,9 @@ def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):
 def test_dense_from_restores_a_finished_dense_run_of_another_folder_and_times_it_here(tmp_path):
     first = tiny_pinn(tmp_path, layer=("dense",), steps=6, out=tmp_path / "dense-only")
     (dense,) = compare(PinnFamily(first))
-    kept = (first.out / "runs" / "dense" / "record.json").read_text()
+    (dense_run,) = (first.out / "runs").glob("dense-s0-*")  # the apps' one scheme: label, then digest
+    assert re.fullmatch(r"dense-s0-[0-9a-f]{8}", dense_run.name)
+    kept = (dense_run / "record.json").read_text()
     config = tiny_pinn(tmp_path, layer=("dense", "eugen"), steps=6, dense_from=first.out)
     records = compare(PinnFamily(config))
     assert [r["kind"] for r in records] == ["dense", "eugen"]
@@ -204,25 +207,31 @@ def test_dense_from_restores_a_finished_dense_run_of_another_folder_and_times_it
         flat_record(json.loads(line)) for line in (config.out / "results.jsonl").read_text().splitlines()
     ]
     assert [r["kind"] for r in lines] == ["dense", "eugen"]
-    assert not (config.out / "runs" / "dense").exists()
-    assert (first.out / "runs" / "dense" / "record.json").read_text() == kept
+    assert not list((config.out / "runs").glob("dense-*"))
+    assert (dense_run / "record.json").read_text() == kept
     with pytest.raises(ValueError, match=r"--dense-from: .* holds no finished dense run"):
         compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), dense_from=tmp_path / "nothing")))
-    with pytest.raises(ValueError, match=r"saved by a run with other settings \(steps: 6 -> 5\)"):
+    with pytest.raises(
+        ValueError, match=rf"no finished dense run .*{dense_run.name} of other settings \(steps: 6 -> 5\)"
+    ):
         compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), steps=5, dense_from=first.out)))
 
 
-def test_resuming_under_other_settings_is_refused(tmp_path):
+def test_other_settings_are_another_run_and_settings_that_do_not_change_the_variant_resume_it(tmp_path):
     config = tiny_pinn(tmp_path, layer=("dense",), steps=3)
-    compare(PinnFamily(config))
-    changed = tiny_pinn(tmp_path, layer=("dense",), steps=5)
-    with pytest.raises(
-        ValueError, match=r"checkpoint\.pt: saved by a run with other settings \(steps: 3 -> 5\)"
-    ):
-        compare(PinnFamily(changed))
-    # settings that do not change the variant (here the timing rounds) do not block resuming
-    compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), steps=3, time_repeats=2)))
-    compare(PinnFamily(dataclasses.replace(changed, resume=False)))  # --no-resume starts over
+    (first,) = compare(PinnFamily(config))
+    (run,) = (config.out / "runs").iterdir()
+    kept = (run / "record.json").read_text()
+    compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), steps=5)))  # another identity: another folder
+    names = sorted(p.name for p in (config.out / "runs").iterdir())
+    assert len(names) == 2
+    assert run.name in names
+    assert all(re.fullmatch(r"dense-s0-[0-9a-f]{8}", name) for name in names)
+    assert (run / "record.json").read_text() == kept
+    # settings that do not change the variant (here the timing rounds) find the finished run
+    (again,) = compare(PinnFamily(tiny_pinn(tmp_path, layer=("dense",), steps=3, time_repeats=2)))
+    assert again["train_seconds"] == first["train_seconds"]
+    assert sorted(p.name for p in (config.out / "runs").iterdir()) == names
 
 
 @pytest.mark.parametrize("family", ["pinn", "siren", "nerf"])
@@ -384,7 +393,11 @@ def test_a_pinn_run_whose_lbfgs_converges_stops_there_and_records_why(tmp_path):
     (record,) = compare(PinnFamily(config))
     assert record["lbfgs_stop"].startswith("L-BFGS-B: ")
     assert 0 < record["lbfgs_iterations"] < 20 * 200
-    log = [r for r in read_jsonl(tmp_path / "pinn" / "runs" / "dense" / "log.jsonl") if "train_loss" in r]
+    log = [
+        r
+        for r in read_jsonl(next((tmp_path / "pinn" / "runs").glob("dense-*")) / "log.jsonl")
+        if "train_loss" in r
+    ]
     assert len(log) < 2 + 200  # the run ended before its last step
 
 
@@ -429,12 +442,12 @@ def test_more_lbfgs_steps_continue_a_pinn_run_as_the_longer_run_would(tmp_path, 
             out, layer=("dense",), steps=3, lbfgs_steps=lbfgs_steps, lbfgs_tolerance_change=0.0
         )
         compare(PinnFamily(dataclasses.replace(config, out=out)))
-        log = read_jsonl(out / "runs" / "dense" / "log.jsonl")
+        log = read_jsonl(next((out / "runs").glob("dense-*")) / "log.jsonl")
         return [r["train_loss"] for r in log if "train_loss" in r]
 
     losses(tmp_path / "continued", 1)
     continued = losses(tmp_path / "continued", 3)
-    assert "dense: resuming at step 4" in capsys.readouterr().out
+    assert re.search(r"dense-s0-[0-9a-f]{8}: resuming at step 4", capsys.readouterr().out)
     assert continued == losses(tmp_path / "unbroken", 3)
 
 

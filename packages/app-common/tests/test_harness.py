@@ -10,7 +10,15 @@ from torch.utils.data import TensorDataset
 
 from app_common.cli import app_parser
 from app_common.config import add_dataclass_arguments
-from app_common.fields import EvalFields, OptimizerFields, OutputFields, RuntimeFields, option, run_identity
+from app_common.fields import (
+    EvalFields,
+    OptimizerFields,
+    OutputFields,
+    RuntimeFields,
+    option,
+    run_identity,
+    run_name,
+)
 from app_common.harness import TrainData, Trainer
 from app_common.records import CORE_KEYS, finished_record, flat_record, run_dir
 from app_common.results import read_jsonl
@@ -221,7 +229,7 @@ def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
         out: Path = tmp_path
 
     config = Config(device="cpu", dtype="bfloat16", resume=False)
-    run = Run.from_config(config, name="cfg")
+    run = Run.from_config(config, label="cfg")
     assert (run.out, run.seed, run.dtype, run.resume, run.device) == (
         tmp_path,
         4,
@@ -230,14 +238,17 @@ def test_from_config_reads_the_shared_fields_and_lets_overrides_win(tmp_path):
         torch.device("cpu"),
     )
     assert run.checkpointer.identity == run_identity(config)
+    assert run.name == run_name("cfg", run_identity(config))
+    assert run.dir == tmp_path / "runs" / run.name
     model = torch.nn.Linear(2, 1)
     trainer = Trainer.from_config(config, run, model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert (trainer.steps, trainer.grad_clip, trainer.eval_every, trainer.log_every) == (7, 0.5, 3, 2)
     assert trainer.checkpoint_every is None
 
-    grid_point = Run.from_config(config, name="cfg-s9", seed=9, identity={"run": "cfg-s9"})
+    grid_point = Run.from_config(config, label="cfg-s9", seed=9, identity={"seed": 9})
     assert grid_point.seed == 9
-    assert grid_point.checkpointer.identity == {"run": "cfg-s9"}
+    assert grid_point.checkpointer.identity == {"seed": 9}
+    assert grid_point.name == run_name("cfg-s9", {"seed": 9})
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     assert Trainer.from_config(config, grid_point, model, sgd, steps=11).steps == 11
 
@@ -252,7 +263,7 @@ def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_
 
     model = torch.nn.Linear(2, 1)
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer.from_config(Bare(), Run.from_config(Bare(), name="bare"), model, sgd)
+    trainer = Trainer.from_config(Bare(), Run.from_config(Bare(), label="bare"), model, sgd)
     assert (trainer.eval_every, trainer.log_every, trainer.checkpoint_every) == (None, 10, None)
 
     @dataclass(frozen=True, kw_only=True)
@@ -260,10 +271,10 @@ def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_
         out: Path = tmp_path
 
     with pytest.raises(AttributeError, match="NoSeed has no field seed"):
-        Run.from_config(NoSeed(), name="no-seed")
-    assert Run.from_config(NoSeed(), name="no-seed", seed=1).seed == 1
+        Run.from_config(NoSeed(), label="no-seed")
+    assert Run.from_config(NoSeed(), label="no-seed", seed=1).seed == 1
     with pytest.raises(ValueError, match=r"seed: expected an integer >= 0, got \(0, 1\)"):
-        Run.from_config(Bare(), name="grid", seed=(0, 1))
+        Run.from_config(Bare(), label="grid", seed=(0, 1))
 
     @dataclass(frozen=True, kw_only=True)
     class NoSteps(RuntimeFields, OutputFields):
@@ -271,7 +282,7 @@ def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_
         out: Path = tmp_path
 
     with pytest.raises(AttributeError, match="NoSteps has no field steps, grad_clip"):
-        Trainer.from_config(NoSteps(), Run.from_config(NoSteps(), name="no-steps"), model, sgd)
+        Trainer.from_config(NoSteps(), Run.from_config(NoSteps(), label="no-steps"), model, sgd)
 
 
 def _two_optimizers():

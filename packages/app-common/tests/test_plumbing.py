@@ -3,6 +3,7 @@
 import argparse
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -39,6 +40,7 @@ from app_common.fields import (
     may_change_on_resume,
     option,
     run_identity,
+    run_name,
 )
 from app_common.measure import count_parameters, interleaved_medians, median_seconds
 from app_common.process import run_child
@@ -86,12 +88,32 @@ def test_a_run_identity_is_its_settings_minus_those_that_may_change_on_resume():
     assert may_change_on_resume(Run) >= {"device", "threads", "out", "resume", "log_every", "workers"}
 
 
-def test_the_identity_digest_ignores_settings_that_may_change_on_resume():
-    assert identity_digest(Run(device="cpu", workers=3, out=Path("x"))) == identity_digest(Run())
+def test_a_run_name_is_its_label_and_a_digest_that_ignores_settings_that_may_change_on_resume():
+    name = run_name("toy-s0", run_identity(Run()))
+    assert re.fullmatch(r"toy-s0-[0-9a-f]{8}", name)
+    assert run_name("toy-s0", run_identity(Run(device="cpu", workers=3, out=Path("x")))) == name
 
 
 def test_the_identity_digest_changes_with_an_identity_setting():
-    assert identity_digest(Run(model=Model(dim=4))) != identity_digest(Run())
+    assert identity_digest(run_identity(Run(model=Model(dim=4)))) != identity_digest(run_identity(Run()))
+    assert identity_digest({"a": 1, "b": 2}) == identity_digest({"b": 2, "a": 1})  # key order is not identity
+
+
+def test_a_setting_added_later_stays_out_of_the_identity_at_the_value_earlier_runs_had():
+    @dataclass(frozen=True, kw_only=True)
+    class Later(Run):
+        ADDED_SETTINGS: ClassVar[dict[str, Any]] = {"width": 16}
+
+        width: int = 16
+
+    assert run_identity(Later()) == run_identity(Run())
+    assert run_identity(Later(width=32)) == {**run_identity(Run()), "width": 32}
+
+
+def test_a_run_label_that_cannot_name_a_folder_is_refused():
+    for label in ("", "a/b"):
+        with pytest.raises(ValueError, match="label: expected a non-empty run label"):
+            run_name(label, {})
 
 
 def test_write_csv_writes_the_header_then_the_cells(tmp_path):

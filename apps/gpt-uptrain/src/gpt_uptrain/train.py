@@ -30,9 +30,9 @@ import torch
 
 import ralimp
 import rf_attention
+from app_common import fields
 from app_common.checkpoint import load_checkpoint
 from app_common.distributed import Distributed, evaluation_sums
-from app_common.fields import identity_digest
 from app_common.harness import Trainer
 from app_common.run import Run
 from app_common.schedules import Schedule, schedule
@@ -101,11 +101,18 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     return config.lr * lr_schedule(config)(step)
 
 
-def run_name(config: TrainConfig) -> str:
-    """``ralimp-k1-softmax-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
-    digest = identity_digest(config)
+def run_label(config: TrainConfig) -> str:
+    """``ralimp-k1-softmax-s0``: MLP kind, replaced blocks, attention and seed, the head of the run's name."""
     m = config.model
-    return f"{m.layer}-k{m.last_k or 'half'}-{m.attention}-s{config.seed}-{digest}"
+    return f"{m.layer}-k{m.last_k or 'half'}-{m.attention}-s{config.seed}"
+
+
+def run_name(config: TrainConfig) -> str:
+    """``ralimp-k1-softmax-s0-1a2b3c4d``: `run_label` and a digest of the run's identity.
+
+    The apps' one scheme ([`app_common.fields.run_name`][app_common.fields.run_name]).
+    """
+    return fields.run_name(run_label(config), fields.run_identity(config))
 
 
 def run_model_config(config: TrainConfig, vocab_size: int) -> GPTConfig:
@@ -252,7 +259,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
             FileNotFoundError: no data or no pretrained folder; MemoryError: the run would not fit the
             device (``--memory-check``); RuntimeError: the training loss became NaN or infinite.
     """
-    run = Run.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    run = Run.from_config(config, label=run_label(config), on_save=on_checkpoint)
     return run.unless_finished(lambda run: _train(config, run))
 
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from app_common import fields
 from app_common.fields import (
     OptimizerFields,
     OutputFields,
     RuntimeFields,
+    added_settings,
     check_int_fields,
     option,
     run_identity,
@@ -32,10 +34,6 @@ PAPER_METHODS = ("lowrank", "eugen", "snnk", "ralimp", "ralimp-psi")
 SWEEP_BUDGETS = (16, 32, 64, 128, 256)
 #: The fields that make the grid (several values each); the rest is the protocol every run shares.
 GRID = ("activation", "layer", "features", "seed")
-#: Settings added after runs were recorded, with the value those runs had: a record without the key ran
-#: with it. At that value a setting stays out of a run's identity (`FitConfig.protocol`), so those runs
-#: resume and report beside new ones.
-ADDED_SETTINGS = {"weight_matrix": "base"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +52,9 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("checkpoint_every", "log_every")
+    #: Settings added after runs were recorded, with the value those runs had: a record without the key
+    #: ran with it, and at that value the setting stays out of a run's identity and name.
+    ADDED_SETTINGS: ClassVar[Mapping[str, Any]] = {"weight_matrix": "base"}
 
     activation: tuple[str, ...] = field(
         default=ACTIVATIONS, metadata={"help": "target activations f (several: a grid)", "metavar": "NAME"}
@@ -129,22 +130,46 @@ class FitConfig(RuntimeFields, OptimizerFields, OutputFields, GridFields):
     def protocol(self) -> dict:
         """The settings every run of the grid shares: a run's identity without its grid point.
 
-        A setting of `ADDED_SETTINGS` at the value older records ran with is left out.
+        A setting of ``ADDED_SETTINGS`` at the value older records ran with is left out
+        ([`run_identity`][app_common.fields.run_identity]).
         """
-        return {
-            k: v
-            for k, v in run_identity(self).items()
-            if k not in GRID and not (k in ADDED_SETTINGS and ADDED_SETTINGS[k] == v)
-        }
+        return {k: v for k, v in run_identity(self).items() if k not in GRID}
 
     def full_protocol(self) -> dict:
-        """`protocol` with every setting of `ADDED_SETTINGS`: what records are compared by."""
-        return {**ADDED_SETTINGS, **self.protocol()}
+        """`protocol` with every setting of ``ADDED_SETTINGS``: what records are compared by."""
+        return {**added_settings(self), **self.protocol()}
+
+    def run_identity(self, activation: str, method: str, budget: int, seed: int) -> dict[str, Any]:
+        """The identity of one run of the grid: the `protocol` and its grid point."""
+        return {
+            **self.protocol(),
+            "activation": activation,
+            "layer": method,
+            "features": budget,
+            "seed": seed,
+        }
+
+    def run_name(self, activation: str, method: str, budget: int, seed: int) -> str:
+        """``gelu-ralimp-b32-s0-1a2b3c4d``: the run's label and a digest of its `run_identity`.
+
+        The apps' one scheme ([`app_common.fields.run_name`][app_common.fields.run_name]).
+        """
+        label = run_label(activation, method, budget, seed)
+        return fields.run_name(label, self.run_identity(activation, method, budget, seed))
+
+
+def run_label(activation: str, method: str, budget: int, seed: int) -> str:
+    """``gelu-ralimp-b32-s0``: the head of a run's name.
+
+    Records written before the names had a digest have the label as their whole name.
+    """
+    return f"{activation}-{method}-b{budget}-s{seed}"
 
 
 def recorded_protocol(record: Mapping[str, Any], keys: Iterable[str]) -> dict:
-    """The settings ``keys`` of a flat record; one of `ADDED_SETTINGS` it lacks at the value it ran with."""
-    return {k: record.get(k, ADDED_SETTINGS.get(k)) for k in keys}
+    """The settings ``keys`` of a flat record; one of ``ADDED_SETTINGS`` it lacks at the value it ran with."""
+    added = added_settings(FitConfig)
+    return {k: record.get(k, added.get(k)) for k in keys}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,7 +60,8 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
     """``(activation, method, budget) -> Cell``.
 
     Raises:
-        ValueError: no records, or records of different protocols (steps, sizes, ...) in one file.
+        ValueError: no records, records of different protocols (steps, sizes, ...) in one file, or one
+            run (activation, method, budget, seed) recorded twice.
     """
     if not records:
         raise ValueError("results: no records to report")
@@ -69,8 +70,17 @@ def aggregate(records: list[dict]) -> dict[tuple[str, str, int], Cell]:
         listed = "; ".join(", ".join(f"{k}={v}" for k, v in p) for p in sorted(protocols, key=str))
         raise ValueError(f"results: runs of {len(protocols)} different protocols in one file ({listed})")
     groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    seen: dict[tuple[str, str, int, int], str] = {}
     for record in records:
-        groups[(record["activation"], record["method"], int(record["budget"]))].append(record)
+        key = (record["activation"], record["method"], int(record["budget"]))
+        run = (*key, int(record["seed"]))
+        if run in seen:
+            raise ValueError(
+                f"results: the run ({', '.join(map(str, run))}) is recorded twice (names {seen[run]!r} and "
+                f"{record.get('name')!r}); keep one line of it"
+            )
+        seen[run] = str(record.get("name"))
+        groups[key].append(record)
     cells = {}
     for key, group in groups.items():
         runs = [r for r in group if not r.get("not_started")]

@@ -4,11 +4,11 @@ Each run is full-batch Adam on the MSE between the model's output and the standa
 cosine learning-rate decay to 0 over ``steps`` and the gradient norm clipped at ``grad_clip``, run by
 ``app_common.harness.Trainer``; the reported figure is the train MSE of the final model (evaluated once more
 after the last step), next to the two floors of [`layer_fit.floors`][layer_fit.floors]. Every run has
-its folder ``<out>/runs/<run_name>/`` (checkpoint every ``checkpoint_every`` steps, log, record) and one
-JSON line in ``<out>/results.jsonl``; a killed run resumes from its checkpoint (refused under another
-identity) to the result of an unbroken one. A run whose method does not start (it raises one of
-`START_ERRORS` while it is built or first evaluated, or its first loss is not finite) is recorded with the
-reason (``not_started``) and the grid goes on.
+its folder ``<out>/runs/<name>/`` (the name of `layer_fit.config.FitConfig.run_name`: checkpoint every
+``checkpoint_every`` steps, log, record) and one JSON line in ``<out>/results.jsonl``; a killed run
+resumes from its checkpoint (refused under another identity) to the result of an unbroken one. A run
+whose method does not start (it raises one of `START_ERRORS` while it is built or first evaluated, or its
+first loss is not finite) is recorded with the reason (``not_started``) and the grid goes on.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from app_common.records import RESULTS, flat_record, make_record, write_record
 from app_common.results import read_jsonl
 from app_common.run import Run
 from app_common.schedules import schedule
-from layer_fit.config import FitConfig, recorded_protocol
+from layer_fit.config import FitConfig, recorded_protocol, run_label
 from layer_fit.data import LayerData, make_data
 from layer_fit.floors import eckart_young_floor, fixed_features, information_floor, singular_values
 from layer_fit.methods import METHODS, FitModel, build
@@ -42,11 +42,6 @@ from layer_fit.methods import METHODS, FitModel, build
 #: budget or a fit it cannot make, features that overflow the readout's solve) and
 #: ``torch.linalg.LinAlgError`` (a singular fit). Any other error is a bug and ends the grid.
 START_ERRORS: tuple[type[Exception], ...] = (ValueError, torch.linalg.LinAlgError)
-
-
-def run_name(activation: str, method: str, budget: int, seed: int) -> str:
-    """``gelu-ralimp-b32-s0``: a run's checkpoint name."""
-    return f"{activation}-{method}-b{budget}-s{seed}"
 
 
 def fit_one(
@@ -64,7 +59,7 @@ def fit_one(
 ) -> dict:
     """Train ``method`` at ``budget`` with ``seed`` on ``data``; returns the run's record.
 
-    The run goes through ``app_common.harness.Trainer`` under ``<out>/runs/<run_name>/`` (resumed from its
+    The run goes through ``app_common.harness.Trainer`` under ``<out>/runs/<name>/`` (resumed from its
     checkpoint under ``config.resume``, checkpointed every ``config.checkpoint_every`` steps, its record
     written there and appended to ``<out>/results.jsonl``); without ``out`` in a temporary folder that is
     removed afterwards. A loss that stops being finite ends the run as diverged (``diverged_at_step``); a
@@ -89,13 +84,12 @@ def fit_one(
                 data, method, budget, seed, config, device=device, out=Path(folder), progress=progress,
                 sigma=sigma, on_checkpoint=on_checkpoint,
             )  # fmt: skip
-    name = run_name(data.activation, method, budget, seed)
     run = Run.from_config(
         config,
-        name=name,
+        label=run_label(data.activation, method, budget, seed),
+        identity=config.run_identity(data.activation, method, budget, seed),
         on_save=on_checkpoint,
         out=out,
-        identity={"run": name, **config.protocol()},  # the grid point is in the name
         seed=seed,
         device=device,
         distributed=False,
@@ -293,7 +287,7 @@ def run_fit(
     run_grid(
         planned_runs(config),
         _Cells(config, progress, on_checkpoint),
-        place=lambda cell: (config.out, run_name(*cell)),
+        place=lambda cell: (config.out, config.run_name(*cell)),
         grid=config,
         desc="layer-fit",
         show_progress=progress,

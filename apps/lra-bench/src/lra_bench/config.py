@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import lra_data
+from app_common import fields
 from app_common.config import config_from
 from app_common.fields import (
     AttentionFields,
@@ -24,8 +25,8 @@ from app_common.fields import (
     OutputFields,
     RuntimeFields,
     check_int_fields,
-    identity_digest,
     option,
+    run_identity,
 )
 from app_common.grid import GridFields
 from spectraformer_core import check_int
@@ -180,16 +181,20 @@ def train_config(
     return config_from(TrainConfig, {**(table6 or {}).get(task, {}), **given})
 
 
-def run_name(config: TrainConfig) -> str:
-    """The run's identity: task, attention, features, seed and a digest of the other identity settings.
+def run_label(config: TrainConfig) -> str:
+    """``listops-oprf-fastfoodl-f128-s0``: task, attention, features and seed, the head of the run's name."""
+    model = config.model
+    return f"{config.task}-{model.attention}-f{model.attention_features}-s{config.seed}"
 
-    ``listops-oprf-fastfoodl-f128-s0-3f2a9c1e``: its checkpoint folder, and the key by which a sweep
-    knows a run is done. The digest covers
+
+def run_name(config: TrainConfig) -> str:
+    """``listops-oprf-fastfoodl-f128-s0-3f2a9c1e``: `run_label` and a digest of the run's identity.
+
+    The apps' one scheme ([`app_common.fields.run_name`][app_common.fields.run_name]): its checkpoint
+    folder, and the key by which a sweep knows a run is done. The digest covers
     [`app_common.fields.run_identity`][app_common.fields.run_identity] (Table 6 filled in).
     """
-    digest = identity_digest(config)
-    model = config.model
-    return f"{config.task}-{model.attention}-f{model.attention_features}-s{config.seed}-{digest}"
+    return fields.run_name(run_label(config), run_identity(config))
 
 
 #: Fields of the grid of ``lra-bench sweep`` (each takes several values there).

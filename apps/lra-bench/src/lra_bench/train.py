@@ -31,7 +31,7 @@ from app_common.distributed import Distributed, evaluation_sums
 from app_common.harness import TrainData, Trainer
 from app_common.run import Run
 from app_common.schedules import param_groups, schedule
-from lra_bench.config import TrainConfig, run_name
+from lra_bench.config import TrainConfig, run_label
 from lra_bench.model import LRAClassifier
 
 
@@ -154,7 +154,7 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         ValueError: bad settings, data or checkpoint (each names what is wrong).
         FileNotFoundError: no cache for the task under ``config.data``.
     """
-    run = Run.from_config(config, name=run_name(config), on_save=on_checkpoint)
+    run = Run.from_config(config, label=run_label(config), on_save=on_checkpoint)
     return run.unless_finished(lambda run: _train(config, run))
 
 

@@ -2,10 +2,10 @@
 
 A family (PINN, SIREN, NeRF) gives a `Family`: how to build each variant, its training loss, optimizers
 and phases, evaluation, inference and plots. `compare` trains the variants one after the other through
-``app_common.harness.Trainer`` (`train_variant`: ``<out>/runs/<kind>/``, resumed from its checkpoint,
-a finished one only restored), then times the inference of all of them in interleaved rounds so that each
-ratio to the dense model is measured in the same run under the same load, and writes ``results.jsonl``,
-``results.md``, ``results.csv`` and the family's plots.
+``app_common.harness.Trainer`` (`train_variant`: ``<out>/runs/<kind>-s<seed>-<digest>/``, resumed from
+its checkpoint, a finished one only restored), then times the inference of all of them in interleaved
+rounds so that each ratio to the dense model is measured in the same run under the same load, and writes
+``results.jsonl``, ``results.md``, ``results.csv`` and the family's plots.
 """
 
 from __future__ import annotations
@@ -129,18 +129,20 @@ class Family(abc.ABC):
         return config_dict(self.config)
 
     def run(self, kind: str, on_checkpoint: Callable[[int], None] | None = None) -> Run:
-        """The run of variant ``kind``: ``<out>/runs/<kind>/`` under its `identity`, seeded with ``seed``.
+        """The run of variant ``kind`` under its `identity`, seeded with ``seed``.
 
-        With ``dense_from`` the dense run is ``<dense_from>/runs/dense/``, which must have finished.
+        Its name is the apps' one scheme ([`app_common.fields.run_name`][app_common.fields.run_name]):
+        ``<kind>-s<seed>`` and a digest of its identity. With ``dense_from`` the dense run is the one of
+        that name under ``<dense_from>/runs/``, which must have finished.
 
         Raises:
-            ValueError: ``dense_from`` holds no finished dense run.
+            ValueError: ``dense_from`` holds no finished dense run of these settings.
         """
         restored = kind == DENSE and self.config.dense_from is not None
         out = self.config.dense_from if restored else self.config.out
         run = Run.from_config(
             self.config,
-            name=kind,
+            label=f"{kind}-s{self.config.seed}",
             on_save=on_checkpoint,
             identity=self.identity(kind),
             device=self.device,
@@ -148,9 +150,14 @@ class Family(abc.ABC):
             out=out,
         )
         if restored and run.finished() is None:
+            others = "".join(
+                f"; it holds {name} of other settings ({'; '.join(changed) or 'unknown'})"
+                for name, changed in run.namesakes().items()
+            )
             raise ValueError(
-                f"--dense-from: {out} holds no finished dense run ({run.dir / 'record.json'} is missing); "
-                "expected the --out folder of a comparison whose dense variant finished"
+                f"--dense-from: {out} holds no finished dense run of these settings "
+                f"({run.dir / 'record.json'} is missing){others}; expected the --out folder of a comparison "
+                "whose dense variant finished"
             )
         return run
 

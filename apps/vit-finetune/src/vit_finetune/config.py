@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from app_common import fields
 from app_common.fields import (
     AttentionFields,
     EvalFields,
@@ -19,8 +20,8 @@ from app_common.fields import (
     RaLiMPFields,
     RuntimeFields,
     check_int_fields,
-    identity_digest,
     option,
+    run_identity,
 )
 from app_common.grid import GridFields
 from vit_finetune.data import DATASETS
@@ -139,13 +140,20 @@ class TrainConfig(
         return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
 
-def run_name(config: TrainConfig) -> str:
-    """``digits-vit-digits-ralimp-k4-s0-1a2b3c4d``: the run's folder, named from its identity settings."""
+def run_label(config: TrainConfig) -> str:
+    """``digits-vit-digits-ralimp-k4-s0``: the head of the run's name (the data set's defaults filled in)."""
     config = config.resolved()
-    digest = identity_digest(config)
     attention = "" if config.attention == "softmax" else f"-{config.attention}"
     model = config.model.replace("/", "_")
-    return f"{config.data}-{model}-{config.layer}-k{config.last_k}{attention}-s{config.seed}-{digest}"
+    return f"{config.data}-{model}-{config.layer}-k{config.last_k}{attention}-s{config.seed}"
+
+
+def run_name(config: TrainConfig) -> str:
+    """``digits-vit-digits-ralimp-k4-s0-1a2b3c4d``: `run_label` and a digest of the run's identity.
+
+    The apps' one scheme ([`app_common.fields.run_name`][app_common.fields.run_name]).
+    """
+    return fields.run_name(run_label(config), run_identity(config.resolved()))
 
 
 @dataclass(frozen=True, kw_only=True)

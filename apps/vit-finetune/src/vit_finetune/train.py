@@ -33,7 +33,7 @@ from app_common.run import Run
 from app_common.schedules import param_groups, schedule
 from app_common.seeding import CALIBRATION_SEED
 from vit_finetune import data as vdata
-from vit_finetune.config import TrainConfig, run_name
+from vit_finetune.config import TrainConfig, run_label
 from vit_finetune.surgery import LAYER_OPTIONS, compressed, replace_mlps, swap_attention
 from vit_finetune.weights import MODELS, ModelSpec, build_model
 
@@ -201,14 +201,14 @@ def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = 
         FileNotFoundError: data or weights not found.
     """
     config = config.resolved()
-    name = run_name(config)
     image_size = config.image_size or MODELS.get(config.model).config.image_size
     splits = vdata.load(config.data, config.data_path, image_size=image_size)
     fit_set = splits.split("train" if config.tune else "trainval")
     eval_split = "val" if config.tune else "test"
     steps_per_epoch = max(1, len(fit_set) // config.batch_size)
     total = config.steps or config.epochs * steps_per_epoch
-    run = Run.from_config(config, name=name, on_save=on_checkpoint, distributed=False)
+    run = Run.from_config(config, label=run_label(config), on_save=on_checkpoint, distributed=False)
+    name = run.name
     if run.finished() is not None:
         print(f"{name}: finished earlier (see {config.results}); nothing to do")
         return None

@@ -10,10 +10,17 @@ is a frozen, keyword-only dataclass that inherits the groups it needs, and redec
         lr: float = option("lr", 1e-2)                   # the vocabulary's help, this app's default
         workers: int = field(default=0, metadata={"help": "DataLoader workers"})
 
-The one resume policy ([`Checkpointer`][app_common.checkpoint.Checkpointer]): a run's identity is its settings
-minus those that may change on resume ([`run_identity`][app_common.fields.run_identity]: the
-``MAY_CHANGE_ON_RESUME`` of the config's
-classes and of its nested groups); resuming under a different identity is refused with the changed keys.
+The apps' one run-identity scheme:
+
+- A run's **identity** is every setting except those that do not change what it computes: where the data
+  lives, ``out``, ``resume``, ``device``, ``threads``, ``compile``, ``workers``, logging, and how a grid is
+  split (the ``MAY_CHANGE_ON_RESUME`` of the config's classes and of its nested groups), and a setting
+  added after runs were recorded while it holds the value those runs had (``ADDED_SETTINGS``):
+  [`run_identity`][app_common.fields.run_identity].
+- A run's **name** (its folder ``<out>/runs/<name>/``) is a readable label, then eight hex digits of that
+  identity: [`run_name`][app_common.fields.run_name] (``listops-softmax-f64-s0-937732f7``).
+- A checkpoint resumes only under the same identity
+  ([`Checkpointer`][app_common.checkpoint.Checkpointer]), refused with the changed keys otherwise.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -77,6 +85,9 @@ class Fields:
 
     #: Settings of this class that may change when a run resumes (not part of its identity).
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ()
+    #: Settings added after runs were recorded, with the value those runs had: at that value a setting
+    #: stays out of the identity, so the earlier runs keep their names and resume.
+    ADDED_SETTINGS: ClassVar[Mapping[str, Any]] = {}
 
     def __post_init__(self) -> None:
         """Nothing at the root; each group checks its own fields and calls ``super().__post_init__()``."""
@@ -223,16 +234,41 @@ def may_change_on_resume(config_or_class: Any) -> set[str]:
     return names
 
 
+def added_settings(config_or_class: Any) -> dict[str, Any]:
+    """The ``ADDED_SETTINGS`` of a configuration's classes (every base), the most derived winning."""
+    cls = config_or_class if isinstance(config_or_class, type) else type(config_or_class)
+    added: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        added.update(vars(klass).get("ADDED_SETTINGS", {}))
+    return added
+
+
 def run_identity(config: Any) -> dict[str, Any]:
-    """A run's identity: every leaf setting of ``config`` except those that may change on resume."""
-    mutable = may_change_on_resume(config)
-    return {k: v for k, v in flat_settings(config).items() if k not in mutable}
+    """A run's identity: every leaf setting of ``config`` except those that may change on resume.
 
-
-def identity_digest(config: Any) -> str:
-    """Eight hex digits of the SHA-256 of `run_identity` ``(config)``, as JSON.
-
-    The tail of a run's name (``listops-softmax-f64-s0-937732f7``): two configurations with one identity
-    share a run folder, any other setting gives another.
+    A setting of ``ADDED_SETTINGS`` at the value earlier runs had is left out too.
     """
-    return hashlib.sha256(json.dumps(run_identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    mutable, added = may_change_on_resume(config), added_settings(config)
+    missing = object()
+    return {k: v for k, v in flat_settings(config).items() if k not in mutable and added.get(k, missing) != v}
+
+
+def identity_digest(identity: Mapping[str, Any]) -> str:
+    """Eight hex digits of the SHA-256 of ``identity`` as JSON (keys sorted): the tail of a run's name."""
+    text = json.dumps(dict(identity), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def run_name(label: str, identity: Mapping[str, Any]) -> str:
+    """``<label>-<identity_digest(identity)>``: a run's name, the apps' one scheme.
+
+    The label says what the run is to a reader (``listops-softmax-f64-s0``); the digest tells apart runs
+    whose label is the same but whose identity differs, so that two configurations with one identity
+    share a run folder and any other setting gives another.
+
+    Raises:
+        ValueError: an empty label, or one with ``/`` (it names a folder).
+    """
+    if not isinstance(label, str) or not label or "/" in label:
+        raise ValueError(f"label: expected a non-empty run label without '/', got {label!r}")
+    return f"{label}-{identity_digest(identity)}"

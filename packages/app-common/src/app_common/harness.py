@@ -5,7 +5,7 @@ owns everything around the step. A run is set up before its model exists
 ([`Run`][app_common.run.Run]: threads, device, process group, seeding, the "finished earlier?" check),
 and its trainer is built from the run and the model's parts, complete when constructed:
 
-    run = Run.from_config(config, name=name)                 # out, seed, device, ... from the config
+    run = Run.from_config(config, label=label)               # out, seed, device, ... from the config
     if (record := run.finished()) is not None:
         return record                                        # skip a finished run
     model = build(...).to(run.device)

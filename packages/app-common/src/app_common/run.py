@@ -4,12 +4,12 @@ An app needs the device, the seeding, the process group and the "finished earlie
 builds its model, and the harness ([`Trainer`][app_common.harness.Trainer]) needs the model before it
 can train. So a run is two objects, built one after the other and each complete when constructed:
 
-    run = Run.from_config(config, name=name)               # seeds everything, joins torchrun's group
+    run = Run.from_config(config, label=label)             # seeds everything, joins torchrun's group
     model = build(config).to(run.device)
     trainer = Trainer.from_config(config, run, model, optimizer)
 
 `Run` has its own module because nothing in it depends on the step loop: it is the run's place
-(``<out>/runs/<name>/``), its checkpoint's identity and its environment (threads, device, precision, the
+(``<out>/runs/<name>/``), its identity and its environment (threads, device, precision, the
 ``torchrun`` process group), which an app also uses around the loop (evaluation under `Run.autocast`,
 the main process's printing, skipping a finished run with `Run.unless_finished`).
 """
@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from app_common.checkpoint import Checkpointer
+from app_common.checkpoint import Checkpointer, changed_settings, load_checkpoint
 from app_common.device import autocast, resolve_device
 from app_common.distributed import Distributed, setup_distributed, teardown_distributed
-from app_common.fields import run_identity
-from app_common.records import CHECKPOINT, LOG, RECORD, finished_record, run_dir
+from app_common.fields import run_identity, run_name
+from app_common.records import CHECKPOINT, LOG, RECORD, RUNS, finished_record, run_dir
 from app_common.seeding import seed_everything
 
 T = TypeVar("T")
@@ -119,23 +119,39 @@ class Run:
 
     @classmethod
     def from_config(
-        cls, config: Any, *, name: str, on_save: Callable[[int], None] | None = None, **overrides: Any
+        cls,
+        config: Any,
+        *,
+        label: str,
+        identity: Mapping[str, Any] | None = None,
+        on_save: Callable[[int], None] | None = None,
+        **overrides: Any,
     ) -> Run:
         """A run set from a configuration of the shared field groups: every app sets its runs up so.
 
-        Each argument of ``RUN_CONFIG_SETTINGS`` comes from ``config``'s field of that name: ``out``,
-        ``seed``, ``device``, ``dtype``, ``threads`` and ``resume``. The identity is
-        [`run_identity`][app_common.fields.run_identity]``(config)``. ``overrides`` replace any of these (a
-        grid point's ``seed``, an identity without the grid) or set the other arguments of `Run`.
+        The apps' one run-identity scheme: the identity is
+        [`run_identity`][app_common.fields.run_identity]``(config)`` unless given (a grid point's: the
+        shared settings and the point's own), the name is
+        [`run_name`][app_common.fields.run_name]``(label, identity)``, and a checkpoint resumes only under
+        that identity. Each argument of ``RUN_CONFIG_SETTINGS`` comes from ``config``'s field of that name:
+        ``out``, ``seed``, ``device``, ``dtype``, ``threads`` and ``resume``; ``overrides`` replace any of
+        these (a grid point's ``seed``) or set the other arguments of `Run`.
+
+        Args:
+            config: the run's configuration.
+            label: the readable head of the run's name (``listops-softmax-f64-s0``).
+            identity: the run's identity (default: ``run_identity(config)``).
+            on_save: called with the step after each checkpoint.
+            **overrides: arguments of `Run` other than ``name`` and ``identity``.
 
         Raises:
             AttributeError: ``config`` lacks a field of ``RUN_CONFIG_SETTINGS`` that ``overrides`` does
                 not give either.
         """
         settings = config_settings(config, RUN_CONFIG_SETTINGS, (), overrides)
-        if "identity" not in overrides:
-            settings["identity"] = run_identity(config)
-        return cls(name=name, on_save=on_save, **settings, **overrides)
+        identity = run_identity(config) if identity is None else dict(identity)
+        name = run_name(label, identity)
+        return cls(name=name, identity=identity, on_save=on_save, **settings, **overrides)
 
     @property
     def is_main(self) -> bool:
@@ -161,6 +177,21 @@ class Run:
                 (self.dir / RECORD).unlink(missing_ok=True)
             return None
         return finished_record(self.out, self.name)
+
+    def namesakes(self) -> dict[str, list[str]]:
+        """The runs under ``out`` of this run's label and another identity, with their changed settings.
+
+        ``{"dense-s0-1a2b3c4d": ["steps: 6 -> 5"]}``: what differs between each one's checkpoint and this
+        run (a run without a checkpoint lists nothing); for an error that says why a run is not found.
+        """
+        label = self.name.rsplit("-", 1)[0]
+        found = {}
+        for folder in sorted((self.out / RUNS).glob(f"{label}-*")):
+            if folder.name != self.name and folder.name.rsplit("-", 1)[0] == label:
+                state = load_checkpoint(folder / CHECKPOINT)
+                saved = {} if state is None else state.get("identity", {})
+                found[folder.name] = changed_settings(saved, self.checkpointer.identity) if saved else []
+        return found
 
     def close(self) -> None:
         """Leave the process group, if the run joined one."""
