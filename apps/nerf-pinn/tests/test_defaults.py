@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from nerf_pinn.config import NerfConfig, PinnConfig
-from nerf_pinn.layers import FeedForward, linearize
+from nerf_pinn.layers import FeedForward, linearize_mlp_layers
 
 
 @pytest.mark.parametrize("kind", ["ralimp", "eugen"])
@@ -14,7 +14,9 @@ def test_fit_range_sets_the_fit_interval_and_zero_keeps_the_samples(kind):
     x = 0.1 * torch.randn(64, 8)
     for fit_range in (4.0, 0.0):
         stack = nn.ModuleList([FeedForward(8, 8, "relu")])
-        linearize(stack, kind, budget=32, indices=[0], inputs=[x], num_atoms=0, fit_range=fit_range)
+        linearize_mlp_layers(
+            stack, kind, budget=32, indices=[0], inputs=[x], num_atoms=0, fit_range=fit_range
+        )
         lo, hi = stack[0].fit.interval
         t = stack[0].fit_record()["fit_range"]
         assert [lo, hi] == pytest.approx(t)
@@ -36,7 +38,9 @@ def test_fit_chooses_ralimps_fit_mode_and_nerf_fits_by_least_squares_on_orthogon
     x = 0.1 * torch.randn(64, 8)
     for fit in ("variance", "discretized", "paper"):
         stack = nn.ModuleList([FeedForward(8, 8, "relu")])
-        linearize(stack, "ralimp", budget=32, indices=[0], inputs=[x], num_atoms=0, fit_range=4.0, fit=fit)
+        linearize_mlp_layers(
+            stack, "ralimp", budget=32, indices=[0], inputs=[x], num_atoms=0, fit_range=4.0, fit=fit
+        )
         assert stack[0].fit_record()["fit"] == fit
     assert (NerfConfig().fit, PinnConfig().fit) == ("discretized", "variance")
     assert (NerfConfig().weight_matrix, PinnConfig().weight_matrix) == ("orf", "base")
@@ -58,7 +62,9 @@ def test_the_balance_is_a_departure_only_where_a_layer_has_complex_exponential_f
     departures = {}
     for atoms in (0, 1):
         stack = nn.ModuleList([FeedForward(8, 8, "tanh")])
-        linearize(stack, "ralimp", budget=32, indices=[0], inputs=[x], num_atoms=atoms, fit="discretized")
+        linearize_mlp_layers(
+            stack, "ralimp", budget=32, indices=[0], inputs=[x], num_atoms=atoms, fit="discretized"
+        )
         assert stack[0].num_atoms == atoms
         departures[atoms] = config.departures("ralimp", stack)
     assert departures[0] == []

@@ -15,7 +15,7 @@ from app_common.testing import assert_resume_equals_unbroken
 from nerf_pinn.cli import main
 from nerf_pinn.config import NerfConfig, PinnConfig, SirenConfig
 from nerf_pinn.experiment import compare, train_variant
-from nerf_pinn.layers import FeedForward, linearize
+from nerf_pinn.layers import FeedForward, linearize_mlp_layers
 from nerf_pinn.nerf import NerfFamily
 from nerf_pinn.pinn import PinnFamily
 from nerf_pinn.scenes import load_blender, load_tiny_nerf, render_synthetic_scene
@@ -124,7 +124,7 @@ def test_ralimp_fits_sin_on_the_layers_preactivation_range():
     with torch.no_grad():
         t_max = float(layers[0].preactivation(x).abs().max())
         dense_out = layers[0](x)
-    linearize(layers, "ralimp", budget=16, indices=[0], inputs=[x], num_freqs=3)
+    linearize_mlp_layers(layers, "ralimp", budget=16, indices=[0], inputs=[x], num_freqs=3)
     layer = layers[0]
     assert isinstance(layer, ralimp.RaLiMP)
     assert layer.fit.interval == pytest.approx((-1.1 * t_max, 1.1 * t_max))
@@ -158,14 +158,18 @@ def test_every_kind_spends_the_budget_exactly_through_ralimp_create(budget):
     for kind in ("ralimp", "snnk", "eugen"):
         stack = nn.ModuleList([FeedForward(4, 8, "tanh"), FeedForward(8, 8, "tanh")])
         stack.load_state_dict(layers.state_dict())
-        linearize(stack, kind, budget=budget, indices=[1], inputs=[torch.randn(64, 4), torch.randn(64, 8)])
+        linearize_mlp_layers(
+            stack, kind, budget=budget, indices=[1], inputs=[torch.randn(64, 4), torch.randn(64, 8)]
+        )
         assert stack[1].num_random_features == budget, kind
     stack = nn.ModuleList([FeedForward(4, 8, "tanh"), FeedForward(8, 8, "tanh")])
-    linearize(stack, "ralimp", budget=32, indices=[1], inputs=[None, torch.randn(64, 8)], num_freqs=3)
+    linearize_mlp_layers(
+        stack, "ralimp", budget=32, indices=[1], inputs=[None, torch.randn(64, 8)], num_freqs=3
+    )
     # App. D.1: 8 + 2 * 1 * 3 * 4; the atoms the variance-aware fit leaves out give their 24 to the polynomial
     assert stack[1].poly_matrices[0].num_features == 32 - 2 * stack[1].num_atoms * 3 * 4
     with pytest.raises(ValueError, match="budget"):
-        linearize(stack, "ralimp", budget=2, indices=[0], inputs=[torch.randn(64, 4)], num_freqs=3)
+        linearize_mlp_layers(stack, "ralimp", budget=2, indices=[0], inputs=[torch.randn(64, 4)], num_freqs=3)
 
 
 def test_compare_writes_records_table_and_plots_and_resumes(tmp_path, capsys):

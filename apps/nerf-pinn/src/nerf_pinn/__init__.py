@@ -10,7 +10,14 @@ runs it from the command line:
 
 from nerf_pinn.config import FAMILIES, CompareConfig, NerfConfig, PinnConfig, SirenConfig, replaced_layers
 from nerf_pinn.experiment import Family, compare, results_table, train_variant
-from nerf_pinn.layers import DENSE, KINDS, FeedForward, inference_parameters, linearize, stack_inputs
+from nerf_pinn.layers import (
+    DENSE,
+    KINDS,
+    FeedForward,
+    inference_parameters,
+    linearize_mlp_layers,
+    stack_inputs,
+)
 from nerf_pinn.nerf import NerfFamily
 from nerf_pinn.pinn import PINN, PinnFamily
 from nerf_pinn.siren import SirenFamily
@@ -31,7 +38,7 @@ __all__ = [
     "SirenFamily",
     "compare",
     "inference_parameters",
-    "linearize",
+    "linearize_mlp_layers",
     "replaced_layers",
     "results_table",
     "stack_inputs",

@@ -31,7 +31,7 @@ from app_common.records import RESULTS
 from app_common.results import markdown_table, read_jsonl
 from app_common.run import Run
 from nerf_pinn.config import CompareConfig, replaced_layers
-from nerf_pinn.layers import DENSE, SHAPE_OPTIONS, inference_parameters, linearize, stack_inputs
+from nerf_pinn.layers import DENSE, SHAPE_OPTIONS, inference_parameters, linearize_mlp_layers, stack_inputs
 
 
 class Family(abc.ABC):
@@ -93,12 +93,12 @@ class Family(abc.ABC):
     def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
         """PNG plots of every variant's outputs; the paths written."""
 
-    def linearize(
+    def linearize_mlp_layers(
         self, layers: nn.ModuleList, kind: str, indices: list[int], inputs: list[torch.Tensor]
     ) -> None:
-        """`linearize` with this family's budget, rational fit and projections."""
+        """`linearize_mlp_layers` with this family's budget, rational fit and projections."""
         config = self.config
-        linearize(
+        linearize_mlp_layers(
             layers,
             kind,
             budget=config.features,
@@ -114,13 +114,13 @@ class Family(abc.ABC):
             seed=config.seed,
         )
 
-    def linearize_stack(self, layers: nn.ModuleList, kind: str, depth: int, sample: torch.Tensor) -> None:
-        """`linearize` the layers of a stack that ``--replace`` names, on their inputs from ``sample``.
+    def linearize_mlp_stack(self, layers: nn.ModuleList, kind: str, depth: int, sample: torch.Tensor) -> None:
+        """Linearize the MLP layers of a stack that ``--replace`` names, calibrated on their inputs.
 
         ``sample`` is ``(n, in_features)``: each replaced layer is calibrated on what it receives when the
         stack reads it.
         """
-        self.linearize(
+        self.linearize_mlp_layers(
             layers, kind, replaced_layers(self.config.replace, depth), stack_inputs(layers, sample)
         )
 

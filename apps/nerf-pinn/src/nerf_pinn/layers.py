@@ -2,10 +2,10 @@
 
 Every network here is a stack of `FeedForward` layers ``activation(scale * (W x + b))`` (tanh for
 the PINN, ``sin`` with ``scale = omega_0`` for SIREN, relu for NeRF) followed by plain ``nn.Linear`` heads.
-`linearize` swaps chosen layers for a ``ralimp`` layer of the registered kind (``ralimp``, ``snnk``,
-``eugen``) made by ``ralimp.create`` from the layer's own weights (``scale`` folded into ``W, b``), which
-spends the same feature budget exactly for every kind (``num_random_features == budget``), so the kinds are
-compared at equal numbers of random features.
+`linearize_mlp_layers` swaps chosen layers for a ``ralimp`` layer of the registered kind (``ralimp``,
+``snnk``, ``eugen``) made by ``ralimp.create`` from the layer's own weights (``scale`` folded into
+``W, b``), which spends the same feature budget exactly for every kind (``num_random_features == budget``),
+so the kinds are compared at equal numbers of random features.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class FeedForward(nn.Module):
 class FeedForwardStack(nn.Module):
     """``depth`` `FeedForward` layers of ``width`` units, then a linear head (the PINN's and SIREN's form).
 
-    ``layers`` is the stack `linearize` replaces in; a subclass's ``forward`` prepares the input of `stack`.
+    ``layers`` is the stack `linearize_mlp_layers` replaces in; a subclass's ``forward`` prepares the
+    input of `stack`.
 
     Args:
         in_features: input dimension.
@@ -126,7 +127,7 @@ def sine_fit_interval(t: torch.Tensor, *, margin: float = 1.1, minimum: float = 
     return (-half, half)
 
 
-def linearize(
+def linearize_mlp_layers(
     layers: nn.ModuleList,
     kind: str,
     *,

@@ -152,7 +152,7 @@ class NerfFamily(Family, name="nerf", metric="psnr"):
             indices = replaced_layers(config.replace, config.depth)
             if config.skip in indices:
                 raise ValueError(f"replace: the skip layer {config.skip} cannot be linearized ({indices})")
-            self.linearize(model.layers, kind, indices, model.layer_inputs(sample))
+            self.linearize_mlp_layers(model.layers, kind, indices, model.layer_inputs(sample))
         return model
 
     def render(self, model: nn.Module, origins: torch.Tensor, directions: torch.Tensor, **kw) -> torch.Tensor:

@@ -178,7 +178,7 @@ class PinnFamily(Family, name="pinn", metric="relative_l2"):
         seed_everything(config.seed)
         model = PINN(config.depth, config.width).to(self.device, self.dtype)
         if kind != DENSE:
-            self.linearize_stack(model.layers, kind, config.depth, self.calibration_sample(model))
+            self.linearize_mlp_stack(model.layers, kind, config.depth, self.calibration_sample(model))
         return model
 
     def loss(self, model: nn.Module, step: int = 0) -> torch.Tensor:

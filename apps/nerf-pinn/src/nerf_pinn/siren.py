@@ -113,7 +113,7 @@ class SirenFamily(Family, name="siren", metric="psnr"):
         model = Siren(2, 1, config.depth, config.width, config.omega_0).to(self.device)
         if kind != DENSE:
             sample = self.coords[torch.randperm(self.coords.shape[0], device=self.device)[:2048]]
-            self.linearize_stack(model.layers, kind, config.depth, sample)
+            self.linearize_mlp_stack(model.layers, kind, config.depth, sample)
         return model
 
     def loss(self, model: nn.Module, step: int) -> torch.Tensor:
