@@ -58,27 +58,33 @@ def majority_digit_examples(split, count, rng):
     return items
 
 
+#: The fast settings of `tiny_config` (flags of lra-bench train).
+TINY_SETTINGS = {
+    "attention": "softmax",
+    "attention_features": 16,
+    "device": "cpu",
+    "batch_size": 8,
+    "lr": 1e-3,
+    "warmup_steps": 2,
+    "eval_every": 3,
+    "eval_batches": 2,
+    "init_steps": 0,
+    "max_length": 32,
+    "steps": 6,
+    "dim": 32,
+    "embedding_dim": 32,
+    "hidden_dim": 32,
+    "log_every": 1,
+    "threads": 1,  # tiny models: on a shared 2-core machine more threads only contend
+}
+
+
 def tiny_config(tmp_path, task="listops", **overrides):
     settings = {
+        **TINY_SETTINGS,
         "task": task,
-        "attention": "softmax",
-        "attention_features": 16,
         "data": tmp_path / "data",
         "out": tmp_path / "out",
-        "device": "cpu",
-        "batch_size": 8,
-        "lr": 1e-3,
-        "warmup_steps": 2,
-        "eval_every": 3,
-        "eval_batches": 2,
-        "init_steps": 0,
-        "max_length": 32,
-        "steps": 6,
-        "dim": 32,
-        "embedding_dim": 32,
-        "hidden_dim": 32,
-        "log_every": 1,
-        "threads": 1,  # tiny models: on a shared 2-core machine more threads only contend
     }
     settings.update(overrides)
     return train_config(settings)

@@ -12,6 +12,7 @@ from app_common.results import read_jsonl
 from app_common.testing import Killed, assert_resume_equals_unbroken, kill_at
 from lra_bench import TABLE_6, LRAClassifier, run_name, train, train_config
 from lra_bench.cli import main
+from lra_bench.train import evaluate_so_far
 
 
 @pytest.mark.parametrize("task", lra_data.TASKS)
@@ -218,7 +219,9 @@ def test_threads_and_features_errors_name_the_flag(tmp_path, capsys):
     assert not (tmp_path / "q").exists()  # refused before any data is generated
 
 
-@pytest.mark.parametrize("command", ["train", "sweep", "report", "quick", "quickstart", "list"])
+@pytest.mark.parametrize(
+    "command", ["train", "evaluate", "sweep", "report", "curves", "quick", "quickstart", "list"]
+)
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
@@ -259,3 +262,62 @@ def test_the_app_keeps_to_the_flag_vocabulary_and_has_no_import_cycle():
     from lra_bench.cli import build_parser
 
     assert_app_contract(build_parser(), "lra_bench")
+
+
+def test_evaluate_tests_the_best_weights_so_far_of_a_killed_run(tmp_path, data, helpers):
+    config = helpers.tiny_config(tmp_path, attention="performer", steps=12, eval_every=4)
+    with pytest.raises(Killed):
+        train(config, on_checkpoint=kill_at(8))
+    record = evaluate_so_far(config)
+    log = read_jsonl(helpers.run_dir(config) / "log.jsonl")
+    curve = [[r["step"], r["val_accuracy"]] for r in log if "val_accuracy" in r]
+    assert record["curve"] == curve
+    assert [step for step, _ in curve] == [4, 8]
+    assert record["step"] == 8
+    assert record["val_accuracy"] == max(accuracy for _, accuracy in curve)
+    assert record["best_step"] == next(step for step, accuracy in curve if accuracy == record["val_accuracy"])
+    # The test accuracy of the best weights, counted by a plain loop over the test split.
+    state = load_checkpoint(helpers.run_dir(config) / "checkpoint.pt")
+    test_set = lra_data.load(config.task, "test", config.data)
+    model = LRAClassifier(
+        config.model,
+        vocab_size=test_set.vocab_size,
+        num_classes=test_set.num_classes,
+        pair=False,
+        max_length=32,
+        seed=0,
+    )
+    model.load_state_dict(state["state"]["best"]["weights"])
+    model.eval()
+    with torch.no_grad():
+        correct = 0
+        for tokens, label in test_set:
+            *inputs, _ = lra_data.collate([(tokens, label)])
+            correct += int(model(*inputs).argmax(-1).item() == label)
+    assert record["test_accuracy"] == pytest.approx(correct / len(test_set))
+    assert not (helpers.run_dir(config) / "record.json").exists()  # the run is left unfinished
+
+
+def test_evaluate_command_appends_a_record_and_curves_plots_it(tmp_path, data, helpers, capsys):
+    config = helpers.tiny_config(tmp_path, attention="performer", steps=12, eval_every=4)
+    with pytest.raises(Killed):
+        train(config, on_checkpoint=kill_at(4))
+    settings = {"task": "listops", "attention": "performer", "steps": 12, "eval_every": 4}
+    toml = tmp_path / "tiny.toml"
+    toml.write_text("\n".join(f"{key} = {json.dumps(value)}" for key, value in settings.items()))
+    tiny = ["dim", "embedding_dim", "hidden_dim", "batch_size", "max_length", "attention_features", "lr"]
+    tiny += ["warmup_steps", "eval_batches", "init_steps", "log_every", "threads"]
+    flags = ["--config", str(toml), "--data", str(config.data), "--out", str(config.out), "--device", "cpu"]
+    flags += [f"--{name.replace('_', '-')}={helpers.TINY_SETTINGS[name]}" for name in tiny]
+    assert main(["evaluate", *flags]) == 0, capsys.readouterr().err
+    (record,) = read_jsonl(config.out / "partial.jsonl")
+    assert record["attention"] == "performer"
+    assert record["step"] == 4
+    png = tmp_path / "curves.png"
+    assert main(["curves", str(config.out / "partial.jsonl"), "--out", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluate_without_a_checkpoint_says_so(tmp_path, data, helpers):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        evaluate_so_far(helpers.tiny_config(tmp_path, attention="performer"))

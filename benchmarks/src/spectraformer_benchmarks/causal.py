@@ -13,6 +13,9 @@ the allocator's peak); at ``--lengths`` a process with the allocator as users ru
 of them (``--repeats-at N=R`` at one length), the time is their median. Ratios are SDPA's time over the pair's
 (speed) and the pair's peak over SDPA's (memory), at the same N, in the same run.
 
+An attention named ``<pair>@inductor`` is the same pair under ``torch.compile(backend="inductor")``: its
+warm-up runs at the measured N itself (the compilation is not timed), then it is timed as the others.
+
 ``--part flops``: matmul FLOPs of one forward+backward (``torch.utils.flop_counter.FlopCounterMode``) per
 token, causal and not, every pair and SDPA, at each of ``--flop-lengths``. The inputs are fake tensors
 (``FakeTensorMode``: shapes only, nothing computed, so 64K costs what 1K does); an attention whose code needs
@@ -71,6 +74,8 @@ DEFAULT_ATTENTIONS = [
     "posrf-hyp-orf",
     "trigrf-sorf",
 ]
+#: The suffix of an attention name that times it under ``torch.compile`` with this backend.
+COMPILED = "@inductor"
 #: Lengths of the speed columns and of the memory columns of the table.
 SPEED_LENGTHS = (1024, 8192, 16384)
 MEMORY_LENGTHS = (8192, 32768)
@@ -125,10 +130,13 @@ def attention_step(
     ``softmax``: ``scaled_dot_product_attention`` (``rf_attention.softmax_attention``); a pair:
     ``rf_attention.rf_attention`` with the pair's feature map (seed 0; running statistics when causal, as
     the causal modules build it). ``fake``: ``q, k, v`` are fake tensors and the step runs under their
-    ``FakeTensorMode`` (shapes only, nothing computed); the feature map stays real.
+    ``FakeTensorMode`` (shapes only, nothing computed); the feature map stays real. ``<name>@inductor``:
+    the attention under ``torch.compile(backend="inductor")``.
     """
     device = torch.device(device)
     attend: Callable[..., torch.Tensor]
+    compiled = name.endswith(COMPILED)
+    name = name.removesuffix(COMPILED)
     if name == "softmax":
         attend = functools.partial(rf_attention.softmax_attention, causal=causal)
     else:
@@ -144,6 +152,8 @@ def attention_step(
             statistics_mode="running" if causal else "batch",
         ).to(device)
         attend = functools.partial(rf_attention.rf_attention, feature_map=fm, causal=causal)
+    if compiled:
+        attend = torch.compile(attend, backend="inductor", dynamic=False)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with mode:
         q, k_, v = (torch.randn(BATCH, HEADS, n, HEAD_DIM, device=device, requires_grad=True) for _ in "qkv")
@@ -169,16 +179,19 @@ def flops_per_token(name: str, n: int, *, causal: bool) -> float:
 def measure_points(points: list[tuple[str, int]], args: argparse.Namespace) -> None:
     """In a fresh process: a warm-up forward+backward, then each point's ``args.quantity``, printed as JSON.
 
-    Memory: the peak of one forward+backward; time: the median of ``1 + repeats`` of them.
+    Memory: the peak of one forward+backward; time: the median of ``1 + repeats`` of them. A compiled
+    attention warms up at the point's own length (it compiles for that shape there).
     """
     device = torch.device(args.device)
     warmed: set[str] = set()
     for name, n in points:
-        if name not in warmed:
+        if name not in warmed and not name.endswith(COMPILED):
             warmed.add(name)
             attention_step(name, WARMUP_LENGTH, device=device)()
         torch.manual_seed(0)
         step = attention_step(name, n, device=device)
+        if name.endswith(COMPILED):
+            step()
         if args.quantity == "memory":
             with PeakMemoryMeter(device) as meter:
                 step()

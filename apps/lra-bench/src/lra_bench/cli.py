@@ -4,7 +4,9 @@ Subcommands:
 
 - train --task T --attention A --attention-features F --seed S --data DIR: one run (torchrun for DDP);
 - sweep: task x attention x attention features x seed, skipping finished runs, --shard i/n;
+- evaluate: the best weights so far of an unfinished run on the test split, and its validation curve;
 - report RESULTS: Tables 1, 7, 8 (Markdown, CSV) and the Figure 4 heatmaps (PNG);
+- curves PARTIAL: the validation curves of `evaluate`'s records against Table 1's ListOps accuracy (PNG);
 - quick (alias quickstart): generate a small ListOps set, train a few attentions on the CPU, print Table 1;
 - list: the attention names.
 
@@ -24,6 +26,8 @@ from app_common.records import report_folder
 from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
 
 _TOML_HELP = "[table6.<task>] tables override Table 6"
+#: The file under ``--out`` that ``lra-bench evaluate`` appends its records to.
+PARTIAL = "partial.jsonl"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
         each_run=TrainConfig,
         grid=GRID,
     )
+    cli.add_command(
+        commands,
+        "evaluate",
+        TrainConfig,
+        _evaluate,
+        help="test an unfinished run's best weights so far (same flags as train)",
+        config_file=_TOML_HELP,
+    )
     cli.add_report_command(commands, ReportConfig, _report, help="paper-style tables and heatmaps")
+    curves = commands.add_parser("curves", help="validation curves of evaluate's records (PNG)")
+    curves.add_argument("partial", type=Path, help="JSON-lines file of lra-bench evaluate")
+    curves.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    curves.set_defaults(run=_curves)
     cli.add_command(
         commands,
         "quick",
@@ -54,13 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args: argparse.Namespace) -> None:
-    from lra_bench.train import train
-
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """``train``'s (and ``evaluate``'s) configuration: flags over the TOML file, Table 6 filled in."""
     table = read_config(args)
     (settings,) = split_toml(table, TrainConfig, extra=("table6",), source=args.config)
     settings.update({k: v for k, v in vars(args).items() if k in leaf_fields(TrainConfig)})
-    train(train_config(settings, table.get("table6")))
+    return train_config(settings, table.get("table6"))
+
+
+def _train(args: argparse.Namespace) -> None:
+    from lra_bench.train import train
+
+    train(_train_config(args))
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -75,6 +96,26 @@ def _sweep(args: argparse.Namespace) -> None:
     outcome = run_sweep(sweep, settings, table.get("table6"))
     if outcome["failed"]:
         raise RuntimeError(f"{len(outcome['failed'])} runs failed: {', '.join(outcome['failed'])}")
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    import json
+
+    from app_common.results import append_jsonl
+    from lra_bench.train import evaluate_so_far
+
+    config = _train_config(args)
+    record = evaluate_so_far(config)
+    append_jsonl(Path(config.out) / PARTIAL, record)
+    print(json.dumps({k: v for k, v in record.items() if k != "curve"}))
+    print(f"appended to {Path(config.out) / PARTIAL}")
+
+
+def _curves(args: argparse.Namespace) -> None:
+    from app_common.results import read_jsonl
+    from lra_bench.report import learning_curves
+
+    print(learning_curves(list(read_jsonl(args.partial)), args.out))
 
 
 def _report(args: argparse.Namespace) -> None:

@@ -9,6 +9,9 @@ means. ``mu`` is the mean over the tasks the row has results for (the paper's ro
 - Table 8: per feature count, the mean over weight matrices of each component function (type ``f``)
   and the mean over component functions of each weight matrix (type ``W``).
 - Figure 4: per feature count, one heatmap per task of mean accuracy, component x weight matrix.
+
+``lra-bench curves PARTIAL``: the validation curves of unfinished runs (``lra-bench evaluate``'s records)
+against Table 1's ListOps accuracy.
 """
 
 from __future__ import annotations
@@ -216,6 +219,53 @@ def heatmaps(cells: dict, out: Path) -> list[Path]:
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+#: Table 1's ListOps column: test accuracy (%), mean and standard deviation over five seeds, by attention.
+PAPER_LISTOPS = {"softmax": (38.49, 0.80), "oprf-fastfoodl": (37.73, 0.28), "performer": (34.50, 6.49)}
+
+
+def learning_curves(records: list[dict], path: Path) -> Path:
+    """Validation accuracy (%) against the step of each run, beside Table 1's ListOps accuracy.
+
+    ``records``: ``lra-bench evaluate`` lines (``attention``, ``curve`` of ``[step, accuracy]``,
+    ``test_accuracy`` of the best weights so far, ``best_step``); the last line of a run wins. Each run is
+    a line with its test accuracy so far as a marker at its best step; the paper's mean +- std for the
+    same attention is a band. Writes ``path`` (PNG) and returns it.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latest = {r["run"]: r for r in records}
+    figure, ax = plt.subplots(figsize=(7, 4.2))
+    for index, record in enumerate(latest.values()):
+        colour = f"C{index}"
+        steps, accuracies = zip(*record["curve"], strict=True) if record["curve"] else ((), ())
+        ax.plot(
+            steps, [100 * a for a in accuracies], color=colour, label=f"{record['attention']}: validation"
+        )
+        ax.plot(
+            record["best_step"],
+            100 * record["test_accuracy"],
+            "o",
+            color=colour,
+            label=f"{record['attention']}: test at the best step so far",
+        )
+        if record["attention"] in PAPER_LISTOPS and record["task"] == "listops":
+            mean, std = PAPER_LISTOPS[record["attention"]]
+            ax.axhspan(mean - std, mean + std, color=colour, alpha=0.15)
+            ax.axhline(mean, color=colour, linestyle="--", linewidth=1, label=f"paper (Table 1) {mean:.2f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
 
 
 #: The attention features of the paper's Table 1.

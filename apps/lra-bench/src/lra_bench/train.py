@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 import lra_data
 from app_common.distributed import Distributed, evaluation_sums
 from app_common.harness import TrainData, Trainer
+from app_common.results import read_jsonl
 from app_common.run import Run
 from app_common.schedules import param_groups, schedule
 from lra_bench.config import TrainConfig, run_label
@@ -137,6 +138,18 @@ class BestWeights:
         self.weights = state["weights"]
 
 
+def _model(config: TrainConfig, dataset: lra_data.LRADataset) -> LRAClassifier:
+    """The model of Table 6 for ``config`` on ``dataset``'s vocabulary and classes."""
+    return LRAClassifier(
+        config.model,
+        vocab_size=dataset.vocab_size,
+        num_classes=dataset.num_classes,
+        pair=dataset.pair,
+        max_length=config.max_length,
+        seed=config.seed,
+    )
+
+
 def train(config: TrainConfig, *, on_checkpoint: Callable[[int], None] | None = None) -> dict | None:
     """Train one run (resuming its checkpoint unless ``config.resume`` is off) and append its record.
 
@@ -164,14 +177,7 @@ def _train(config: TrainConfig, run: Run) -> dict:
     train_set = lra_data.load(config.task, "train", config.data)
     val_set, val_split = _validation_split(config)
     test_set = lra_data.load(config.task, "test", config.data)
-    model = LRAClassifier(
-        config.model,
-        vocab_size=train_set.vocab_size,
-        num_classes=train_set.num_classes,
-        pair=train_set.pair,
-        max_length=config.max_length,
-        seed=config.seed,
-    ).to(run.device)
+    model = _model(config, train_set).to(run.device)
     optimizer = torch.optim.AdamW(
         param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.999), eps=1e-6
     )
@@ -222,3 +228,39 @@ def _train(config: TrainConfig, run: Run) -> dict:
             f"{best.step}), {trainer.step} steps, {trainer.train_seconds:.1f} s"
         )
     return trainer.finish(record)
+
+
+def evaluate_so_far(config: TrainConfig) -> dict[str, Any]:
+    """The unfinished run of ``config`` tested now: its best weights so far on the whole test split.
+
+    Reads the run's last checkpoint (written at every evaluation) and changes nothing in the run's folder;
+    the run continues as before. Returns the run's name, its step, the best validation accuracy, its step,
+    the test accuracy of those weights, the training time so far and the validation curve (``[step,
+    accuracy]`` pairs from the run's log).
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint (not started, or finished: its record holds the result).
+    """
+    run = Run.from_config(config, name=run_name(config))
+    state = run.checkpointer.load(map_location=run.device)
+    if state is None:
+        raise FileNotFoundError(f"{run.dir}: no checkpoint (the run has not reached its first evaluation)")
+    test_set = lra_data.load(config.task, "test", config.data)
+    model = _model(config, test_set).to(run.device)
+    best = state["state"]["best"]
+    model.load_state_dict(best["weights"])
+    curve = [
+        [line["step"], line["val_accuracy"]] for line in read_jsonl(run.log_path) if "val_accuracy" in line
+    ]
+    return {
+        "run": run.name,
+        "task": config.task,
+        "attention": config.model.attention,
+        "features": config.model.attention_features,
+        "step": int(state["step"]),
+        "best_step": int(best["step"]),
+        "val_accuracy": float(best["accuracy"]),
+        "test_accuracy": evaluate(model, test_set, config, run.dist),
+        "train_seconds": float(state["counters"]["train_seconds"]),
+        "curve": curve,
+    }
