@@ -241,7 +241,7 @@ def evaluate_so_far(config: TrainConfig) -> dict[str, Any]:
     Raises:
         FileNotFoundError: the run has no checkpoint (not started, or finished: its record holds the result).
     """
-    run = Run.from_config(config, name=run_name(config))
+    run = Run.from_config(config, label=run_label(config))
     state = run.checkpointer.load(map_location=run.device)
     if state is None:
         raise FileNotFoundError(f"{run.dir}: no checkpoint (the run has not reached its first evaluation)")
