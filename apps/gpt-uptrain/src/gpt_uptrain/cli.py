@@ -5,8 +5,9 @@ Subcommands:
 - ``prepare [FILES...] --out DIR --tokenizer char|byte|gpt2``: nanoGPT's train.bin/val.bin from text files;
 - ``train --data DIR [--weights HF_FOLDER] --layer ralimp --last-k K``: one run (``torchrun`` for DDP);
 - ``quick``: a small character-level model on Python's stdlib sources, dense and each replacement, on CPU;
-- ``linearize``: a softmax teacher (quick's, or ``--weights HF_FOLDER``) converted to each RF pair: swap,
-  swap + fine-tune, attention transfer + fine-tune at equal steps;
+- ``linearize-attention``: a softmax teacher's attention (quick's, or ``--weights HF_FOLDER``) converted to
+  each RF pair: swap, swap + fine-tune, attention transfer + fine-tune at equal steps (``linearize`` is
+  its deprecated old name);
 - ``sample CHECKPOINT``: generate text from a run's checkpoint.pt or an HF GPT-2 folder (``--attention``);
 - ``report RESULTS``: the validation perplexity table (Markdown, CSV) and the loss curves (PNG);
 - ``list layers|attentions``: the MLP replacement kinds or the attention names (causal ones only work).
@@ -24,7 +25,7 @@ import ralimp
 import rf_attention
 from app_common.cli import add_command, add_list_command, app_parser, command_config, run_cli
 from gpt_uptrain.config import PrepareConfig, QuickConfig, ReportConfig, SampleConfig, TrainConfig
-from gpt_uptrain.linearize import LinearizeConfig
+from gpt_uptrain.linearize_attention import LinearizeAttentionConfig
 
 #: ``gpt-uptrain list WHAT``: the names it prints.
 LISTS = {
@@ -49,10 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_command(commands, "quick", QuickConfig, _quick, help="small offline comparison on CPU")
     add_command(
         commands,
+        "linearize-attention",
+        LinearizeAttentionConfig,
+        _linearize_attention,
+        help="convert a softmax teacher's attention to RF attention pairs (the MLPs stay dense)",
+    )
+    add_command(
+        commands,
         "linearize",
-        LinearizeConfig,
-        _linearize,
-        help="convert a softmax teacher to RF attention pairs",
+        LinearizeAttentionConfig,
+        _deprecated_linearize,
+        help="deprecated: the old name of linearize-attention",
     )
     add_command(commands, "sample", SampleConfig, _sample, help="generate text", positional=("checkpoint",))
     add_command(
@@ -93,10 +101,15 @@ def _quick(args: argparse.Namespace) -> None:
     print(f"\nreport (table.md, table.csv, loss_curves.png): {Path(config.out) / 'report'}")
 
 
-def _linearize(args: argparse.Namespace) -> None:
-    from gpt_uptrain.linearize import linearize
+def _linearize_attention(args: argparse.Namespace) -> None:
+    from gpt_uptrain.linearize_attention import linearize_attention
 
-    print(linearize(command_config(args)))
+    print(linearize_attention(command_config(args)))
+
+
+def _deprecated_linearize(args: argparse.Namespace) -> None:
+    print("gpt-uptrain linearize is deprecated: it is now gpt-uptrain linearize-attention", file=sys.stderr)
+    _linearize_attention(args)
 
 
 def _sample(args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""``gpt-uptrain linearize``: a trained softmax GPT's attention converted to random features, three ways.
+"""``gpt-uptrain linearize-attention``: a trained softmax GPT's attention converted to random features.
 
 The teacher is the softmax model of ``quick`` (trained here on the offline stdlib corpus, or reused from
 ``--out``), or a local HF GPT-2 folder (``--weights``). Only the attention is converted (the MLPs stay
@@ -51,21 +51,21 @@ PAIRS = ("posrf-orf", "oprf-fastfoodl", "gerf-orf", "saderf-orf", "posrf-hyp-orf
 VARIANTS = ("swap", "swap_finetune", "transfer_finetune")
 #: The per-pair summaries (one JSON line per pair, rewritten from the runs' records by each call) and the
 #: table (``.md`` and ``.csv``), under ``--out``.
-RESULTS, TABLE = "linearize.jsonl", "linearize"
+RESULTS, TABLE = "linearize-attention.jsonl", "linearize-attention"
 #: The teacher as an HF GPT-2 folder under ``--out`` (the variants load it with ``--weights``).
 TEACHER = "teacher"
 
 
 @dataclass(frozen=True, kw_only=True)
-class LinearizeConfig(RuntimeFields, OutputFields, GridFields):
-    """``gpt-uptrain linearize``: swap, swap + fine-tune and transfer + fine-tune for each pair.
+class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
+    """``gpt-uptrain linearize-attention``: swap, swap + fine-tune and transfer + fine-tune for each pair.
 
     The runs are `QUICK_RUN`'s settings (batches, schedule shape, evaluation) with the teacher's weights
     and the flags given here; each run's identity (its folder's name) is `gpt_uptrain.train.run_name`'s,
     as for every ``train`` run.
     """
 
-    out: Path = option("out", Path("runs/gpt-uptrain-linearize"), help="and of data/ and teacher/")
+    out: Path = option("out", Path("runs/gpt-uptrain-linearize-attention"), help="and of data/ and teacher/")
     weights: str = option(
         "weights", "scratch", help="'scratch' (train the quick softmax teacher), or a local HF GPT-2 folder"
     )
@@ -144,7 +144,7 @@ class LinearizeConfig(RuntimeFields, OutputFields, GridFields):
         )
 
 
-def prepare_teacher(config: LinearizeConfig) -> tuple[Path, Path]:
+def prepare_teacher(config: LinearizeAttentionConfig) -> tuple[Path, Path]:
     """The data folder and the teacher's HF folder: ``--weights``, or the quick teacher (trained once)."""
     out = Path(config.out)
     data = config.data if config.data is not None else quick_data(out / "data", config.corpus_chars)
@@ -161,7 +161,7 @@ def prepare_teacher(config: LinearizeConfig) -> tuple[Path, Path]:
 
 
 @torch.no_grad()
-def decode_ms(model: GPT, data: TokenData, config: LinearizeConfig, device: torch.device) -> float:
+def decode_ms(model: GPT, data: TokenData, config: LinearizeAttentionConfig, device: torch.device) -> float:
     """Milliseconds per token of sampling with ``model.generate`` from a validation prompt.
 
     The prompt is ``prompt_tokens`` tokens (cropped so that prompt and ``new_tokens`` fit the context);
@@ -182,7 +182,9 @@ def gap_closed(swap: float, teacher: float, value: float) -> float:
     return 100 * (swap - value) / (swap - teacher)
 
 
-def variant_runs(config: LinearizeConfig, data: Path, teacher: Path) -> dict[tuple[str, str], TrainConfig]:
+def variant_runs(
+    config: LinearizeAttentionConfig, data: Path, teacher: Path
+) -> dict[tuple[str, str], TrainConfig]:
     """The grid's cells by ``(pair, variant)``: the trained variants, pair by pair, in `VARIANTS` order."""
     return {
         (pair, v): config.variant(pair, v, data, teacher) for pair in config.attention for v in VARIANTS[1:]
@@ -195,7 +197,7 @@ def _place(run: TrainConfig) -> tuple[Path, str]:
 
 
 def convert_pair(
-    config: LinearizeConfig,
+    config: LinearizeAttentionConfig,
     pair: str,
     records: dict[str, dict[str, Any]],
     context: tuple[TokenData, Path, Path, float, float],
@@ -265,11 +267,11 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def linearize(config: LinearizeConfig) -> str:
+def linearize_attention(config: LinearizeAttentionConfig) -> str:
     """Run this shard's variants (finished runs reused) and report the pairs whose runs are all finished.
 
-    Returns the Markdown table (also ``out/linearize.md`` and ``.csv``, with the summaries in
-    ``out/linearize.jsonl``), followed by the teacher's validation loss.
+    Returns the Markdown table (also ``out/linearize-attention.md`` and ``.csv``, with the summaries in
+    ``out/linearize-attention.jsonl``), followed by the teacher's validation loss.
     """
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -277,7 +279,14 @@ def linearize(config: LinearizeConfig) -> str:
         torch.set_num_threads(config.threads)
     data, teacher = prepare_teacher(config)
     runs = variant_runs(config, data, teacher)
-    run_grid(list(runs.values()), train, place=_place, grid=config, resume=config.resume, desc="linearize")
+    run_grid(
+        list(runs.values()),
+        train,
+        place=_place,
+        grid=config,
+        resume=config.resume,
+        desc="linearize-attention",
+    )
     finished = {cell: finished_record(*_place(run)) for cell, run in runs.items()}
     device = resolve_device(config.device)
     tokens = TokenData(data)

@@ -1,4 +1,4 @@
-"""``gpt-uptrain linearize``: the three variants per pair on a tiny HF GPT-2 teacher, equal steps, resume."""
+"""``gpt-uptrain linearize-attention``: the three variants per pair on a tiny HF GPT-2 teacher, resume."""
 
 import math
 
@@ -12,8 +12,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import rf_attention
 from app_common.records import finished_record
 from app_common.results import read_jsonl
-from gpt_uptrain import GPT, TokenData, build_model, prepare
-from gpt_uptrain import linearize as lin
+from gpt_uptrain import GPT, TokenData, build_model, cli, prepare
+from gpt_uptrain import linearize_attention as lin
 from gpt_uptrain.cli import main
 from gpt_uptrain.train import run_name, transfer_attention
 
@@ -27,7 +27,7 @@ FLAGS += ["--eval-batches", "2", "--prompt-tokens", "4", "--new-tokens", "4", "-
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     """A tiny GPT-2 written by ``transformers``, a character corpus, and the finished experiment's folder."""
-    root = tmp_path_factory.mktemp("linearize")
+    root = tmp_path_factory.mktemp("linearize-attention")
     torch.manual_seed(0)
     config = GPT2Config(
         vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
@@ -36,7 +36,7 @@ def experiment(tmp_path_factory):
     (root / "corpus.txt").write_text(TEXT)
     prepare([root / "corpus.txt"], root / "data", tokenizer="char")
     args = [
-        "linearize",
+        "linearize-attention",
         "--weights",
         str(root / "gpt2"),
         "--data",
@@ -53,7 +53,7 @@ def records(root):
 
 
 def config_of(root):
-    return lin.LinearizeConfig(
+    return lin.LinearizeAttentionConfig(
         out=root / "out", weights=str(root / "gpt2"), data=root / "data", attention=PAIRS,
         attention_features=8, steps=5, transfer_steps=2, eval_batches=2, prompt_tokens=4, new_tokens=4,
         device="cpu",
@@ -153,6 +153,16 @@ def test_a_shard_reports_only_pairs_whose_variants_all_finished(experiment, tmp_
     assert not (out / lin.RESULTS).read_text().strip()  # no pair has both of its variants
 
 
+def test_the_old_command_name_says_it_is_deprecated_and_runs_the_same_command(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(cli, "_linearize_attention", lambda args: ran.append(cli.command_config(args)))
+    assert main(["linearize", "--steps", "7", "--transfer-steps", "3"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "gpt-uptrain linearize is deprecated: it is now gpt-uptrain linearize-attention"
+    ]
+    assert ran == [lin.LinearizeAttentionConfig(steps=7, transfer_steps=3)]
+
+
 def test_transfer_steps_must_leave_fine_tuning_steps():
     with pytest.raises(ValueError, match="--transfer-steps"):
-        lin.LinearizeConfig(steps=5, transfer_steps=5)
+        lin.LinearizeAttentionConfig(steps=5, transfer_steps=5)
