@@ -285,6 +285,22 @@ def test_from_config_without_eval_fields_keeps_the_trainer_defaults_and_names_a_
         Trainer.from_config(NoSteps(), Run.from_config(NoSteps(), label="no-steps"), model, sgd)
 
 
+def test_a_run_of_other_settings_gets_its_own_folder_and_its_namesakes_say_what_differs(tmp_path):
+    def toy(lr: float) -> Run:
+        identity = {"lr": lr}
+        return Run(name=run_name("toy", identity), identity=identity, out=tmp_path, seed=0, device="cpu")
+
+    first = toy(0.1)
+    first.checkpointer.save(3, {"weights": torch.zeros(2)})
+    other = toy(0.2)
+    assert other.dir != first.dir
+    assert other.namesakes() == {first.name: ["lr: 0.1 -> 0.2"]}  # read from its checkpoint
+    assert first.namesakes() == {}  # the other run has written nothing yet
+    (tmp_path / "runs" / "toy-s1-00000000").mkdir()  # another label that starts the same
+    (tmp_path / "runs" / "toy-1a2b3c4d").mkdir()  # the label's, without a checkpoint
+    assert first.namesakes() == {"toy-1a2b3c4d": []}
+
+
 def _two_optimizers():
     model = torch.nn.Linear(3, 2)
     return model, {

@@ -49,8 +49,10 @@ STARTS = ("auto", *INITS)
 class TrainConfig(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
     """One run: ``gpt-uptrain train`` (from scratch, or uptraining a local HF GPT-2 with ``--weights``).
 
-    Its identity (what ``--resume`` compares) is every setting except ``device``, ``threads``,
-    ``log_every``, ``out``, ``resume``, ``results``, ``name``, ``compile`` and ``memory_check``.
+    Its identity (what ``--resume`` compares, and whose digest ends its folder's name,
+    `gpt_uptrain.train.run_name`) is every setting except ``device``, ``threads``, ``log_every``, ``out``,
+    ``resume``, ``results``, ``name``, ``compile`` and ``memory_check``. ``data`` stays in it: no other
+    setting says which data set the token folder holds.
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("results", "name", "compile", "memory_check")
