@@ -227,6 +227,12 @@ def test_train_writes_one_line_per_run_skips_finished_runs_and_refuses_another_p
     ).run_name("sigmoid", "eugen", 8, 0)
     run_fit(config, progress=False)
     assert len(read_jsonl(results)) == 4
+    # a run finished before names had a digest (its folder the label alone) is reused, not run again
+    runs = tmp_path / "runs"
+    (runs / records[0]["name"]).rename(runs / records[0]["name"][: -len("-12345678")])
+    run_fit(config, progress=False)
+    assert len(read_jsonl(results)) == 4
+    assert not (runs / records[0]["name"]).exists()
     run_fit(dataclasses.replace(config, seed=(0, 1, 2)), progress=False)
     assert len(read_jsonl(results)) == 6
     with pytest.raises(ValueError, match=r"holds runs of other settings \(steps: 5 -> 6\).*--no-resume"):

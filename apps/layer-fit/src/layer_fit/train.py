@@ -29,7 +29,7 @@ from app_common.checkpoint import changed_settings
 from app_common.device import autocast, device_name, resolve_device
 from app_common.grid import run_grid
 from app_common.harness import Trainer
-from app_common.records import RESULTS, flat_record, make_record, write_record
+from app_common.records import RESULTS, finished_record, flat_record, make_record, write_record
 from app_common.results import read_jsonl
 from app_common.run import Run
 from app_common.schedules import schedule
@@ -62,9 +62,11 @@ def fit_one(
     The run goes through ``app_common.harness.Trainer`` under ``<out>/runs/<name>/`` (resumed from its
     checkpoint under ``config.resume``, checkpointed every ``config.checkpoint_every`` steps, its record
     written there and appended to ``<out>/results.jsonl``); without ``out`` in a temporary folder that is
-    removed afterwards. A loss that stops being finite ends the run as diverged (``diverged_at_step``); a
-    method that does not start (`START_ERRORS` while the model is built or first evaluated, or a first loss
-    that is not finite) gives a record with the reason under ``not_started`` and no MSE.
+    removed afterwards. A run that finished under its label alone (``<out>/runs/gelu-ralimp-b32-s0/``, as
+    runs were named before the digest) is reused when it ran this protocol. A loss that stops being finite
+    ends the run as diverged (``diverged_at_step``); a method that does not start (`START_ERRORS` while
+    the model is built or first evaluated, or a first loss that is not finite) gives a record with the
+    reason under ``not_started`` and no MSE.
 
     Args:
         data: standardized inputs and targets on ``device``.
@@ -84,9 +86,12 @@ def fit_one(
                 data, method, budget, seed, config, device=device, out=Path(folder), progress=progress,
                 sigma=sigma, on_checkpoint=on_checkpoint,
             )  # fmt: skip
+    label = run_label(data.activation, method, budget, seed)
+    if config.resume and (earlier := _recorded_under_label(out, label, config)) is not None:
+        return earlier
     run = Run.from_config(
         config,
-        label=run_label(data.activation, method, budget, seed),
+        label=label,
         identity=config.run_identity(data.activation, method, budget, seed),
         on_save=on_checkpoint,
         out=out,
@@ -154,6 +159,15 @@ def fit_one(
         },
     )
     return trainer.finish(record)
+
+
+def _recorded_under_label(out: Path, label: str, config: FitConfig) -> dict | None:
+    """The record of a run finished under its label alone (names before the digest), if of this protocol."""
+    record = finished_record(out, label)
+    if record is None:
+        return None
+    wanted = config.full_protocol()
+    return None if changed_settings(recorded_protocol(flat_record(record), wanted), wanted) else record
 
 
 def _not_started(
