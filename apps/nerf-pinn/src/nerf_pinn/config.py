@@ -56,8 +56,9 @@ def _help(text: str, **extra) -> dict:
 class CompareConfig(RuntimeFields, OptimizerFields, LayerFields, OutputFields):
     """Settings every family shares: which variants, their feature budget, seed, optimizer, output, resuming.
 
-    A variant's identity (what its checkpoint must match to be resumed) is every setting except layer,
-    device, threads, out, resume, checkpoint_every, time_repeats and dense_from.
+    A variant's identity (what its checkpoint must match to be resumed, and whose digest ends its run's
+    name ``<kind>-s<seed>-<digest>``) is every setting except layer, device, threads, out, resume,
+    checkpoint_every, time_repeats, dense_from and the layer settings the variant does not use.
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = (

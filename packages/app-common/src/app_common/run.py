@@ -66,7 +66,8 @@ class Run:
     every process and in a fresh or a resumed run.
 
     Args:
-        name: the run's name: its folder ``<out>/runs/<name>/`` and its progress bar.
+        name: the run's name: its folder ``<out>/runs/<name>/`` and its progress bar (`from_config`
+            makes it [`run_name`][app_common.fields.run_name]``(label, identity)``, as every app does).
         out: the folder holding ``runs/``.
         identity: the run's identity ([`run_identity`][app_common.fields.run_identity]); a checkpoint of
             another is refused.
