@@ -409,6 +409,13 @@ class MultiheadSelfAttention(nn.Module):
         b, _, n, _ = out.shape
         return self.dropout(self.proj(out.transpose(1, 2).reshape(b, n, self.dim)))
 
+    def _checked_window(self, window: int) -> int:
+        """``window`` (a sliding window's length, 0 for none), refused unless a causal module's."""
+        check_int("window", window, minimum=0)
+        if window and not self.causal:
+            raise ValueError(f"window: the sliding-window hybrid needs causal=True, got window={window}")
+        return window
+
     def extra_repr(self) -> str:
         """Width, heads and causality shown by ``repr``."""
         return f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}"
@@ -419,14 +426,21 @@ class SoftmaxAttention(MultiheadSelfAttention):
 
     Args:
         attention_dropout: dropout on the attention probabilities (training only).
+        window: the sliding-window hybrid's argument, accepted so that one grid of settings runs every
+            attention: the hybrid weighs the last ``window`` positions exactly and earlier ones by the
+            attention's estimate, which for softmax is exact too, so any window gives plain causal softmax
+            (not local attention: keys before the window still count). Needs ``causal=True`` when positive.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_attention_dropout = True
 
-    def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw: Any) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, window: int = 0, **kw: Any
+    ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.attention_dropout = attention_dropout
+        self.window = self._checked_window(window)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -539,9 +553,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         check_backend(backend)
         self.backend = backend
         check_int("redraw_interval", redraw_interval, minimum=0)
-        check_int("window", window, minimum=0)
-        if window and not self.causal:
-            raise ValueError(f"window: the sliding-window hybrid needs causal=True, got window={window}")
+        self._checked_window(window)
         if window and kernel != "softmax":
             raise ValueError(f"window: the sliding-window hybrid needs kernel='softmax', got {kernel!r}")
         self.window = window
