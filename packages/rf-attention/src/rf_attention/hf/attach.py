@@ -6,9 +6,11 @@ runs first, then [`attach_feature_maps`][rf_attention.hf.attach_feature_maps] wh
 or ``from_config``), ``from_pretrained`` (after the weights are loaded: the maps saved beside them are
 restored) and ``set_attn_implementation``. So the maps are registered submodules before any optimizer is
 built, and ``generate`` keeps the recurrent state from its first call, whichever way the attention was set.
-``from_pretrained`` also checks an ``rf-*`` name before loading (unknown names, model classes outside
-``AttentionInterface``). transformers has no public hook after construction, loading or a switch; for any
-other model the wrappers change nothing. The guide lists every change the import makes.
+It also wraps the check that every model's ``__init__`` runs first, ``_check_and_adjust_attn_implementation``,
+so that an ``rf-*`` name is checked before any module is built (unknown names, model classes outside
+``AttentionInterface``). transformers has no public hook after construction, loading or a switch, nor
+before its modules are built; for any other name the wrappers change nothing. The guide lists every change
+the import makes.
 """
 
 from __future__ import annotations
