@@ -108,6 +108,7 @@ def test_teacher_forcing_passes_on_softmax_with_the_models_scaling(tiny_llama):
     with torch.no_grad():
         expected = teacher(input_ids=ids, attention_mask=mask).logits
         with teacher_forced(student) as losses:
+            assert student.config._attn_implementation == "rf-posrf-orf"  # the hook, not another attention
             got = student(input_ids=ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-6)
