@@ -8,7 +8,7 @@ import torch
 import rf_attention
 import rf_features
 from rf_attention import naive
-from rf_attention.decoding import KVCache, RecurrentState
+from rf_attention.decoding import KVCache, RecurrentState, decode_heads
 from rf_attention.ops.features import qk_scale
 from spectraformer_core.testing import assert_rel_close, rounding_tolerance
 from spectraformer_core.testing import seeded_randn as randn
@@ -222,3 +222,31 @@ def test_selecting_rows_of_a_state_equals_prefilling_those_rows():
             torch.testing.assert_close(getattr(selected, name), getattr(expected, name))
         token = randn(3, 1, DIM, seed=9)
         torch.testing.assert_close(module.step(token, selected)[0], module.step(token, expected)[0])
+
+
+@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("component", ["posrf", "oprf"])
+def test_one_scale_convention_for_the_forward_and_decoding_in_float64(component, window):
+    # scale is the logit scale of q . k: sqrt(scale) on each of q and k, in rf_attention and decode_heads
+    scale, d = 0.6, 8
+    fm = rf_features.create(
+        component, weight_matrix="orf", num_features=16, dim=d, seed=0, statistics_mode="running"
+    )
+    fm = fm.double().eval()  # running statistics fixed: every call sees the same map
+    q, k, v = (randn(2, 2, 9, d, seed=40 + i, scale=2.0, dtype=torch.float64) for i in range(3))
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[1, :2] = True
+    masks = {"key_padding_mask": padding, "query_padding_mask": padding}
+    factor = scale**0.5 * d**0.25  # the reference scales each side by Dh^-1/4 itself
+    expected = naive.naive_rf_attention(q * factor, k * factor, v, fm, causal=True, window=window, **masks)
+    forward = rf_attention.rf_attention(q, k, v, fm, causal=True, window=window, scale=scale, **masks)
+    options = {"window": window, "scale": scale}
+    first = (t[..., :4, :] for t in (q, k, v))
+    head, state = decode_heads(*first, fm, None, key_padding_mask=padding[:, :4], **options)
+    steps = []
+    for i in range(4, 9):
+        out, state = decode_heads(*(t[..., i : i + 1, :] for t in (q, k, v)), fm, state, **options)
+        steps.append(out)
+    real = (~padding)[:, None, :, None].expand_as(expected)
+    for got in (forward, torch.cat([head, *steps], dim=-2)):
+        torch.testing.assert_close(got[real], expected[real], rtol=1e-10, atol=1e-12)

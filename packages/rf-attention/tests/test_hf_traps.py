@@ -214,6 +214,12 @@ def test_falcon_is_refused_by_name_with_the_reason(tmp_path):
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"FalconForCausalLM.*AttentionInterface"):
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rf-posrf-orf")
+    # built from its config with an rf-* name: refused before Falcon's own lookup raises a KeyError
+    with pytest.raises(ValueError, match=r"FalconForCausalLM.*AttentionInterface"):
+        transformers.AutoModelForCausalLM.from_config(config, attn_implementation="rf-posrf-orf")
+    config._attn_implementation = "rf-posrf-orf"
+    with pytest.raises(ValueError, match=r"FalconForCausalLM.*AttentionInterface"):
+        transformers.FalconForCausalLM(config)
 
 
 # an atomic linearize --------------------------------------------------------------------------------------
@@ -351,8 +357,11 @@ def test_register_refuses_keywords_the_feature_maps_do_not_take():
         lambda model: rf_hf.attach_feature_maps(model, "rf-posrf-orz"),
         lambda model: rf_hf.register(["posrf-orz"]),
         lambda model: type(model).from_pretrained(model.name_or_path, attn_implementation="rf-posrf-orz"),
+        lambda model: transformers.AutoModelForCausalLM.from_config(
+            model.config, attn_implementation="rf-posrf-orz"
+        ),
     ],
-    ids=["linearize", "attach", "register", "from_pretrained"],
+    ids=["linearize", "attach", "register", "from_pretrained", "from_config"],
 )
 def test_an_unknown_name_gets_the_known_ones_and_a_suggestion(llama, call, tmp_path):
     model = llama()

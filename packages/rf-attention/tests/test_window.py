@@ -358,6 +358,23 @@ def test_a_window_module_equals_softmax_over_a_long_window():
         torch.testing.assert_close(module(x), expected)
 
 
+def test_softmax_with_a_window_is_plain_causal_softmax():
+    # the hybrid weighs the window exactly and the rest by the attention's estimate: for softmax, exact too
+    module = rf_attention.create("softmax", DIM, HEADS, causal=True, window=4, seed=0).double().eval()
+    x = randn64(2, 12, DIM, seed=7)
+    padding = torch.zeros(2, 12, dtype=torch.bool)
+    padding[1, :3] = True
+    with torch.no_grad():
+        q, k, v = module._heads(x, None)
+        expected = module._merge(naive_softmax_attention(q, k, v, causal=True, key_padding_mask=padding))
+        torch.testing.assert_close(module(x, padding)[~padding], expected[~padding])
+        prompt, state = module.prefill(x[:, :5], padding[:, :5])
+        steps = [module.step(x[:, i : i + 1], state)[0] for i in range(5, 12)]
+        torch.testing.assert_close(torch.cat([prompt, *steps], dim=1)[~padding], expected[~padding])
+    with pytest.raises(ValueError, match="window: the sliding-window hybrid needs causal=True, got window=4"):
+        rf_attention.create("softmax", DIM, HEADS, window=4)
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 def test_compiled_window_module_trains_without_recompiling():

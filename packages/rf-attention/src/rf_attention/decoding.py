@@ -9,19 +9,118 @@ such state: it keeps every key and value ([`KVCache`][rf_attention.decoding.KVCa
 sliding-window hybrid keeps both kinds, bounded: the feature sums of the keys older than its window and a ring
 of the last ``w`` keys and values ([`WindowState`][rf_attention.ops.window.WindowState], advanced by
 [`decode_window`][rf_attention.ops.recurrent.decode_window]).
+
+[`decode_heads`][rf_attention.decoding.decode_heads] is the one decoding entry of random-feature attention:
+the modules' ``prefill`` and ``step`` and the Hugging Face cache
+([`RecurrentCacheLayer`][rf_attention.hf.RecurrentCacheLayer], which holds the same state objects) call it,
+and [`attend_after_cached_keys`][rf_attention.decoding.attend_after_cached_keys] builds on it for a cache of
+keys. ``scale`` is the logit scale of ``q . k`` everywhere (``sqrt(scale)`` on each of ``q`` and ``k``
+before the features; [`input_scale`][rf_attention.functional.input_scale]).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
+import rf_features
 from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
 from rf_attention.ops.window import WindowState
 
-__all__ = ["KVCache", "RecurrentState", "WindowState", "decode", "decode_window"]
+__all__ = [
+    "KVCache",
+    "RecurrentState",
+    "WindowState",
+    "attend_after_cached_keys",
+    "decode",
+    "decode_heads",
+    "decode_window",
+]
+
+#: The decoding state of random-feature attention: the feature sums, or with a window also its ring.
+DecodingState = RecurrentState | WindowState
+
+
+def decode_heads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: rf_features.FeatureMap,
+    state: DecodingState | None,
+    *,
+    window: int = 0,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    ends: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, DecodingState]:
+    """Causal RF attention of ``T`` new positions ``(B, H, T, Dh)`` continuing ``state``, and the state after.
+
+    [`decode`][rf_attention.ops.recurrent.decode] (``window=0``) or
+    [`decode_window`][rf_attention.ops.recurrent.decode_window]: from ``state=None`` a prefill (the causal
+    forward pass and the state it leaves), from a state a step. ``scale`` is the logit scale of ``q . k``
+    (default ``Dh ** -0.5``); ``ends`` ``(B,)`` ends right-padded packed prompts (window only: the plain
+    state skips padding by itself).
+
+    Returns:
+        ``(out (B, H, T, Dv), state)``.
+
+    Raises:
+        ValueError: a state of the other kind (a window's for a plain attention, or the reverse).
+    """
+    if window:
+        held = cast(WindowState | None, state)  # decode_window refuses a state of another kind by name
+        return decode_window(
+            q,
+            k,
+            v,
+            feature_map,
+            held,
+            window=window,
+            key_padding_mask=key_padding_mask,
+            scale=scale,
+            ends=ends,
+        )
+    if state is not None and not isinstance(state, RecurrentState):
+        raise ValueError(
+            f"state: expected a RecurrentState (from prefill or step) or None, got {type(state).__name__}"
+        )
+    return decode(q, k, v, feature_map, state, key_padding_mask=key_padding_mask, scale=scale)
+
+
+def attend_after_cached_keys(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: rf_features.FeatureMap,
+    *,
+    window: int = 0,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal RF attention of the last ``N_q`` positions when the first ``N_k - N_q`` keys come from a cache.
+
+    ``q (B, H, N_q, Dh)``, ``k, v (B, H, N_k, D)``, ``key_padding_mask (B, N_k)``: the cached keys build a
+    state (`decode_heads` from none; the keys stand in for their queries, whose outputs are dropped), which
+    the new positions continue: O(N_k) per call, for a cache that keeps keys (HF's ``DynamicCache``).
+
+    Returns:
+        ``(B, H, N_q, Dv)``.
+    """
+    prefix = k.shape[-2] - q.shape[-2]
+    before = None if key_padding_mask is None else key_padding_mask[:, :prefix]
+    after = None if key_padding_mask is None else key_padding_mask[:, prefix:]
+    cached_k, cached_v = k[..., :prefix, :], v[..., :prefix, :]
+    _, state = decode_heads(
+        cached_k, cached_k, cached_v, feature_map, None, window=window, key_padding_mask=before, scale=scale
+    )
+    new_k, new_v = k[..., prefix:, :], v[..., prefix:, :]
+    out, _ = decode_heads(
+        q, new_k, new_v, feature_map, state, window=window, key_padding_mask=after, scale=scale
+    )
+    return out
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import overload
 
@@ -173,6 +174,25 @@ def _sliding_window(key_mask: torch.Tensor | None, features: FeatureFn, window: 
     return kernel
 
 
+def input_scale(head_dim: int, scale: float | None) -> float:
+    r"""The factor of ``q`` and of ``k`` before the features for the logit scale ``scale`` of ``q . k``.
+
+    $\sqrt{\text{scale}}$ on each side, so that $\phi(q \sqrt{s}) \cdot \phi(k \sqrt{s}) \approx
+    \exp(s\, q \cdot k)$; by default ($s = D_h^{-1/2}$, ``scaled_dot_product_attention``'s)
+    $D_h^{-1/4}$ ([`qk_scale`][rf_attention.ops.features.qk_scale]). Every random-feature path takes ``scale``
+    this way: [`rf_attention`][rf_attention.rf_attention], the decoding of
+    [`rf_attention.decoding`][rf_attention.decoding] and the Hugging Face attention (HF's ``scaling``).
+
+    Raises:
+        ValueError: ``scale`` is not positive.
+    """
+    if scale is None:
+        return qk_scale(head_dim)
+    if not scale > 0:
+        raise ValueError(f"scale: expected a positive logit scale, got {scale!r}")
+    return math.sqrt(scale)
+
+
 def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -182,6 +202,7 @@ def softmax_attention(
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     r"""Exact attention $\operatorname{softmax}(q k^\top / \sqrt{D_h})\, v$ (Eq. 6).
 
@@ -196,6 +217,7 @@ def softmax_attention(
         key_padding_mask: bool ``(B, N_k)``, True at padding.
         dropout_p: dropout on the attention probabilities (use only in training).
         cu_seqlens: packed sequences, as in [`linear_attention`][rf_attention.linear_attention].
+        scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``), as ``scaled_dot_product_attention``'s.
 
     Returns:
         ``(B, H, N_q, Dv)``.
@@ -210,16 +232,17 @@ def softmax_attention(
             causal=causal,
             key_padding_mask=key_padding_mask,
             dropout_p=dropout_p,
+            scale=scale,
         )
     _check_shapes(q, k, v, causal)
     if key_padding_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p, scale=scale)
     mask = _broadcast_key_mask(key_padding_mask, k)
     allowed = (~mask).unsqueeze(-2).expand(*q.shape[:-1], k.shape[-2])  # (B, H, N_q, N_k)
     if causal:
         allowed = allowed & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     empty = ~allowed.any(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(empty, 0.0)
 
 
@@ -237,10 +260,11 @@ def rf_attention(
     cu_seqlens: torch.Tensor | None = None,
     window: int = 0,
     backend: str = "auto",
+    scale: float | None = None,
 ) -> torch.Tensor:
     r"""Random-feature attention approximating ``softmax_attention(q, k, v)`` in $O(N)$.
 
-    ``q`` and ``k`` are scaled by $D_h^{-1/4}$ each (so
+    ``q`` and ``k`` are scaled by $\sqrt{\text{scale}}$ each, $D_h^{-1/4}$ by default (so
     $\phi(q) \cdot \phi(k) \approx \exp(q \cdot k / \sqrt{D_h})$) and mapped by ``feature_map`` (its
     statistics computed once, from the whole sequence or the running averages) chunk by chunk inside a
     memory-lean autograd function: features are never kept for the backward pass, which recomputes them
@@ -273,6 +297,9 @@ def rf_attention(
             closed form, else PyTorch), ``"torch"`` or ``"triton"`` (refused on CPU tensors unless
             ``TRITON_INTERPRET=1``, for float64 and for maps without a closed form; the Attention guide's
             Backends section).
+        scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``, as ``scaled_dot_product_attention``'s),
+            of the features' estimate and of the window's exact weights: ``sqrt(scale)`` multiplies each of
+            ``q`` and ``k`` before the features.
 
     Returns:
         ``(B, H, N_q, Dv)``.
@@ -306,6 +333,7 @@ def rf_attention(
             chunk_size=chunk_size,
             window=window,
             backend=backend,
+            scale=scale,
         )
     _check_shapes(q, k, v, causal)
     if causal and feature_map.statistics_mode == "batch" and feature_map.running_statistics_defaults():
@@ -314,7 +342,7 @@ def rf_attention(
             "would let a position see later ones; create it with statistics_mode='running' for causal "
             "attention"
         )
-    scale = qk_scale(q.shape[-1])
+    scale = input_scale(q.shape[-1], scale)
     acc = _accumulation_dtype(q, k, v)
     q_in, k_in = q, k
     q, k = q.to(acc), k.to(acc)

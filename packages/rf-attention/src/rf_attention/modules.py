@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,7 @@ from torch import nn
 
 import rf_features
 from rf_attention import varlen
-from rf_attention.decoding import KVCache, RecurrentState, decode, decode_window
+from rf_attention.decoding import KVCache, RecurrentState, decode_heads
 from rf_attention.functional import check_window_map, rf_attention, softmax_attention
 from rf_attention.ops.triton import check_backend
 from spectraformer_core import check_int
@@ -54,6 +55,70 @@ def redraw_features_if_due(module_key: int, calls: torch.Tensor, state: list[tor
 @redraw_features_if_due.register_fake
 def _redraw_features_if_due_fake(module_key: int, calls: torch.Tensor, state: list[torch.Tensor]) -> None:
     return None
+
+
+#: The attribute of an attention layer under which attention transfer puts its teacher
+#: (``rf_attention.transfer.teacher_forced``; absent outside it): `layer_attention` then returns what the
+#: teacher gives.
+TEACHER_HOOK = "rf_teacher"
+
+
+def layer_attention(
+    layer: nn.Module,
+    feature_map: rf_features.FeatureMap,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    query_padding_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    window: int = 0,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The random-feature attention of one attention ``layer`` on heads ``(B, H, N, Dh)``: ``(B, H, N, Dv)``.
+
+    The one route of the forward pass: [`RandomFeatureAttention`][rf_attention.RandomFeatureAttention]'s
+    ``attend`` and the Hugging Face attention ([`rf_attention.hf`][rf_attention.hf], ``layer`` the HF
+    attention module) both call it, and attention transfer trains both through it:
+    [`rf_attention`][rf_attention.rf_attention] with ``layer``'s ``feature_map``, or, where
+    ``layer`` carries a teacher (`TEACHER_HOOK`), what the teacher returns given these arguments and the
+    student (the same call as a function of no arguments). ``scale`` is the logit scale of ``q . k``
+    (default ``Dh ** -0.5``; [`input_scale`][rf_attention.functional.input_scale]).
+    """
+    student = functools.partial(
+        rf_attention,
+        q,
+        k,
+        v,
+        feature_map,
+        causal=causal,
+        key_padding_mask=key_padding_mask,
+        query_padding_mask=query_padding_mask,
+        cu_seqlens=cu_seqlens,
+        window=window,
+        backend=backend,
+        scale=scale,
+    )
+    teacher = getattr(layer, TEACHER_HOOK, None)
+    if teacher is None:
+        return student()
+    return cast(
+        torch.Tensor,
+        teacher(
+            layer,
+            student,
+            q,
+            k,
+            v,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            cu_seqlens=cu_seqlens,
+            scale=scale,
+        ),
+    )
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -344,6 +409,13 @@ class MultiheadSelfAttention(nn.Module):
         b, _, n, _ = out.shape
         return self.dropout(self.proj(out.transpose(1, 2).reshape(b, n, self.dim)))
 
+    def _checked_window(self, window: int) -> int:
+        """``window`` (a sliding window's length, 0 for none), refused unless a causal module's."""
+        check_int("window", window, minimum=0)
+        if window and not self.causal:
+            raise ValueError(f"window: the sliding-window hybrid needs causal=True, got window={window}")
+        return window
+
     def extra_repr(self) -> str:
         """Width, heads and causality shown by ``repr``."""
         return f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}"
@@ -354,14 +426,21 @@ class SoftmaxAttention(MultiheadSelfAttention):
 
     Args:
         attention_dropout: dropout on the attention probabilities (training only).
+        window: the sliding-window hybrid's argument, accepted so that one grid of settings runs every
+            attention: the hybrid weighs the last ``window`` positions exactly and earlier ones by the
+            attention's estimate, which for softmax is exact too, so any window gives plain causal softmax
+            (not local attention: keys before the window still count). Needs ``causal=True`` when positive.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
     """
 
     supports_attention_dropout = True
 
-    def __init__(self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, **kw: Any) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, *, attention_dropout: float = 0.0, window: int = 0, **kw: Any
+    ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.attention_dropout = attention_dropout
+        self.window = self._checked_window(window)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -474,9 +553,7 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         check_backend(backend)
         self.backend = backend
         check_int("redraw_interval", redraw_interval, minimum=0)
-        check_int("window", window, minimum=0)
-        if window and not self.causal:
-            raise ValueError(f"window: the sliding-window hybrid needs causal=True, got window={window}")
+        self._checked_window(window)
         if window and kernel != "softmax":
             raise ValueError(f"window: the sliding-window hybrid needs kernel='softmax', got {kernel!r}")
         self.window = window
@@ -516,13 +593,14 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """[`rf_attention`][rf_attention.rf_attention] with this module's feature map."""
+        """[`layer_attention`][rf_attention.modules.layer_attention] with this module's feature map."""
         self._count_training_call()
-        return rf_attention(
+        return layer_attention(
+            self,
+            self.feature_map,
             q,
             k,
             v,
-            self.feature_map,
             causal=self.causal,
             key_padding_mask=key_padding_mask,
             query_padding_mask=key_padding_mask,
@@ -576,28 +654,13 @@ class RandomFeatureAttention(MultiheadSelfAttention):
         key_padding_mask: torch.Tensor | None,
         ends: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
-        """[`decode`][rf_attention.ops.recurrent.decode] (with a window ``decode_window``) from no state."""
-        if self.window:
-            return decode_window(
-                q,
-                k,
-                v,
-                self.feature_map,
-                None,
-                window=self.window,
-                key_padding_mask=key_padding_mask,
-                ends=ends,
-            )
-        return decode(q, k, v, self.feature_map, None, key_padding_mask=key_padding_mask)
+        """[`decode_heads`][rf_attention.decoding.decode_heads] from no state."""
+        return decode_heads(
+            q, k, v, self.feature_map, None, window=self.window, key_padding_mask=key_padding_mask, ends=ends
+        )
 
     def step_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, Any]:
-        """[`decode`][rf_attention.ops.recurrent.decode] of the new positions from ``state``."""
-        if self.window:
-            return decode_window(q, k, v, self.feature_map, state, window=self.window)
-        if state is not None and not isinstance(state, RecurrentState):
-            raise ValueError(
-                f"state: expected a RecurrentState (from prefill or step) or None, got {type(state).__name__}"
-            )
-        return decode(q, k, v, self.feature_map, state)
+        """[`decode_heads`][rf_attention.decoding.decode_heads] of the new positions from ``state``."""
+        return decode_heads(q, k, v, self.feature_map, state, window=self.window)

@@ -33,17 +33,13 @@ import torch
 from torch import nn
 
 import rf_features
-from rf_attention.functional import softmax_attention
-from rf_attention.modules import RandomFeatureAttention
+from rf_attention.functional import input_scale, softmax_attention
+from rf_attention.modules import TEACHER_HOOK, RandomFeatureAttention
 from rf_attention.ops.common import finite_or_zero
-from rf_attention.ops.features import qk_scale
 from spectraformer_core import check_int
 
 if TYPE_CHECKING:
     from peft import LoraConfig
-
-#: The ``attn_implementation`` name under which an HF model runs during `teacher_forced`.
-HF_TRANSFER_NAME = "rf-attention-transfer"
 
 #: `attention_transfer`'s default peak learning rate and attention-weight divergence weight (measured on the
 #: peaked teacher of the guide "Linearizing a pretrained model").
@@ -195,12 +191,13 @@ def attention_weight_divergence(
     *,
     causal: bool,
     keep: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     r"""$\mathrm{KL}(P \,\|\, A)$ of softmax's attention weights $P$ and the map's $A$, on sampled rows.
 
-    $P_{ij} = \operatorname{softmax}_j(q_i \cdot k_j / \sqrt{D_h})$ and
+    $P_{ij} = \operatorname{softmax}_j(s\, q_i \cdot k_j)$ ($s$ = ``scale``, $D_h^{-1/2}$ by default) and
     $A_{ij} = \phi(q_i) \cdot \phi(k_j) / \sum_{j'} \phi(q_i) \cdot \phi(k_{j'})$ with the features of
-    [`rf_attention`][rf_attention.rf_attention] (inputs scaled by $D_h^{-1/4}$), over the keys each row may
+    [`rf_attention`][rf_attention.rf_attention] (inputs scaled by $\sqrt{s}$ each), over the keys each row may
     see (causal, padding). Hedgehog's cross-entropy $-\sum_j P_{ij} \log A_{ij}$ less the teacher's entropy:
     the same gradient, and 0 at a perfect match. Computed in log space with stabilizers that cancel, so
     peaked rows neither overflow nor lose their small weights to underflow before the logarithm.
@@ -213,6 +210,7 @@ def attention_weight_divergence(
             left out), the batch and the heads.
         causal: row ``i`` sees keys ``j <= i``.
         keep: bool ``(B, N)``, True at tokens (padding neither queries nor is attended to), or None.
+        scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``), as ``rf_attention``'s.
 
     Returns:
         A scalar (with its graph in grad mode).
@@ -226,7 +224,8 @@ def attention_weight_divergence(
     rows = rows.to(q.device)
     keep = None if keep is None else keep.to(q.device)
     padding = None if keep is None else ~keep
-    scale = qk_scale(head_dim)
+    logit_scale = head_dim**-0.5 if scale is None else scale
+    scale = input_scale(head_dim, scale)
     frozen = feature_map.statistics_frozen
     feature_map.statistics_frozen = True  # the forward pass already updated the running statistics
     try:
@@ -251,7 +250,7 @@ def attention_weight_divergence(
     query_top = finite_or_zero(shifted.detach().amax(dim=-1, keepdim=True))  # (B, H, r, 1)
     products = torch.exp(shifted - query_top) @ torch.exp(log_k - key_top).mT
     student = products.clamp_min(torch.finfo(work).tiny).log() + query_top
-    teacher = (q_rows @ k.mT) * head_dim**-0.5
+    teacher = (q_rows @ k.mT) * logit_scale
     log_a = torch.log_softmax(student.masked_fill(~allowed, -math.inf), dim=-1)
     log_p = torch.log_softmax(teacher.masked_fill(~allowed, -math.inf), dim=-1)
     terms = torch.where(allowed, log_p.exp() * (log_p - log_a), 0.0).sum(-1)  # (B, H, r)
@@ -330,10 +329,16 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
 def teacher_forced(model: nn.Module) -> Iterator[LayerLosses]:
     """Within: every RF attention layer records its MSE against softmax and passes the softmax output on.
 
-    The softmax output is computed on the layer's own ``q, k, v`` without gradient; the layer's loss is the
-    MSE of its attention output (before the output projection) over the kept tokens
-    (``LayerLosses.keep``, else the layer's key padding mask). Only the scalar loss stays: one extra softmax
-    output per layer lives only while its layer runs. The model is restored on exit.
+    One hook for every kind of layer: each attention layer gets a `_Teacher` under
+    [`TEACHER_HOOK`][rf_attention.modules.TEACHER_HOOK], which
+    [`layer_attention`][rf_attention.modules.layer_attention] (the forward pass of the modules and of the
+    Hugging Face attention alike) hands its heads ``q, k, v`` and its random-feature computation. The
+    softmax output is computed on those ``q, k, v`` without gradient, with the same causality, key padding,
+    packed sequences and logit scale; the layer's loss is the MSE of its attention output (before the output
+    projection) over the kept tokens (``LayerLosses.keep``, else the layer's key padding mask). Only the
+    scalar loss stays: one extra softmax output per layer lives only while its layer runs. The hooks are
+    removed on exit. Forward passes with a decoding cache (HF's ``use_cache``) do not reach the hook:
+    transfer runs full sequences.
 
     Yields:
         The [`LayerLosses`][rf_attention.transfer.LayerLosses] filled by each forward pass.
@@ -345,100 +350,55 @@ def teacher_forced(model: nn.Module) -> Iterator[LayerLosses]:
             "whose attn_implementation is an 'rf-*' name)"
         )
     losses = LayerLosses(layers)
-    with contextlib.ExitStack() as stack:
-        for layer in layers:
-            if isinstance(layer, RandomFeatureAttention):
-                stack.enter_context(_module_teacher(layer, losses))
-        hf_name = _hf_attention_name(model)
-        if hf_name is not None:
-            stack.enter_context(_hf_teacher(model, hf_name, losses))
+    teacher = _Teacher(losses)
+    for layer in layers:
+        setattr(layer, TEACHER_HOOK, teacher)
+    try:
         yield losses
+    finally:
+        for layer in layers:
+            delattr(layer, TEACHER_HOOK)
 
 
-@contextlib.contextmanager
-def _module_teacher(layer: RandomFeatureAttention, losses: LayerLosses) -> Iterator[None]:
-    """``layer.attend`` records its losses against softmax and returns softmax's output (restored on exit)."""
-    student_attend = layer.attend
+class _Teacher:
+    """The hook of `teacher_forced`: softmax's output goes on, the layer's losses against it are recorded."""
 
-    def attend(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    def __init__(self, losses: LayerLosses) -> None:
+        self.losses = losses
+
+    def __call__(
+        self,
+        layer: nn.Module,
+        student: Callable[[], torch.Tensor],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool,
+        key_padding_mask: torch.Tensor | None,
+        cu_seqlens: torch.Tensor | None,
+        scale: float | None,
     ) -> torch.Tensor:
+        """Softmax attention of ``q, k, v (B, H, N, Dh)``; ``layer``'s ``student()`` recorded against it."""
+        losses = self.losses
         with torch.no_grad():
-            teacher = softmax_attention(q, k, v, causal=layer.causal, key_padding_mask=key_padding_mask)
+            teacher = softmax_attention(
+                q, k, v, causal=causal, key_padding_mask=key_padding_mask, cu_seqlens=cu_seqlens, scale=scale
+            )
         if not losses.runs(layer):
             return teacher
-        student = student_attend(q, k, v, key_padding_mask)
-        keep = losses.keep_for(student, token_dim=2)
+        out = student()
+        keep = losses.keep_for(out, token_dim=2)
         if keep is None and key_padding_mask is not None:
             keep = ~key_padding_mask
         rows = losses.sampled_rows(q.shape[-2])
         divergence = None
-        if rows is not None:
+        if rows is not None and cu_seqlens is None:
             divergence = attention_weight_divergence(
-                q, k, layer.feature_map, rows, causal=layer.causal, keep=keep
+                q, k, _layer_feature_map(layer), rows, causal=causal, keep=keep, scale=scale
             )
-        losses.record(layer, student, teacher.to(student.dtype), keep, 2, divergence)
-        return teacher.to(student.dtype)
-
-    layer.attend = attend  # type: ignore[method-assign]  # an instance attribute, deleted on exit
-    try:
-        yield
-    finally:
-        del layer.attend
-
-
-@contextlib.contextmanager
-def _hf_teacher(model: nn.Module, name: str, losses: LayerLosses) -> Iterator[None]:
-    """The HF model runs `HF_TRANSFER_NAME`: its RF function recorded against SDPA, whose output goes on."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    from rf_attention.hf.masks import packed_cu_seqlens
-
-    student_attention: Callable[..., tuple[torch.Tensor, Any]] = AttentionInterface()[name]  # type: ignore[no-untyped-call]
-
-    def attention(
-        module: nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
-        with torch.no_grad():
-            teacher, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        if not losses.runs(module):
-            return teacher, None
-        student, _ = student_attention(module, query, key, value, attention_mask, **kwargs)
-        keep = losses.keep_for(student, token_dim=1)
-        n = query.shape[-2]
-        rows = losses.sampled_rows(n)
-        divergence = None
-        if rows is not None and key.shape[-2] == n and packed_cu_seqlens(kwargs, query.shape[0], n) is None:
-            groups = query.shape[1] // key.shape[1]
-            scaling = kwargs.get("scaling")
-            q = query if scaling is None else query * (scaling * query.shape[-1] ** 0.5)
-            causal = kwargs.get("is_causal")
-            divergence = attention_weight_divergence(
-                q,
-                key.repeat_interleave(groups, dim=1),
-                _layer_feature_map(module),
-                rows,
-                causal=getattr(module, "is_causal", True) if causal is None else bool(causal),
-                keep=keep,
-            )
-        losses.record(module, student, teacher.to(student.dtype), keep, 1, divergence)
-        return teacher.to(student.dtype), None
-
-    AttentionInterface.register(HF_TRANSFER_NAME, attention)
-    AttentionMaskInterface.register(HF_TRANSFER_NAME, sdpa_mask)
-    set_implementation: Callable[[str], None] = getattr(model, "set_attn_implementation")  # noqa: B009
-    set_implementation(HF_TRANSFER_NAME)
-    try:
-        yield
-    finally:
-        set_implementation(name)
+        losses.record(layer, out, teacher.to(out.dtype), keep, 2, divergence)
+        return teacher.to(out.dtype)
 
 
 @contextlib.contextmanager

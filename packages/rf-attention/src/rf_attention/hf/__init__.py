@@ -20,9 +20,11 @@ feature map (the random weight matrix, learnable for ``fastfoodl`` or a converte
 running statistics), attached to the HF attention module as ``rf_feature_map``, seeded ``seed +
 layer_idx``, when the model is built, loaded or switched to an ``rf-*`` name (see
 [`attach_feature_maps`][rf_attention.hf.attach_feature_maps]: transformers has no public hook there, so the
-import wraps ``PreTrainedModel.post_init``, ``from_pretrained`` and ``set_attn_implementation``, which
-change nothing for a model without an ``rf-*`` attention). The HF module's ``q, k, v`` (after its
-rotary embedding) are combined by [`rf_attention`][rf_attention.rf_attention] with HF's ``scaling``;
+import wraps ``PreTrainedModel.post_init``, ``from_pretrained``, ``set_attn_implementation`` and the name
+check ``_check_and_adjust_attn_implementation``, which change nothing for a model without an ``rf-*``
+attention). The attention function is a thin adapter over the modules' core: the HF module's ``q, k, v``
+(after its rotary embedding) go to [`layer_attention`][rf_attention.modules.layer_attention] with HF's
+``scaling`` as the logit scale ``scale`` (``sqrt(scaling)`` on each of ``q`` and ``k``, as everywhere);
 grouped keys (GQA) are repeated; HF's 4D mask is read back into causality plus a key padding mask (a
 sliding window shorter than the sequence and other patterns are refused). Packed sequences (one row,
 ``position_ids`` restarting at 0, as ``DataCollatorWithFlattening`` packs them; or its ``cu_seq_lens_q``,
@@ -30,9 +32,11 @@ the only sign read under ``torch.compile``) run through ``cu_seqlens``: each doc
 only.
 
 During ``generate`` a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache] keeps, per RF layer, the
-[`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] instead of the keys: O(1) time and memory per
-token. Given HF's own ``DynamicCache``, the new queries attend to the cached keys through a state built
-from them (O(N) per token).
+modules' decoding state ([`RecurrentState`][rf_attention.ops.recurrent.RecurrentState], with a window a
+[`WindowState`][rf_attention.ops.window.WindowState]) instead of the keys, advanced by the modules'
+[`decode_heads`][rf_attention.decoding.decode_heads]: O(1) time and memory per token. Given HF's own
+``DynamicCache``, the new queries attend to the cached keys through a state built from them
+([`attend_after_cached_keys`][rf_attention.decoding.attend_after_cached_keys], O(N) per token).
 
 The parts: ``attention`` (the function HF calls, registration), ``masks`` (HF's masks read back, packed
 ``cu_seqlens``), ``cache`` (the cache and its layer), ``persistence`` (saving and loading the maps),

@@ -6,9 +6,11 @@ runs first, then [`attach_feature_maps`][rf_attention.hf.attach_feature_maps] wh
 or ``from_config``), ``from_pretrained`` (after the weights are loaded: the maps saved beside them are
 restored) and ``set_attn_implementation``. So the maps are registered submodules before any optimizer is
 built, and ``generate`` keeps the recurrent state from its first call, whichever way the attention was set.
-``from_pretrained`` also checks an ``rf-*`` name before loading (unknown names, model classes outside
-``AttentionInterface``). transformers has no public hook after construction, loading or a switch; for any
-other model the wrappers change nothing. The guide lists every change the import makes.
+It also wraps the check that every model's ``__init__`` runs first, ``_check_and_adjust_attn_implementation``,
+so that an ``rf-*`` name is checked before any module is built (unknown names, model classes outside
+``AttentionInterface``). transformers has no public hook after construction, loading or a switch, nor
+before its modules are built; for any other name the wrappers change nothing. The guide lists every change
+the import makes.
 """
 
 from __future__ import annotations
@@ -206,13 +208,6 @@ def _after_post_init(original: Callable[..., Any]) -> Callable[..., Any]:
 def _after_from_pretrained(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def from_pretrained(cls: type[PreTrainedModel], *args: Any, **kwargs: Any) -> Any:
-        config = kwargs.get("config")  # the Auto classes pass the name in it
-        requested = kwargs.get("attn_implementation") or getattr(
-            config, "_attn_implementation_internal", None
-        )
-        if isinstance(requested, str) and requested.startswith(PREFIX):  # before transformers' own checks
-            known("attn_implementation", requested)
-            check_dispatches_through_interface(cls)
         result = original(cls, *args, **kwargs)
         model = result[0] if isinstance(result, tuple) else result
         if isinstance(model, PreTrainedModel) and _runs_random_features(model):
@@ -247,10 +242,30 @@ def _after_set_attn_implementation(original: Callable[..., Any]) -> Callable[...
     return set_attn_implementation
 
 
+def _checking_rf_names_first(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def check_and_adjust(self: PreTrainedModel, attn_implementation: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(attn_implementation, str) and attn_implementation.startswith(PREFIX):
+            known("attn_implementation", attn_implementation)
+            check_dispatches_through_interface(type(self))
+        return original(self, attn_implementation, *args, **kwargs)
+
+    return check_and_adjust
+
+
 def install() -> None:
-    """Wrap ``PreTrainedModel.post_init``, ``from_pretrained`` and ``set_attn_implementation`` (once)."""
+    """Wrap ``PreTrainedModel``'s methods that set or check the attention and build or load a model (once).
+
+    ``post_init``, ``from_pretrained`` and ``set_attn_implementation`` attach the maps after the original
+    ran; ``_check_and_adjust_attn_implementation``, which transformers runs first in every model's
+    ``__init__`` (``Model(config)``, ``from_config``, ``from_pretrained``) and in ``set_attn_implementation``,
+    checks an ``rf-*`` name before any module is built: an unknown one with the closest known names, a class
+    that computes its attention itself (Falcon, which would fail on its own dict lookup) by name.
+    """
     if getattr(PreTrainedModel, "_rf_attention_installed", False):
         return
+    check = _checking_rf_names_first(PreTrainedModel._check_and_adjust_attn_implementation)
+    PreTrainedModel._check_and_adjust_attn_implementation = check  # type: ignore[method-assign]
     PreTrainedModel.post_init = _after_post_init(PreTrainedModel.post_init)  # type: ignore[method-assign]
     from_pretrained = PreTrainedModel.__dict__["from_pretrained"].__func__
     PreTrainedModel.from_pretrained = _after_from_pretrained(from_pretrained)  # type: ignore[method-assign]

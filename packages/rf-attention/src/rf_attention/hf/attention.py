@@ -15,13 +15,13 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
-from rf_attention.functional import rf_attention
+from rf_attention.decoding import attend_after_cached_keys
 from rf_attention.hf.cache import CACHE_LAYER_KWARG, RecurrentCacheLayer, pending_cache_layer
 from rf_attention.hf.layers import SOFTMAX_ATTRIBUTE
 from rf_attention.hf.masks import key_padding_from_mask, mask_allows_packing, packed_cu_seqlens
 from rf_attention.hf.persistence import saved_feature_map_file
 from rf_attention.hf.statistics import statistics_where_saved
-from rf_attention.ops.recurrent import decode, decode_window
+from rf_attention.modules import layer_attention
 from rf_attention.registry import feature_pair
 from rf_attention.registry import names as attention_names
 from spectraformer_core import check_int
@@ -243,7 +243,6 @@ class HFRandomFeatureAttention:
     ) -> tuple[torch.Tensor, None]:
         """``__call__`` after the checks, grouped keys repeated, the feature map and the window found."""
         cache_layer = kwargs.get(CACHE_LAYER_KWARG)
-        head_dim = query.shape[-1]
         n_q, n_k = query.shape[-2], key.shape[-2]
         cu_seqlens = packed_cu_seqlens(kwargs, query.shape[0], n_q) if n_q == n_k else None
         packed = cu_seqlens is not None and mask_allows_packing(attention_mask, cu_seqlens, n_q, causal)
@@ -266,51 +265,24 @@ class HFRandomFeatureAttention:
                 key, value, n_k = key[..., :n_q, :], value[..., :n_q, :], n_q  # empty static-cache slots
             padding = key_padding_from_mask(attention_mask, n_q, n_k, causal)
             if causal and n_q < n_k:  # HF's DynamicCache: the first N_k - N_q keys come from the cache
-                out = _attend_after_cached_keys(query, key, value, fm, padding, scaling, window)
+                out = attend_after_cached_keys(
+                    query, key, value, fm, window=window, key_padding_mask=padding, scale=scaling
+                )
                 return out.transpose(1, 2), None
-        if scaling is not None:  # rf_attention scales q . k by Dh^-1/2 itself
-            query = query * (scaling * head_dim**0.5)
-        out = rf_attention(
+        out = layer_attention(
+            module,
+            fm,
             query,
             key,
             value,
-            fm,
             causal=causal,
             key_padding_mask=padding,
             query_padding_mask=padding if n_q == n_k else None,
             cu_seqlens=cu_seqlens if packed else None,
             window=window,
+            scale=scaling,
         )
         return out.transpose(1, 2).contiguous(), None
-
-
-def _attend_after_cached_keys(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    fm: rf_features.FeatureMap,
-    padding: torch.Tensor | None,
-    scale: float | None,
-    window: int = 0,
-) -> torch.Tensor:
-    """Causal RF attention of the last ``N_q`` positions, the first ``N_k - N_q`` keys coming from a cache.
-
-    The cached keys build a recurrent state (their own queries are not needed: the keys stand in for
-    them), which the new tokens continue: O(N_k) per call. With a ``window``, the state of the hybrid.
-    """
-    prefix = k.shape[-2] - q.shape[-2]
-    before = None if padding is None else padding[:, :prefix]
-    after = None if padding is None else padding[:, prefix:]
-    cached = k[..., :prefix, :]
-    if window:
-        _, ring = decode_window(
-            cached, cached, v[..., :prefix, :], fm, None, window=window, key_padding_mask=before, scale=scale
-        )
-        rest = (k[..., prefix:, :], v[..., prefix:, :])
-        return decode_window(q, *rest, fm, ring, window=window, key_padding_mask=after, scale=scale)[0]
-    _, state = decode(cached, cached, v[..., :prefix, :], fm, None, key_padding_mask=before, scale=scale)
-    out, _ = decode(q, k[..., prefix:, :], v[..., prefix:, :], fm, state, key_padding_mask=after, scale=scale)
-    return out
 
 
 def _checksum(fm: nn.Module) -> tuple[float, ...]:

@@ -11,10 +11,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, Dynam
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import rf_features
+from rf_attention.decoding import DecodingState, decode_heads
 from rf_attention.hf.layers import SOFTMAX_ATTRIBUTE, is_attention_module
 from rf_attention.hf.masks import key_padding_from_mask
-from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
-from rf_attention.ops.window import WindowState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -44,8 +43,11 @@ def pending_cache_layer(key: torch.Tensor) -> RecurrentCacheLayer | None:
 class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One RF attention layer's part of a [`RandomFeatureCache`][rf_attention.hf.RandomFeatureCache].
 
-    Holds the layer's [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState] (``(B, H, m, Dv)`` sums,
-    the same size after any number of tokens) and the number of tokens seen, no keys. ``update`` returns
+    Holds the layer's decoding state, the object the modules' ``prefill`` and ``step`` keep (a
+    [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState]: ``(B, H, m, Dv)`` sums, the same size
+    after any number of tokens; with a window a [`WindowState`][rf_attention.ops.window.WindowState]), and
+    the number of tokens seen, no keys; [`decode_heads`][rf_attention.decoding.decode_heads], the modules'
+    decoding, advances it. ``update`` returns
     the new keys and values unchanged and hands itself to the layer's attention function (through the
     ``kwargs`` HF passes to both), which runs the new tokens against the state and advances it.
     """
@@ -56,7 +58,7 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.state: RecurrentState | WindowState | None = None
+        self.state: DecodingState | None = None
         self.seen = 0
         self.pending = False
 
@@ -107,8 +109,9 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     ) -> torch.Tensor:
         """Causal RF attention of ``T`` new tokens ``q, k, v (B, H, T, Dh)`` continuing the state.
 
-        With a ``window``, the hybrid's state: the feature sums and a ring of the last ``window`` keys and
-        values ([`WindowState`][rf_attention.ops.window.WindowState]).
+        [`decode_heads`][rf_attention.decoding.decode_heads] with the logit scale ``scale`` (HF's
+        ``scaling``); with a ``window``, the hybrid's state: the feature sums and a ring of the last
+        ``window`` keys and values. A state of the other kind (the window changed) is refused.
         """
         self.pending = False
         _PENDING.entry = None
@@ -121,17 +124,9 @@ class RecurrentCacheLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
             # a mask sized for a softmax layer's keys (mixed models share one): the new keys are the last n
             attention_mask = attention_mask[..., -n:]
         padding = key_padding_from_mask(attention_mask, n, n, causal=True)
-        if window:
-            state = self.state if isinstance(self.state, WindowState) or self.state is None else None
-            if state is None and self.state is not None:
-                raise ValueError(f"{name}: the cache holds a state without a window; reset it")
-            out, self.state = decode_window(
-                q, k, v, fm, state, window=window, key_padding_mask=padding, scale=scale
-            )
-        else:
-            if isinstance(self.state, WindowState):
-                raise ValueError(f"{name}: the cache holds a sliding window's state; reset it")
-            out, self.state = decode(q, k, v, fm, self.state, key_padding_mask=padding, scale=scale)
+        out, self.state = decode_heads(
+            q, k, v, fm, self.state, window=window, key_padding_mask=padding, scale=scale
+        )
         self.seen += n
         return out
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 import torch
 
 import rf_features
-from rf_attention.functional import _accumulation_dtype
+from rf_attention.functional import _accumulation_dtype, input_scale
 from rf_attention.ops.causal import CausalState, causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
-from rf_attention.ops.features import ClosedForm, Features, qk_scale
+from rf_attention.ops.features import ClosedForm, Features
 from rf_attention.ops.window import WindowState, window_prefill, window_step
 from spectraformer_core import check_int
 
@@ -187,7 +187,7 @@ def decode(
     """
     _check_inputs(q, k, v, feature_map, state, key_padding_mask)
     acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
-    x_scale = _input_scale(q.shape[-1], scale)
+    x_scale = input_scale(q.shape[-1], scale)
     signed = _signed(feature_map)
     if q.shape[-2] == 1 and state is None:
         lead, m = tuple(q.shape[:2]), feature_map.num_features
@@ -298,7 +298,7 @@ def decode_window(
             f"{type(state).__name__}{held}"
         )
     acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
-    x_scale = _input_scale(q.shape[-1], scale)
+    x_scale = input_scale(q.shape[-1], scale)
     qs, ks, vs = q.to(acc), k.to(acc), v.to(acc)
     stats = feature_map.current_statistics(
         qs * x_scale, ks * x_scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
@@ -443,15 +443,6 @@ def _laid_out(
 def _signed(fm: rf_features.FeatureMap) -> bool:
     """Whether the features carry signs, as the kernels decide (the guard then needs ``sum_j |phi_k_j|``)."""
     return not fm.positive or fm.weight_matrix.component_weights is not None
-
-
-def _input_scale(head_dim: int, scale: float | None) -> float:
-    """The factor of ``q`` and ``k`` before the features: ``sqrt(scale)``, by default ``Dh ** -1/4``."""
-    if scale is None:
-        return qk_scale(head_dim)
-    if not scale > 0:
-        raise ValueError(f"scale: expected a positive logit scale, got {scale!r}")
-    return math.sqrt(scale)
 
 
 def _check_inputs(
