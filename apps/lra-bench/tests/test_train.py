@@ -313,8 +313,8 @@ def test_evaluate_command_appends_a_record_and_curves_plots_it(tmp_path, data, h
     (record,) = read_jsonl(config.out / "partial.jsonl")
     assert record["attention"] == "performer"
     assert record["step"] == 4
-    png = tmp_path / "curves.png"
-    assert main(["curves", str(config.out / "partial.jsonl"), "--out", str(png)]) == 0
+    png = tmp_path / "report" / "curves.png"
+    assert main(["curves", str(config.out / "partial.jsonl"), "--report-dir", str(tmp_path / "report")]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -6,7 +6,7 @@ Subcommands:
 - sweep: task x attention x attention features x seed, skipping finished runs, --shard i/n;
 - evaluate: the best weights so far of an unfinished run on the test split, and its validation curve;
 - report RESULTS: Tables 1, 7, 8 (Markdown, CSV) and the Figure 4 heatmaps (PNG);
-- curves PARTIAL: the validation curves of `evaluate`'s records against Table 1's ListOps accuracy (PNG);
+- curves PARTIAL: `evaluate`'s validation curves against Table 1's ListOps accuracy (curves.png);
 - quick (alias quickstart): generate a small ListOps set, train a few attentions on the CPU, print Table 1;
 - list: the attention names.
 
@@ -23,6 +23,7 @@ import rf_attention
 from app_common import cli
 from app_common.config import config_from, leaf_fields, read_config, split_toml
 from app_common.records import report_folder
+from app_common.vocabulary import FLAGS
 from lra_bench.config import GRID, QuickConfig, ReportConfig, SweepConfig, TrainConfig, train_config
 
 _TOML_HELP = "[table6.<task>] tables override Table 6"
@@ -55,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_report_command(commands, ReportConfig, _report, help="paper-style tables and heatmaps")
     curves = commands.add_parser("curves", help="validation curves of evaluate's records (PNG)")
     curves.add_argument("partial", type=Path, help="JSON-lines file of lra-bench evaluate")
-    curves.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    curves.add_argument(
+        "--report-dir", type=Path, default=None, help=FLAGS["report_dir"] + "; writes curves.png"
+    )
     curves.set_defaults(run=_curves)
     cli.add_command(
         commands,
@@ -115,7 +118,8 @@ def _curves(args: argparse.Namespace) -> None:
     from app_common.results import read_jsonl
     from lra_bench.report import learning_curves
 
-    print(learning_curves(list(read_jsonl(args.partial)), args.out))
+    out = report_folder(args.partial, args.report_dir) / "curves.png"
+    print(learning_curves(list(read_jsonl(args.partial)), out))
 
 
 def _report(args: argparse.Namespace) -> None:
