@@ -102,9 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--memory-lengths",
         type=int,
-        nargs="+",
+        nargs="*",
         default=list(MEMORY_LENGTHS),
-        help="--part measure: lengths whose peak memory is measured",
+        help="--part measure: lengths whose peak memory is measured (none: time only)",
     )
     parser.add_argument("--flop-lengths", type=int, nargs="+", default=FLOP_LENGTHS, help="--part flops")
     add_repeats_arguments(parser, 3, "timed runs per point after the first")
