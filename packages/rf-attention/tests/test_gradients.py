@@ -94,7 +94,8 @@ def assert_equals_naive(fm, reference_map, qkv, mask, weights, *, causal, chunk_
 
 def without_closed_form(fm):
     """``fm`` as a feature map with no closed form: the kernels run their generic (autograd) path."""
-    fm.exponential_form = lambda *args, **kwargs: None
+    contract = fm.contract
+    fm.contract = lambda *args, **kwargs: contract(*args, **{**kwargs, "closed_form": False})
     return fm
 
 
@@ -172,7 +173,7 @@ def test_data_dependent_statistics_are_detached_so_gradients_hold_them_fixed(nam
     scale = d**-0.25
     stats = fm.statistics(q * scale, k * scale, None, None)  # with gradient this time
     phi = [
-        torch.exp(fm.weighted_log_features(x * scale, stats, is_query=is_query)[0])
+        torch.exp(fm._weighted_log_features(x * scale, stats, is_query, None)[0])
         for x, is_query in ((q, True), (k, False))
     ]
     through = grads(naive_linear_attention(*phi, v), weights, [q, k])
@@ -212,7 +213,7 @@ def small_groups(monkeypatch):
 def test_many_groups_equal_the_naive_reference(small_groups, name, causal, masked):
     b, h, n, d, s = 2, 2, 37, 8, 6
     fm = make_feature_map(name, d, s, causal, torch.float64)
-    width = fm.num_features
+    width = fm.feature_width
     if causal:
         rows = kernels.causal_group_rows(n, d, width, 4, b * h)
     else:
@@ -264,7 +265,7 @@ def small_causal_groups(monkeypatch):
 def test_causal_many_chunks_and_groups_equal_the_naive_quadratic_form(small_causal_groups, name):
     b, h, n, d, s, chunk = 2, 2, 301, 8, 6, 8
     rows = kernels.causal_group_rows(
-        n, d, make_feature_map(name, d, s, True, torch.float64).num_features, chunk, 4
+        n, d, make_feature_map(name, d, s, True, torch.float64).feature_width, chunk, 4
     )
     assert n // chunk >= 30, "many chunks"
     assert -(-n // rows) >= 4, "several groups"
