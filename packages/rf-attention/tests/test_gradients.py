@@ -19,7 +19,7 @@ import rf_features
 from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend
 from rf_attention.naive import naive_linear_attention, naive_rf_attention, naive_softmax_attention
-from rf_attention.ops.causal import CausalState, causal_attention, chunk_prefix
+from rf_attention.ops.causal import CausalState, causal_attention, causal_block, chunk_prefix
 from spectraformer_core.testing import assert_rel_close, relative_error
 
 SHAPES = [(1, 1, 9, 4, 3), (2, 3, 13, 8, 6)]  # (B, H, N, Dh, s)
@@ -342,3 +342,46 @@ def test_causal_attention_continued_from_a_state_equals_one_pass(signed):
     assert isinstance(after, CausalState)
     expected = naive_linear_attention(phi_q, phi_k * log_scale.exp().unsqueeze(-1), v, causal=True)
     torch.testing.assert_close(whole, expected, rtol=1e-10, atol=1e-12)
+
+
+def underflowing_block(dtype):
+    """Features of two sequences (3 positions, 2 features) for ``causal_block``; in the second, query 0's
+    normalizer is ``1e-39`` (subnormal in float32): its only key lies where its features have underflowed."""
+    phi_q = torch.tensor([[[1.0, 0.5], [0.25, 1.0], [1.0, 1.0]], [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
+    phi_k = torch.tensor([[[1.0, 0.5], [0.5, 1.0], [1.0, 0.25]], [[1e-39, 1.0], [1.0, 1.0], [1.0, 0.0]]])
+    g = torch.Generator().manual_seed(0)
+    v, weights = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)
+    leaves = [t.to(dtype).requires_grad_() for t in (phi_q, phi_k, v)]
+    return leaves, weights.to(dtype)
+
+
+def test_an_underflowed_normalizer_is_guarded_and_every_gradient_finite():
+    """The generic causal block's ``y / D`` where ``D`` underflows: finite gradients, row 0 guarded.
+
+    Elsewhere outputs and gradients equal the float64 formula's; the second sequence's gradients are
+    compared on its later rows only (row 0's weight is 0), whose normalizers are normal.
+    """
+    (phi_q, phi_k, v), weights = underflowing_block(torch.float32)
+    (phi_q64, phi_k64, v64), weights64 = underflowing_block(torch.float64)
+    eps = torch.finfo(torch.float32).eps
+    scale = torch.zeros(2, 3)
+
+    def block(q, k, values):
+        return causal_block(
+            q, k, scale.to(q.dtype), values, None, None, None, chunk=2, eps=eps, signed=False
+        )[0]
+
+    out = block(phi_q, phi_k, v)
+    expected = block(phi_q64, phi_k64, v64)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0], expected[0].float())
+    torch.testing.assert_close(out[1, 1:], expected[1, 1:].float())
+    assert out[1, 0].abs().max() < 1e-37  # guarded: no key's weight is representable
+    got = grads(out, weights, [phi_q, phi_k, v])
+    assert all(torch.isfinite(g).all() for g in got)
+    weights[1, 0] = 0.0
+    weights64[1, 0] = 0.0
+    got = grads(block(phi_q, phi_k, v), weights, [phi_q, phi_k, v])
+    want = grads(expected, weights64, [phi_q64, phi_k64, v64])
+    for label, g, e in zip(["dphi_q", "dphi_k", "dv"], got, want, strict=True):
+        assert_rel_close(label, e, g, 1e-5)

@@ -18,6 +18,8 @@ import triton.language as tl
 from rf_attention.ops.features import FeatureSide
 
 NEG_INF = tl.constexpr(float("-inf"))
+#: float32's smallest normal number: a normalizer below it counts as zero (the guard).
+FLOAT32_TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
 #: Precision of every ``tl.dot``: three TF32 products per float32 product (float32's accuracy, tensor cores).
 DOT_PRECISION = tl.constexpr("tf32x3")
 
@@ -122,15 +124,16 @@ def features_vjp(grad_phi, phi, magnitude, x, u, proj, square, sign, shift, TRIG
 def guard(den, bound, eps, SIGNED: tl.constexpr):
     """The normalizer made safe to divide by, and 1.0 where it is the normalizer itself (else 0.0).
 
-    As ``rf_attention.ops.common.guarded_denominator``: positive features change only ``den == 0`` (to 1);
-    signed ones ``|den| <= eps * bound`` to ``sign(den) eps bound`` (1 where the bound is 0).
+    As ``rf_attention.ops.common.guarded_denominator``: positive features change only a ``den`` of zero or
+    below float32's smallest normal number (to 1); signed ones ``|den| <= eps * bound`` (or below that
+    number) to ``sign(den) eps bound`` (1 where that is below it).
     """
     if SIGNED:
         floor = eps * bound
-        guarded = tl.abs(den) <= floor
+        guarded = (tl.abs(den) <= floor) | (tl.abs(den) < FLOAT32_TINY)
         safe = tl.where(den < 0, -floor, floor)
-        safe = tl.where(floor == 0, 1.0, safe)
+        safe = tl.where(floor < FLOAT32_TINY, 1.0, safe)
     else:
-        guarded = den == 0
+        guarded = den < FLOAT32_TINY
         safe = tl.full(den.shape, 1.0, tl.float32)
     return tl.where(guarded, safe, den), tl.where(guarded, 0.0, 1.0)
