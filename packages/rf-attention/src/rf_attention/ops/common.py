@@ -51,10 +51,9 @@ def guarded_denominator(
     if bound is None:
         guarded = den < tiny
         return den.masked_fill(guarded, 1.0), guarded
-    floor = eps * bound.detach()
-    magnitude = den.abs()
-    guarded = (magnitude <= floor) | (magnitude < tiny)
-    safe = torch.where(den < 0, -floor, floor).masked_fill_(floor < tiny, 1.0)
+    floor = eps * (bound.detach() if bound.requires_grad else bound)
+    guarded = den.abs() <= floor.clamp_min(tiny)
+    safe = torch.copysign(floor.masked_fill(floor < tiny, 1.0), den)
     return torch.where(guarded, safe, den), guarded
 
 

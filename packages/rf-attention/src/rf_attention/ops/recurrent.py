@@ -345,14 +345,15 @@ def _step(
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
     inputs = torch.cat((q, k, k * k, state.log_scale), dim=-1)
     logits = torch.addmm(layout.offset, inputs.view(b * h, -1), layout.projection)
-    if layout.trigonometric:
-        logits, phases = logits.split(2 * m + 2, dim=1)
-    grouped = logits.view(b, h, 2, m + 1, 1)
+    if layout.trigonometric:  # the log-weights' groups, then the phases' groups
+        grouped, phases = logits.view(b, h, 2, 2, m + 1, 1).unbind(2)
+    else:
+        grouped = logits.view(b, h, 2, m + 1, 1)
     log_scale = grouped.logsumexp(dim=3, keepdim=True)[:, :, 1]
-    features = grouped.softmax(dim=3).view(b, h, 2 * m + 2, 1)
+    weights = grouped.softmax(dim=3)
     if layout.trigonometric:  # the waves [cos, sin] (1 where the weights are the dummy and the decay)
-        features = features * phases.cos().view(b, h, 2 * m + 2, 1)
-    phi_q, _, phi_k, decay = features.split((m, 1, m, 1), dim=2)
+        weights = weights * phases.cos()
+    phi_q, _, phi_k, decay = weights.view(b, h, 2 * m + 2, 1).split((m, 1, m, 1), dim=2)
     if layout.sign is not None:
         phi_q = phi_q * layout.sign
     if mask is not None:

@@ -130,9 +130,9 @@ def guard(den, bound, eps, SIGNED: tl.constexpr):
     """
     if SIGNED:
         floor = eps * bound
-        guarded = (tl.abs(den) <= floor) | (tl.abs(den) < FLOAT32_TINY)
-        safe = tl.where(den < 0, -floor, floor)
-        safe = tl.where(floor < FLOAT32_TINY, 1.0, safe)
+        guarded = tl.abs(den) <= tl.maximum(floor, FLOAT32_TINY)
+        safe = tl.where(floor < FLOAT32_TINY, 1.0, floor)
+        safe = tl.where(den < 0, -safe, safe)
     else:
         guarded = den < FLOAT32_TINY
         safe = tl.full(den.shape, 1.0, tl.float32)
