@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-#: ``features(x, is_query) -> (log_features, multiplier)`` as ``FeatureMap.weighted_log_features``.
-FeatureFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
+from rf_features import LogFeatures
+
+#: ``features(x, is_query) -> (log_features, multiplier)``, as a feature contract's ``log_features``.
+FeatureFn = LogFeatures
 #: Positions per chunk of the causal kernel (the intra-chunk products are ``chunk x chunk``).
 DEFAULT_CHUNK_SIZE = 128
 #: A group's features hold at most this many elements per element of ``q`` (the memory rule of the groups).
