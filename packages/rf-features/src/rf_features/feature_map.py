@@ -347,6 +347,9 @@ class FeatureMap(nn.Module):
             dtype: the dtype of the statistics and the closed form (default: ``q``'s, float32 for
                 float16/bfloat16).
             closed_form: False gives the ``log_features`` callable even where a closed form exists.
+
+        Returns:
+            A [`FeatureContract`][rf_features.FeatureContract] of width ``feature_width``.
         """
         self._check_inputs(q, k)
         key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
