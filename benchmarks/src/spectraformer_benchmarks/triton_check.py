@@ -154,9 +154,7 @@ def decode_step(
     from rf_attention.ops.triton.fused_recurrent import fused_recurrent_step
 
     scale = qk_scale(dh)
-    stats = fm.current_statistics(q * scale, k * scale)
-    forms = [fm.exponential_form(stats, is_query=s, dtype=torch.float32, scale=scale) for s in (True, False)]
-    closed = ClosedForm.of(*forms, q.shape[:-2], torch.float32)  # type: ignore[arg-type]
+    closed = ClosedForm.of(fm.contract(q, k, scale=scale, dtype=torch.float32), q.shape[:-2], torch.float32)
     eps = torch.finfo(torch.float32).eps
     return lambda: fused_recurrent_step(q, k, v, None, closed, state, eps)
 

@@ -82,7 +82,7 @@ def assert_equal_up_to_float32_rounding(label, module, x, expected, actual, padd
     inputs, conditioned by the normalizer (``normalizer_condition``).
     """
     fm = getattr(module, "feature_map", None)
-    length = x.shape[1] + (DIM // HEADS if fm is None else fm.num_features) + DIM
+    length = x.shape[1] + (DIM // HEADS if fm is None else fm.feature_width) + DIM
     condition = normalizer_condition(module, x, padding)
     assert_rel_close(label, expected, actual, rounding_tolerance(torch.float32, length, condition))
 

@@ -19,7 +19,7 @@ import rf_features
 from rf_attention import linear_attention, softmax_attention
 from rf_attention import rf_attention as rf_attend
 from rf_attention.naive import naive_linear_attention, naive_rf_attention, naive_softmax_attention
-from rf_attention.ops.causal import CausalState, causal_attention, chunk_prefix
+from rf_attention.ops.causal import CausalState, causal_attention, causal_block, chunk_prefix
 from spectraformer_core.testing import assert_rel_close, relative_error
 
 SHAPES = [(1, 1, 9, 4, 3), (2, 3, 13, 8, 6)]  # (B, H, N, Dh, s)
@@ -94,7 +94,8 @@ def assert_equals_naive(fm, reference_map, qkv, mask, weights, *, causal, chunk_
 
 def without_closed_form(fm):
     """``fm`` as a feature map with no closed form: the kernels run their generic (autograd) path."""
-    fm.exponential_form = lambda *args, **kwargs: None
+    contract = fm.contract
+    fm.contract = lambda *args, **kwargs: contract(*args, **{**kwargs, "closed_form": False})
     return fm
 
 
@@ -172,7 +173,7 @@ def test_data_dependent_statistics_are_detached_so_gradients_hold_them_fixed(nam
     scale = d**-0.25
     stats = fm.statistics(q * scale, k * scale, None, None)  # with gradient this time
     phi = [
-        torch.exp(fm.weighted_log_features(x * scale, stats, is_query=is_query)[0])
+        torch.exp(fm._weighted_log_features(x * scale, stats, is_query, None)[0])
         for x, is_query in ((q, True), (k, False))
     ]
     through = grads(naive_linear_attention(*phi, v), weights, [q, k])
@@ -212,7 +213,7 @@ def small_groups(monkeypatch):
 def test_many_groups_equal_the_naive_reference(small_groups, name, causal, masked):
     b, h, n, d, s = 2, 2, 37, 8, 6
     fm = make_feature_map(name, d, s, causal, torch.float64)
-    width = fm.num_features
+    width = fm.feature_width
     if causal:
         rows = kernels.causal_group_rows(n, d, width, 4, b * h)
     else:
@@ -264,7 +265,7 @@ def small_causal_groups(monkeypatch):
 def test_causal_many_chunks_and_groups_equal_the_naive_quadratic_form(small_causal_groups, name):
     b, h, n, d, s, chunk = 2, 2, 301, 8, 6, 8
     rows = kernels.causal_group_rows(
-        n, d, make_feature_map(name, d, s, True, torch.float64).num_features, chunk, 4
+        n, d, make_feature_map(name, d, s, True, torch.float64).feature_width, chunk, 4
     )
     assert n // chunk >= 30, "many chunks"
     assert -(-n // rows) >= 4, "several groups"
@@ -341,3 +342,46 @@ def test_causal_attention_continued_from_a_state_equals_one_pass(signed):
     assert isinstance(after, CausalState)
     expected = naive_linear_attention(phi_q, phi_k * log_scale.exp().unsqueeze(-1), v, causal=True)
     torch.testing.assert_close(whole, expected, rtol=1e-10, atol=1e-12)
+
+
+def underflowing_block(dtype):
+    """Features of two sequences (3 positions, 2 features) for ``causal_block``; in the second, query 0's
+    normalizer is ``1e-39`` (subnormal in float32): its only key lies where its features have underflowed."""
+    phi_q = torch.tensor([[[1.0, 0.5], [0.25, 1.0], [1.0, 1.0]], [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
+    phi_k = torch.tensor([[[1.0, 0.5], [0.5, 1.0], [1.0, 0.25]], [[1e-39, 1.0], [1.0, 1.0], [1.0, 0.0]]])
+    g = torch.Generator().manual_seed(0)
+    v, weights = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)
+    leaves = [t.to(dtype).requires_grad_() for t in (phi_q, phi_k, v)]
+    return leaves, weights.to(dtype)
+
+
+def test_an_underflowed_normalizer_is_guarded_and_every_gradient_finite():
+    """The generic causal block's ``y / D`` where ``D`` underflows: finite gradients, row 0 guarded.
+
+    Elsewhere outputs and gradients equal the float64 formula's; the second sequence's gradients are
+    compared on its later rows only (row 0's weight is 0), whose normalizers are normal.
+    """
+    (phi_q, phi_k, v), weights = underflowing_block(torch.float32)
+    (phi_q64, phi_k64, v64), weights64 = underflowing_block(torch.float64)
+    eps = torch.finfo(torch.float32).eps
+    scale = torch.zeros(2, 3)
+
+    def block(q, k, values):
+        return causal_block(
+            q, k, scale.to(q.dtype), values, None, None, None, chunk=2, eps=eps, signed=False
+        )[0]
+
+    out = block(phi_q, phi_k, v)
+    expected = block(phi_q64, phi_k64, v64)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0], expected[0].float())
+    torch.testing.assert_close(out[1, 1:], expected[1, 1:].float())
+    assert out[1, 0].abs().max() < 1e-37  # guarded: no key's weight is representable
+    got = grads(out, weights, [phi_q, phi_k, v])
+    assert all(torch.isfinite(g).all() for g in got)
+    weights[1, 0] = 0.0
+    weights64[1, 0] = 0.0
+    got = grads(block(phi_q, phi_k, v), weights, [phi_q, phi_k, v])
+    want = grads(expected, weights64, [phi_q64, phi_k64, v64])
+    for label, g, e in zip(["dphi_q", "dphi_k", "dv"], got, want, strict=True):
+        assert_rel_close(label, e, g, 1e-5)

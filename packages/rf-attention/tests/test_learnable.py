@@ -60,8 +60,7 @@ def test_per_head_parameter_gradients_match_the_naive_reference(pair, causal, in
 
 def test_closed_form_of_a_per_head_map_has_one_matrix_per_head():
     fm = per_head_map("oprf-orf", causal=False, input_map=False)
-    stats = fm.current_statistics(*(torch.randn(B, H, N, DH, dtype=torch.float64) for _ in range(2)))
-    form = fm.exponential_form(stats, is_query=True, dtype=torch.float64)
+    form = fm.contract(*(torch.randn(B, H, N, DH, dtype=torch.float64) for _ in range(2))).query
     assert form is not None
     assert form.matrix.shape == (B, H, S, DH)
 

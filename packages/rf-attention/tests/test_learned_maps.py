@@ -89,7 +89,7 @@ def test_hf_linearize_and_attn_implementation_take_a_learned_map(tiny_llama):
     rf_hf.linearize(model, "hedgehog", num_features=8, seed=0)
     fm = model.model.layers[0].self_attn.rf_feature_map
     assert isinstance(fm, rf_features.HedgehogFeatureMap)
-    assert fm.num_features == 16
+    assert (fm.num_features, fm.feature_width) == (8, 16)
     with torch.no_grad():
         cached = model.generate(ids, max_new_tokens=4, do_sample=False)
         uncached = model.generate(ids, max_new_tokens=4, do_sample=False, use_cache=False)

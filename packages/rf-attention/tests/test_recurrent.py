@@ -130,7 +130,7 @@ def test_bfloat16_steps_stay_close_to_float64(pair):
 
 
 class OpenFormPosRF(rf_features.PosRF):
-    """PosRF without its closed form: decoding takes the generic path through ``weighted_log_features``."""
+    """PosRF without its closed form: decoding takes the generic path (the contract's callable)."""
 
     def log_form(self, matrix, stats, is_query):
         return None

@@ -170,11 +170,7 @@ def test_fused_recurrent_steps_equal_the_causal_forward(pair):
     mask[1, 3] = True  # a padded token in the middle: its key is never added
     scale = qk_scale(q.shape[-1])
     with torch.no_grad():
-        stats = fm.current_statistics(q * scale, k * scale)
-        forms = [
-            fm.exponential_form(stats, is_query=s, dtype=torch.float32, scale=scale) for s in (True, False)
-        ]
-        closed = ClosedForm.of(*forms, q.shape[:-2], torch.float32)
+        closed = ClosedForm.of(fm.contract(q, k, scale=scale), q.shape[:-2], torch.float32)
         lead, width = tuple(q.shape[:2]), closed.query.offset.shape[-1]
         state = RecurrentState.empty(
             lead, width, v.shape[-1], signed=closed.signed, dtype=torch.float32, device=DEVICE

@@ -326,7 +326,7 @@ def test_the_decoding_state_does_not_grow_with_the_context():
     _, short = steps(module, randn64(1, 10, DIM, seed=3))
     _, long = steps(module, randn64(1, 300, DIM, seed=3))
     assert short.nbytes() == long.nbytes()
-    m, w = module.feature_map.num_features, 8
+    m, w = module.feature_map.feature_width, 8
     head_dim = DIM // HEADS
     assert long.keys.shape == (1, HEADS, w, head_dim)
     assert long.sums.shape == (1, HEADS, m, head_dim + 1)

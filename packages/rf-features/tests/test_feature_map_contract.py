@@ -29,8 +29,8 @@ def test_every_component_and_matrix_pair_runs_forward_and_backward(name, matrix,
     q = (torch.randn(2, 2, 5, 8) * 0.5).to(dtype).requires_grad_()
     k = (torch.randn(2, 2, 7, 8) * 0.5).to(dtype).requires_grad_()
     phi_q, phi_k = fm(q, k, stabilize=True)
-    assert phi_q.shape == (2, 2, 5, fm.num_features)
-    assert phi_k.shape == (2, 2, 7, fm.num_features)
+    assert phi_q.shape == (2, 2, 5, fm.feature_width)
+    assert phi_k.shape == (2, 2, 7, fm.feature_width)
     assert phi_q.dtype == phi_k.dtype == dtype
     (phi_q.float() @ phi_k.float().mT).sum().backward()
     assert torch.isfinite(q.grad).all()
@@ -98,12 +98,14 @@ def test_bad_inputs_name_the_argument():
         rf_features.create("posrf", dim=8, weight_matrix=rf_matrices.create("orf", 16, 4))
 
 
-def test_output_width_counts_components_per_row():
-    assert rf_features.create("posrf", num_features=32, dim=8).num_features == 32
-    assert rf_features.create("trigrf", num_features=32, dim=8).num_features == 64
-    assert rf_features.create("posrf-hyp", num_features=32, dim=8).num_features == 64
-    assert rf_features.create("oprf", weight_matrix="sgq", num_features=33, dim=8).num_features == 33
-    assert rf_features.create("trigrf", weight_matrix="sgq", num_features=9, dim=8).num_features == 18
+@pytest.mark.parametrize(
+    ("name", "matrix", "rows", "width"),
+    [("posrf", "orf", 32, 32), ("trigrf", "orf", 32, 64), ("posrf-hyp", "orf", 32, 64),
+     ("oprf", "sgq", 33, 33), ("trigrf", "sgq", 9, 18)],
+)  # fmt: skip
+def test_feature_width_counts_components_per_row(name, matrix, rows, width):
+    fm = rf_features.create(name, weight_matrix=matrix, num_features=rows, dim=8)
+    assert (fm.num_features, fm.feature_width) == (rows, width)
 
 
 def test_redraw_changes_the_features_and_a_seed_reproduces_them():

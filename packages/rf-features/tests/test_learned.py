@@ -27,7 +27,7 @@ def test_hedgehog_features_are_both_halves_softmax_over_features_of_the_projecti
     projection = torch.einsum("bhnd,hsd->bhns", x, fm.weight_matrix.weight.detach())
     expected = torch.cat((projection.softmax(-1), (-projection).softmax(-1)), dim=-1)
     assert phi_q.shape == (B, H, N, 2 * s)
-    assert fm.num_features == 2 * s
+    assert (fm.num_features, fm.feature_width) == (s, 2 * s)
     torch.testing.assert_close(phi_q, expected, rtol=1e-12, atol=0)
     torch.testing.assert_close(phi_k, expected, rtol=1e-12, atol=0)
     assert bool((phi_q > 0).all())

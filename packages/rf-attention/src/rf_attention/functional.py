@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rf_attention import varlen
 from rf_attention.ops.causal import causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, FeatureFn
-from rf_attention.ops.features import ClosedForm, Features, qk_scale
+from rf_attention.ops.features import ClosedForm, Features, feature_strategy, qk_scale
 from rf_attention.ops.noncausal import noncausal_attention
 from rf_attention.ops.triton import check_backend, uses_triton
 from rf_attention.ops.window import window_attention
@@ -60,10 +60,9 @@ def linear_attention(
             $\operatorname{sign}(D)$ times that bound. Positive features are guarded only where $D = 0$ (rows
             whose keys are all padding give 0). Never an absolute floor: stabilized features can make a
             correct $D$ arbitrarily small. Default: the accumulation dtype's machine epsilon.
-        chunk_size: consecutive positions processed as one block: non-causal, the rows of a group (default:
-            the group rule's, about ``q``'s size in features); causal, a chunk, whose keys a query of
-            the chunk reads by an explicit ``chunk x chunk`` product (default 128; groups hold whole
-            chunks).
+        chunk_size: the causal chunk: consecutive positions whose keys a query of the chunk reads by an
+            explicit ``chunk x chunk`` product (default 128). No effect without ``causal`` (the
+            non-causal kernel sizes its row groups by its own memory rule).
         cu_seqlens: ``(S + 1,)`` int32 cumulative starts of ``S`` sequences packed along ``N``
             (flash-attn's convention; inputs ``(1, H, T, *)``): each sequence attends to itself only
             ([`rf_attention.varlen`][rf_attention.varlen]).
@@ -155,7 +154,7 @@ def _chunk_parallel(key_mask: torch.Tensor | None, features: Features, *, causal
         if causal:
             chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
             return causal_attention(q, k, v, key_mask, features, width=width, chunk=chunk, eps=eps)[0]
-        return noncausal_attention(q, k, v, key_mask, features, width=width, rows=chunk_size, eps=eps)
+        return noncausal_attention(q, k, v, key_mask, features, width=width, eps=eps)
 
     return kernel
 
@@ -346,64 +345,36 @@ def rf_attention(
     acc = _accumulation_dtype(q, k, v)
     q_in, k_in = q, k
     q, k = q.to(acc), k.to(acc)
-    stats = feature_map.current_statistics(
-        q * scale, k * scale, key_padding_mask=key_padding_mask, query_padding_mask=query_padding_mask
+    contract = feature_map.contract(
+        q,
+        k,
+        scale=scale,
+        key_padding_mask=key_padding_mask,
+        query_padding_mask=query_padding_mask,
+        dtype=acc,
+        closed_form=not window,  # the window's loop takes the callable
     )
-
-    matrix = _learned_dense_matrix(feature_map)
     mask = _broadcast_key_mask(key_padding_mask, k)
-
-    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # scaled chunk by chunk: autograd keeps no scaled copy of q and k. The window keeps every
-        # constant: its features' estimate and its exact weights share one scale
-        return feature_map.weighted_log_features(
-            x * scale, stats, is_query=is_query, stabilized=not window, matrix=matrix
-        )
-
+    features = feature_strategy(contract, q.shape[:-2], acc)
     if window:
         if backend == "triton":
             raise ValueError(
                 "backend: the Triton kernels have no sliding window; run window > 0 with backend='auto' or "
                 "'torch'"
             )
-        return _run_in_accumulation_dtype(
-            q, k, v, _sliding_window(mask, features, window, scale), eps=eps, chunk_size=chunk_size
-        )
-    forms = [
-        feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=scale, matrix=matrix)
-        for side in (True, False)
-    ]
-    closed_form = forms[0] is not None and forms[1] is not None
-    if uses_triton(backend, q_in, closed_form=None if closed_form else type(feature_map).__name__):
+        assert not isinstance(features, ClosedForm), "asked for the callable"
+        kernel = _sliding_window(mask, features, window, scale)
+        return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
+    if uses_triton(backend, q_in, closed_form=None if contract.closed else type(feature_map).__name__):
         from rf_attention.ops.triton.attention import closed_form_attention
 
-        closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)  # type: ignore[arg-type]
+        assert isinstance(features, ClosedForm), "uses_triton refuses maps without a closed form"
         eps = torch.finfo(acc).eps if eps is None else eps
         return closed_form_attention(
-            q_in, k_in, v, mask, closed, causal=causal, eps=eps, chunk_size=chunk_size
+            q_in, k_in, v, mask, features, causal=causal, eps=eps, chunk_size=chunk_size
         )
-    if forms[0] is not None and forms[1] is not None:
-        closed = ClosedForm.of(forms[0], forms[1], q.shape[:-2], acc)
-        width = closed.query.offset.shape[-1]
-        kernel = _chunk_parallel(mask, closed, causal=causal, width=width)
-        return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
-    kernel = _chunk_parallel(mask, features, causal=causal, width=feature_map.num_features)
+    kernel = _chunk_parallel(mask, features, causal=causal, width=contract.width)
     return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
-
-
-def _learned_dense_matrix(feature_map: FeatureMap) -> torch.Tensor | None:
-    """The dense ``W`` of a weight matrix with learned entries, built once for this call (None otherwise).
-
-    With autograd recording, a learned structured matrix (FastFood_L) would rebuild ``W`` and its gradient
-    graph for every chunk of the forward and the backward pass (65 times per forward+backward at N = 8192,
-    128 features); built here once, its gradient reaches the entries through one graph. Not for matrices
-    that use their fast transform (large ``d``), where the dense product would cost more.
-    """
-    weight_matrix = feature_map.weight_matrix
-    learned = any(p.requires_grad for p in weight_matrix.parameters())
-    if not (learned and torch.is_grad_enabled()) or getattr(weight_matrix, "fast_transform", False):
-        return None
-    return weight_matrix.matrix()
 
 
 def check_window_map(feature_map: FeatureMap, window: int) -> None:

@@ -229,14 +229,14 @@ def attention_weight_divergence(
     frozen = feature_map.statistics_frozen
     feature_map.statistics_frozen = True  # the forward pass already updated the running statistics
     try:
-        stats = feature_map.current_statistics(
-            q * scale, k * scale, key_padding_mask=padding, query_padding_mask=padding
+        contract = feature_map.contract(
+            q, k, scale=scale, key_padding_mask=padding, query_padding_mask=padding, closed_form=False
         )
     finally:
         feature_map.statistics_frozen = frozen
     q_rows = q[..., rows, :]
-    log_q = _log_features(feature_map, q_rows * scale, stats, is_query=True)  # (B, H, r, m)
-    log_k = _log_features(feature_map, k * scale, stats, is_query=False)  # (B, H, N, m)
+    log_q = _log_features(feature_map, contract, q_rows, is_query=True)  # (B, H, r, m)
+    log_k = _log_features(feature_map, contract, k, is_query=False)  # (B, H, N, m)
     allowed = torch.ones(len(rows), n, dtype=torch.bool, device=q.device)
     if causal:
         allowed = allowed & (torch.arange(n, device=q.device) <= rows.unsqueeze(-1))
@@ -262,10 +262,15 @@ def attention_weight_divergence(
 
 
 def _log_features(
-    feature_map: rf_features.FeatureMap, x: torch.Tensor, stats: dict[str, torch.Tensor], *, is_query: bool
+    feature_map: rf_features.FeatureMap,
+    contract: rf_features.FeatureContract,
+    x: torch.Tensor,
+    *,
+    is_query: bool,
 ) -> torch.Tensor:
     """``log phi(x)`` ``(..., n, m)`` of non-negative features (a multiplier's logarithm added)."""
-    log_x, multiplier = feature_map.weighted_log_features(x, stats, is_query=is_query, stabilized=True)
+    assert contract.log_features is not None, "asked for the callable"
+    log_x, multiplier = contract.log_features(x, is_query)
     if multiplier is not None:
         if bool((multiplier < 0).any()):
             raise ValueError(
@@ -273,7 +278,7 @@ def _log_features(
                 "weights are no distribution to compare with softmax's; use attention_weight=0"
             )
         log_x = log_x + multiplier.log()
-    return log_x.expand(*x.shape[:-1], feature_map.num_features)
+    return log_x.expand(*x.shape[:-1], contract.width)
 
 
 def feature_maps(model: nn.Module) -> list[rf_features.FeatureMap]:

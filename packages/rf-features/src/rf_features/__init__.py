@@ -25,7 +25,14 @@ from rf_features.components import (
     oprf_optimal_a,
     saderf_psi,
 )
-from rf_features.feature_map import KERNELS, ExponentialForm, FeatureMap, masked_mean
+from rf_features.feature_map import (
+    KERNELS,
+    ExponentialForm,
+    FeatureContract,
+    FeatureMap,
+    LogFeatures,
+    masked_mean,
+)
 from rf_features.kernels import gaussian_kernel, relative_mse, softmax_kernel
 from rf_features.learned import HedgehogFeatureMap, LearnedFeatureMap, T2RFeatureMap
 from rf_features.registry import COMPONENTS, LEARNED, create, learned_names, names, register
@@ -38,9 +45,11 @@ __all__ = [
     "OPRF",
     "SADERF",
     "ExponentialForm",
+    "FeatureContract",
     "FeatureMap",
     "HedgehogFeatureMap",
     "LearnedFeatureMap",
+    "LogFeatures",
     "PosRF",
     "PosRFHyp",
     "T2RFeatureMap",

@@ -315,13 +315,6 @@ class SADERF(OPRF):
         tq, tk = q * psi.unsqueeze(-2), k / psi.unsqueeze(-2)
         return {"psi": psi, "a": oprf_optimal_a(mean_pair_sqnorm(tq, tk, query_mask, key_mask), self.dim)}
 
-    def transform(
-        self, q: torch.Tensor, k: torch.Tensor, stats: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(Psi q, Psi^-1 k)``."""
-        psi = stats["psi"].unsqueeze(-2)
-        return q * psi, k / psi
-
     def input_scale(self, stats: dict[str, torch.Tensor], is_query: bool) -> torch.Tensor:
         """``diag(Psi)`` for queries, ``diag(Psi^-1)`` for keys, ``(..., d)``."""
         return stats["psi"] if is_query else 1 / stats["psi"]

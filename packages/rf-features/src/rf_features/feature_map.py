@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,8 @@ class ExponentialForm:
     (``r = m``). Trigonometric features: $\phi(x) = \operatorname{sign} \cdot \exp((x \odot x)\, g + c)
     \odot [\cos(x A^\top), \sin(x A^\top)]$ (``r = m / 2``). Every component of Section 3.2 is of this form
     (Eq. 18-23: the log-features are affine in $\omega^\top x$ and $\lVert x \rVert^2$), with SADERF's
-    $\Psi$, the input scale and the Gaussian kernel's factor folded into ``A`` and ``g``.
+    $\Psi$, the input scale and the Gaussian kernel's factor folded into ``A`` and ``g`` and the component
+    weights into ``c`` and the sign: the exact features.
 
     Attributes:
         matrix: ``A``, ``(..., r, d)`` (leading dims broadcast against the inputs'; carries the weight
@@ -52,6 +54,52 @@ class ExponentialForm:
     trigonometric: bool
 
 
+#: ``log_features(x, is_query) -> (log_features, multiplier)`` of ``x (..., n, d)``: the features are
+#: ``multiplier * exp(log_features)`` ``(..., n, m)`` (the log part may be ``(..., n, 1)``; the multiplier
+#: is None for positive features).
+LogFeatures = Callable[[torch.Tensor, bool], tuple[torch.Tensor, "torch.Tensor | None"]]
+
+
+@dataclass(frozen=True)
+class FeatureContract:
+    """What attention needs from a feature map for one call: the closed form per side, or a callable.
+
+    Given by [`FeatureMap.contract`][rf_features.FeatureMap.contract], with the call's statistics and input
+    scale folded in. Exactly one of the two strategies: ``query`` and ``key`` (every component of Section
+    3.2), or ``log_features`` (a map with no closed form: learned maps, ``input_map=True``, a component
+    without [`log_form`][rf_features.FeatureMap.log_form]). Both give the exact features, component
+    weights included; stabilization is the caller's.
+
+    Attributes:
+        width: ``m``, the number of features per input row.
+        signed: whether features can be negative (waves, negative quadrature weights, maps not marked
+            positive): the normalizer of attention then needs its guard.
+        query: the queries' closed form, or None.
+        key: the keys' closed form (no sign), or None.
+        log_features: ``LogFeatures`` of inputs with the call's leading shape, or None.
+    """
+
+    width: int
+    signed: bool
+    query: ExponentialForm | None = None
+    key: ExponentialForm | None = None
+    log_features: LogFeatures | None = None
+
+    def __post_init__(self) -> None:
+        closed = self.query is not None and self.key is not None
+        if closed == (self.log_features is not None) or (self.query is None) != (self.key is None):
+            raise ValueError(
+                "FeatureContract: expected either both closed forms (query, key) or log_features, got "
+                f"query={self.query is not None}, key={self.key is not None}, "
+                f"log_features={self.log_features is not None}"
+            )
+
+    @property
+    def closed(self) -> bool:
+        """Whether the features come in closed form."""
+        return self.query is not None
+
+
 class FeatureMap(nn.Module):
     r"""A random feature map $\phi$ built from a component function $f$ and a weight matrix $W$.
 
@@ -64,14 +112,17 @@ class FeatureMap(nn.Module):
     on the query side and $\sqrt{|a_i|}$ on the key side.
 
     Subclasses implement [`log_features`][rf_features.FeatureMap.log_features] for the softmax kernel and may
-    override [`statistics`][rf_features.FeatureMap.statistics] (data-dependent parameters such as OPRF's
-    ``A``) and [`transform`][rf_features.FeatureMap.transform] (SADERF's ``Psi``).
+    give [`statistics`][rf_features.FeatureMap.statistics] (data-dependent parameters such as OPRF's
+    ``A``), [`input_scale`][rf_features.FeatureMap.input_scale] (SADERF's ``Psi``) and
+    [`log_form`][rf_features.FeatureMap.log_form] (the closed form). Attention asks a map for one
+    [`contract`][rf_features.FeatureMap.contract] per call and uses nothing else.
 
     Args:
         dim: ``d``, the query/key dimension.
         weight_matrix: a registered ``rf_matrices`` name or a [`WeightMatrix`][rf_matrices.WeightMatrix] of
             unit bandwidth (``sigma=1``: the kernels here have unit bandwidth; scale the inputs instead).
-        num_features: ``s``, rows of the weight matrix (the output width is ``features_per_row * s``).
+        num_features: ``s``, rows of the weight matrix (the feature width ``feature_width`` is
+            ``features_per_row * s``).
         seed: seed of the weight matrix.
         kernel: ``"softmax"`` or ``"gaussian"``.
         matrix_options: extra keyword arguments for ``rf_matrices.create`` (e.g. ``{"learn_gb": True}``).
@@ -88,7 +139,7 @@ class FeatureMap(nn.Module):
             (``q M_q^T``, ``k M_k^T``, ``(d, d)`` or ``(H, d, d)`` per head, identity at initialization, as
             the learned feature maps of Hedgehog and LoLCATs): the kernel estimated becomes
             ``exp((M_q q) . (M_k k))``. Such a map has no closed form
-            ([`exponential_form`][rf_features.FeatureMap.exponential_form] is None).
+            (its [`contract`][rf_features.FeatureMap.contract] gives the ``log_features`` callable).
 
     Running statistics and checkpointing: a forward pass recomputed by ``torch.utils.checkpoint`` (Hugging
     Face's ``gradient_checkpointing``) inside the backward pass reuses the statistics of the forward pass it
@@ -185,7 +236,12 @@ class FeatureMap(nn.Module):
 
     @property
     def num_features(self) -> int:
-        """The output width ``m`` of ``phi_q`` and ``phi_k``."""
+        """``s``, the rows of the weight matrix ``W``."""
+        return self.weight_matrix.num_features
+
+    @property
+    def feature_width(self) -> int:
+        """``m = features_per_row * s``, the width of ``phi_q`` and ``phi_k`` (``2 s`` for TrigRF)."""
         return self.features_per_row * self.weight_matrix.num_features
 
     def redraw(self, seed: int | None = None) -> None:
@@ -224,12 +280,6 @@ class FeatureMap(nn.Module):
         """
         return {}
 
-    def transform(
-        self, q: torch.Tensor, k: torch.Tensor, stats: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Map the inputs before the component function, keeping ``q @ k.mT`` (identity by default)."""
-        return q, k
-
     def log_features(
         self, projection: torch.Tensor, sqnorm: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -256,32 +306,81 @@ class FeatureMap(nn.Module):
         Returns ``(A, beta, offset, trigonometric)`` such that `log_features` of ``t`` is
         ``t @ A.mT + beta ||t||^2 + offset`` (positive features) or ``beta ||t||^2 + offset`` with the
         multiplier ``[cos(t @ A.mT), sin(t @ A.mT)]`` (trigonometric). ``matrix`` is ``W`` ``(s, d)``. The
-        default, None, leaves a component to the generic path (autograd through `weighted_log_features`).
+        default, None, leaves a component to the generic path (autograd through `log_features`).
         """
         return None
 
     def input_scale(self, stats: dict[str, torch.Tensor], is_query: bool) -> torch.Tensor | None:
-        """The diagonal of [`transform`][rf_features.FeatureMap.transform] ``(..., d)``, or None: identity."""
+        """A diagonal map of the inputs before the component function, keeping ``q @ k.mT``, or None.
+
+        ``(..., d)``: queries become ``q * scale_q``, keys ``k * scale_k`` (SADERF's ``Psi`` and
+        ``Psi^-1``); None (the default): the inputs as they are.
+        """
         return None
 
-    def exponential_form(
+    def contract(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        scale: float = 1.0,
+        key_padding_mask: torch.Tensor | None = None,
+        query_padding_mask: torch.Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        closed_form: bool = True,
+    ) -> FeatureContract:
+        """What attention needs to compute the features of ``q * scale`` and ``k * scale``, for one call.
+
+        The statistics come from the whole of ``q`` and ``k`` (``"batch"`` mode) or the running averages
+        (``"running"`` mode; updated here, once, in training). The contract then gives the features of any
+        part of ``q`` or ``k`` (chunked attention) with these statistics: by the closed form of each side
+        (every component of Section 3.2 without ``input_map``), else by its ``log_features`` callable.
+        A weight matrix with learned entries is built once here (its gradient reaches the entries through
+        one graph, not one per chunk), except where it applies its fast transform.
+
+        Args:
+            q: ``(..., n_q, d)``.
+            k: ``(..., n_k, d)`` with the same leading shape.
+            scale: factor of ``q`` and ``k`` before the features (attention's ``Dh ** -1/4``).
+            key_padding_mask: bool ``(B, n_k)``, True at padding (left out of the statistics).
+            query_padding_mask: bool ``(B, n_q)``, True at padding (left out of the statistics).
+            dtype: the dtype of the statistics and the closed form (default: ``q``'s, float32 for
+                float16/bfloat16).
+            closed_form: False gives the ``log_features`` callable even where a closed form exists.
+
+        Returns:
+            A [`FeatureContract`][rf_features.FeatureContract] of width ``feature_width``.
+        """
+        self._check_inputs(q, k)
+        key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
+        query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
+        if dtype is None:
+            dtype = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
+        stats = self._current_statistics(q.to(dtype) * scale, k.to(dtype) * scale, query_mask, key_mask)
+        wm = self.weight_matrix
+        learned = torch.is_grad_enabled() and any(p.requires_grad for p in wm.parameters())
+        matrix = wm.matrix() if learned and not getattr(wm, "fast_transform", False) else None
+        signed = not self.positive or wm.component_weights is not None
+        width = self.feature_width
+        if closed_form:
+            forms = [self._exponential_form(stats, s, dtype, scale, matrix) for s in (True, False)]
+            if forms[0] is not None and forms[1] is not None:
+                return FeatureContract(width, signed, query=forms[0], key=forms[1])
+
+        def log_features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self._weighted_log_features(x * scale, stats, is_query, matrix)
+
+        return FeatureContract(width, signed, log_features=log_features)
+
+    def _exponential_form(
         self,
         stats: dict[str, torch.Tensor],
-        *,
         is_query: bool,
         dtype: torch.dtype,
-        scale: float = 1.0,
-        matrix: torch.Tensor | None = None,
+        scale: float,
+        matrix: torch.Tensor | None,
     ) -> ExponentialForm | None:
-        """`weighted_log_features` of ``x * scale`` in closed form (for stabilized use), or None.
-
-        None when the component has no [`log_form`][rf_features.FeatureMap.log_form] or overrides
-        `transform` without its [`input_scale`][rf_features.FeatureMap.input_scale]. A uniform component
-        weight is left out (it cancels in stabilization). ``matrix``: as in `weighted_log_features`.
-        """
-        custom_transform = type(self).transform is not FeatureMap.transform
-        if custom_transform and type(self).input_scale is FeatureMap.input_scale:
-            return None
+        """`_weighted_log_features` of ``x * scale`` in closed form, or None (no `log_form`, an input map)."""
         if self.query_map is not None:  # ||M x||^2 is no diagonal form of x
             return None
         if matrix is None:
@@ -302,10 +401,9 @@ class FeatureMap(nn.Module):
         if self.kernel == "gaussian":
             square_weight = square_weight - scale**2 / 2
         log_weight, sign = self._component_weights(dtype, w.device)
-        width = self.num_features
-        offset = offset + log_weight if isinstance(log_weight, torch.Tensor) else offset
+        offset = offset + log_weight
         if not isinstance(offset, torch.Tensor):
-            offset = w.new_full((width,), offset)
+            offset = w.new_full((self.feature_width,), offset)
         return ExponentialForm(
             matrix=a * x_scale.unsqueeze(-2),
             square_weight=square_weight,
@@ -317,8 +415,8 @@ class FeatureMap(nn.Module):
     def omega_sqnorm(self, dtype: torch.dtype, stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """``||omega_i||^2`` of the weight matrix rows, ``(s,)``.
 
-        From ``stats["matrix"]`` when `weighted_log_features` was given an explicit ``matrix`` (with its
-        gradient), else the weight matrix's (kept between calls).
+        From ``stats["matrix"]`` when the call built the dense ``W`` (a learned matrix, with its gradient),
+        else the weight matrix's (kept between calls).
         """
         if stats is not None and "matrix" in stats:
             return stats["matrix"].to(dtype).pow(2).sum(-1)
@@ -347,11 +445,11 @@ class FeatureMap(nn.Module):
                 cancel in normalized attention; ``phi_q @ phi_k.mT`` is then the kernel times them.
 
         Returns:
-            ``phi_q (..., n_q, m)`` and ``phi_k (..., n_k, m)`` in the input dtype, ``m = num_features``.
+            ``phi_q (..., n_q, m)`` and ``phi_k (..., n_k, m)`` in the input dtype, ``m = feature_width``.
         """
         out_dtype = q.dtype
         log_q, mult_q, log_k, mult_k, key_mask = self._log_features_pair(
-            q, k, key_padding_mask, query_padding_mask, stabilize
+            q, k, key_padding_mask, query_padding_mask
         )
         if stabilize:
             log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
@@ -383,7 +481,7 @@ class FeatureMap(nn.Module):
         """
         out_dtype = q.dtype
         log_q, mult_q, log_k, mult_k, key_mask = self._log_features_pair(
-            q, k, key_padding_mask, query_padding_mask, True
+            q, k, key_padding_mask, query_padding_mask
         )
         log_q = log_q - log_q.amax(dim=-1, keepdim=True).detach()
         scale = log_k.amax(dim=-1, keepdim=True).detach()
@@ -400,7 +498,6 @@ class FeatureMap(nn.Module):
         k: torch.Tensor,
         key_padding_mask: torch.Tensor | None,
         query_padding_mask: torch.Tensor | None,
-        stabilized: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Weighted log-features and multipliers of queries and keys, and the broadcast key mask."""
         self._check_inputs(q, k)
@@ -409,51 +506,22 @@ class FeatureMap(nn.Module):
         work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
         q, k = q.to(work), k.to(work)
         stats = self._current_statistics(q, k, query_mask, key_mask)
-        log_q, mult_q = self.weighted_log_features(q, stats, is_query=True, stabilized=stabilized)
-        log_k, mult_k = self.weighted_log_features(k, stats, is_query=False, stabilized=stabilized)
+        log_q, mult_q = self._weighted_log_features(q, stats, True, None)
+        log_k, mult_k = self._weighted_log_features(k, stats, False, None)
         return log_q, mult_q, log_k, mult_k, key_mask
 
-    def current_statistics(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        query_padding_mask: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """The data-dependent parameters `forward` would use for ``(q, k)``, without gradient.
-
-        ``"batch"`` mode: [`statistics`][rf_features.FeatureMap.statistics] of this call; ``"running"`` mode:
-        the running averages (updated after use in training, as [`forward`][rf_features.FeatureMap.forward]
-        does). With [`weighted_log_features`][rf_features.FeatureMap.weighted_log_features] this computes the
-        features of any part of ``q`` or ``k`` (chunked attention) with the statistics of the whole.
-        """
-        self._check_inputs(q, k)
-        key_mask = _broadcast_mask("key_padding_mask", key_padding_mask, k)
-        query_mask = _broadcast_mask("query_padding_mask", query_padding_mask, q)
-        work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
-        return self._current_statistics(q.to(work), k.to(work), query_mask, key_mask)
-
-    def weighted_log_features(
-        self,
-        x: torch.Tensor,
-        stats: dict[str, torch.Tensor],
-        *,
-        is_query: bool,
-        stabilized: bool = False,
-        matrix: torch.Tensor | None = None,
+    def _weighted_log_features(
+        self, x: torch.Tensor, stats: dict[str, torch.Tensor], is_query: bool, matrix: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-features and multiplier of queries or keys ``x (..., n, d)``, component weights in (Eq. 11).
 
         The features are ``multiplier * exp(log_features)``, ``(..., n, m)`` (the log part may be
-        ``(..., n, 1)``); ``multiplier`` is None for positive features. With ``stabilized`` (the caller
-        subtracts per-row maxima) a uniform component weight is left out. ``matrix``: the weight matrix's
-        dense ``W`` ``(s, d)``, built once by a caller that computes features chunk by chunk (a learned
-        structured matrix would otherwise rebuild it, gradient included, for every chunk).
+        ``(..., n, 1)``); ``multiplier`` is None for positive features. ``matrix``: the weight matrix's
+        dense ``W`` ``(s, d)`` built once per call, or None.
         """
         x = self.map_input(x, is_query=is_query)
-        tq, tk = self.transform(x, x, stats)
-        t = tq if is_query else tk
+        x_scale = self.input_scale(stats, is_query)
+        t = x if x_scale is None else x * x_scale.unsqueeze(-2)
         if matrix is None:
             projection = self.weight_matrix(t)
         else:
@@ -463,8 +531,7 @@ class FeatureMap(nn.Module):
             stats = {**stats, "matrix": matrix}
         log_x, mult_x = self.log_features(projection, t.pow(2).sum(-1, keepdim=True), stats, is_query)
         log_weight, sign = self._component_weights(x.dtype, x.device)
-        if not (stabilized and isinstance(log_weight, float)):  # a constant cancels in stabilization
-            log_x = log_x + log_weight
+        log_x = log_x + log_weight
         if sign is not None and is_query:
             mult_x = sign if mult_x is None else mult_x * sign
         if self.kernel == "gaussian":
@@ -540,7 +607,7 @@ class FeatureMap(nn.Module):
 
     def extra_repr(self) -> str:
         """The kernel and the output width shown by ``repr``."""
-        return f"kernel={self.kernel!r}, num_features={self.num_features}"
+        return f"kernel={self.kernel!r}, num_features={self.num_features}, feature_width={self.feature_width}"
 
 
 @torch.library.custom_op("rf_features::update_running_statistic", mutates_args=("running",))

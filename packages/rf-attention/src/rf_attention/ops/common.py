@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-#: ``features(x, is_query) -> (log_features, multiplier)`` as ``FeatureMap.weighted_log_features``.
-FeatureFn = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
+from rf_features import LogFeatures
+
+#: ``features(x, is_query) -> (log_features, multiplier)``, as a feature contract's ``log_features``.
+FeatureFn = LogFeatures
 #: Positions per chunk of the causal kernel (the intra-chunk products are ``chunk x chunk``).
 DEFAULT_CHUNK_SIZE = 128
 #: A group's features hold at most this many elements per element of ``q`` (the memory rule of the groups).
@@ -34,22 +36,26 @@ def guarded_denominator(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The normalizer ``D`` made safe to divide by, and where it was changed.
 
-    Positive features (``bound`` None): only ``D == 0`` changes (to 1; no key is seen, the numerator is 0).
-    Signed features: ``|D| <= eps * bound`` with ``bound = |phi_q| . sum_j |phi_k_j| >= |D|`` becomes
-    ``sign(D) eps bound`` (1 where ``bound == 0``): a relative guard, blind to the features' overall scale.
-    A replaced ``D`` is a constant (no gradient).
+    Positive features (``bound`` None): only a ``D`` of zero or below the dtype's smallest normal number
+    changes (to 1; no key is seen, or the features underflowed: the numerator is as small). Signed
+    features: ``|D| <= eps * bound`` with ``bound = |phi_q| . sum_j |phi_k_j| >= |D|`` becomes
+    ``sign(D) eps bound`` (1 where that is below the smallest normal number): a relative guard, blind to
+    the features' overall scale. A replaced ``D`` is a constant (no gradient). A subnormal ``D`` carries
+    few significant bits, and the gradients of ``y / D`` (``1 / D``, ``y / D^2``) overflow to inf and NaN
+    there; GPUs flush such values to zero anyway.
 
     Args:
         den: ``(..., N, 1)``.
         bound: ``(..., N, 1)`` or None.
         eps: relative size of the guard.
     """
+    tiny = torch.finfo(den.dtype).tiny
     if bound is None:
-        guarded = den == 0
+        guarded = den < tiny
         return den.masked_fill(guarded, 1.0), guarded
-    floor = eps * bound.detach()
-    guarded = den.abs() <= floor
-    safe = torch.where(den < 0, -floor, floor).masked_fill_(floor == 0, 1.0)
+    floor = eps * (bound.detach() if bound.requires_grad else bound)
+    guarded = den.abs() <= floor.clamp_min(tiny)
+    safe = torch.copysign(floor.masked_fill(floor < tiny, 1.0), den)
     return torch.where(guarded, safe, den), guarded
 
 

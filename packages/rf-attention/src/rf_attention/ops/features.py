@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from rf_attention.ops.common import FeatureFn, finite_or_zero
-from rf_features import ExponentialForm
+from rf_features import ExponentialForm, FeatureContract
 
 
 def qk_scale(head_dim: int) -> float:
@@ -205,11 +205,11 @@ class ClosedForm(NamedTuple):
     key: FeatureSide
 
     @classmethod
-    def of(
-        cls, query_form: ExponentialForm, key_form: ExponentialForm, lead: torch.Size, dtype: torch.dtype
-    ) -> ClosedForm:
-        """Both sides of inputs with leading shape ``lead`` (flattened), in ``dtype``."""
-        return cls(feature_side(query_form, lead, dtype), feature_side(key_form, lead, dtype))
+    def of(cls, contract: FeatureContract, lead: torch.Size, dtype: torch.dtype) -> ClosedForm:
+        """Both sides of a closed-form contract for inputs of leading shape ``lead`` (flattened)."""
+        assert contract.query is not None, "a closed-form contract"
+        assert contract.key is not None, "a closed-form contract"
+        return cls(feature_side(contract.query, lead, dtype), feature_side(contract.key, lead, dtype))
 
     @property
     def signed(self) -> bool:
@@ -224,6 +224,18 @@ class ClosedForm(NamedTuple):
 
 #: A feature strategy: a closed form (hand-written VJPs) or any ``FeatureFn`` (autograd, recomputed groups).
 Features = ClosedForm | FeatureFn
+
+
+def feature_strategy(contract: FeatureContract, lead: torch.Size, dtype: torch.dtype) -> Features:
+    """The kernels' strategy for a feature map's contract: its ``ClosedForm`` or its callable.
+
+    The ``ClosedForm`` takes inputs of leading shape ``lead`` flattened (in ``dtype``), the ``log_features``
+    callable inputs ``(*lead, n, d)``.
+    """
+    if contract.closed:
+        return ClosedForm.of(contract, lead, dtype)
+    assert contract.log_features is not None, "a contract holds one strategy"
+    return contract.log_features
 
 
 def flattened(features: FeatureFn, lead: torch.Size) -> FeatureFn:

@@ -202,7 +202,6 @@ def noncausal_attention(
     features: Features,
     *,
     width: int,
-    rows: int | None,
     eps: float,
 ) -> torch.Tensor:
     """``phi_q (phi_k^T v) / (phi_q phi_k^T 1)`` by groups of rows (Eq. 7).
@@ -215,7 +214,6 @@ def noncausal_attention(
         features: the feature strategy: a ``ClosedForm`` of inputs flattened to ``(G, n, d)``, or a
             ``FeatureFn`` of inputs ``(..., n, d)``.
         width: ``m``, the feature width (for the group rule).
-        rows: rows per group; None: [`group_rows`][rf_attention.ops.common.group_rows].
         eps: relative guard of the normalizer.
 
     Returns:
@@ -227,7 +225,7 @@ def noncausal_attention(
         features = flattened(features, lead)
     q, k, v = (x.reshape(size, *x.shape[-2:]) for x in (q, k, v))
     mask = None if key_mask is None else key_mask.reshape(size, key_mask.shape[-1])
-    key_rows = rows or group_rows(k.shape[-2], k.shape[-1], width, batch=size)
+    key_rows = group_rows(k.shape[-2], k.shape[-1], width, batch=size)
     k_parts, v_parts = k.split(key_rows, 1), v.split(key_rows, 1)
     masks = row_groups(mask, key_rows, len(k_parts))
     sums = [_key_group(features, *part) for part in zip(k_parts, v_parts, masks, strict=True)]
@@ -238,7 +236,7 @@ def noncausal_attention(
     magnitude = None
     if sums[0][1] is not None:
         magnitude = (torch.stack([mag for _, mag, _ in sums]) * decay).sum(dim=0)  # type: ignore[misc]
-    query_rows = rows or group_rows(q.shape[-2], q.shape[-1], width, batch=size)
+    query_rows = group_rows(q.shape[-2], q.shape[-1], width, batch=size)
     outs = [_query_group(features, part, state, magnitude, reference, eps) for part in q.split(query_rows, 1)]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     return out.reshape(*lead, *out.shape[-2:])

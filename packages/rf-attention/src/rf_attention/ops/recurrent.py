@@ -12,7 +12,7 @@ and the Hugging Face cache call it):
   [`causal_attention`][rf_attention.ops.causal.causal_attention] (groups of chunks, memory linear in
   ``T``), with the closed form's hand-written VJPs where there is one; it continues the state and returns
   the outputs and the state after the tokens from the same pass;
-- $T = 1$ (a decoding step) with a closed form (``rf_features.ExponentialForm``): a fused step. Both
+- $T = 1$ (a decoding step) with a closed form (the map's ``rf_features.FeatureContract``): a fused step. Both
   sides' log-features come from one matmul of $[q, k, k \odot k, R]$ with a projection laid out once per
   state (the query's $g \cdot q \odot q$ is left out: a constant per query row cancels); one softmax over
   the query's log-features and over the key's log-features joined by $R$ gives the query features, the
@@ -36,7 +36,7 @@ import rf_features
 from rf_attention.functional import _accumulation_dtype, input_scale
 from rf_attention.ops.causal import CausalState, causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
-from rf_attention.ops.features import ClosedForm, Features
+from rf_attention.ops.features import Features, feature_strategy
 from rf_attention.ops.window import WindowState, window_prefill, window_step
 from spectraformer_core import check_int
 
@@ -188,38 +188,32 @@ def decode(
     _check_inputs(q, k, v, feature_map, state, key_padding_mask)
     acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
     x_scale = input_scale(q.shape[-1], scale)
-    signed = _signed(feature_map)
-    if q.shape[-2] == 1 and state is None:
-        lead, m = tuple(q.shape[:2]), feature_map.num_features
-        state = RecurrentState.empty(lead, m, v.shape[-1], signed=signed, dtype=acc, device=q.device)
-    kept = _kept_layout(feature_map, state, acc, x_scale) if q.shape[-2] == 1 else None
+    step = q.shape[-2] == 1
+    kept = _kept_layout(feature_map, state, acc, x_scale) if step else None
     if state is not None and kept is not None:
         out, new = _step(q, k, v, key_padding_mask, state, kept, acc)
         return out.to(v.dtype), new
     qs, ks = q.to(acc), k.to(acc)
-    stats = feature_map.current_statistics(
-        qs * x_scale, ks * x_scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+    contract = feature_map.contract(
+        qs,
+        ks,
+        scale=x_scale,
+        key_padding_mask=key_padding_mask,
+        query_padding_mask=key_padding_mask,
+        dtype=acc,
     )
-    forms = [
-        feature_map.exponential_form(stats, is_query=side, dtype=acc, scale=x_scale) for side in (True, False)
-    ]
-    query_form, key_form = forms
-    if state is not None and query_form is not None and key_form is not None and q.shape[-2] == 1:
-        layout = _step_layout(feature_map, query_form, key_form, state, acc, x_scale)
+    if step and state is None:
+        lead, m = tuple(q.shape[:2]), contract.width
+        state = RecurrentState.empty(lead, m, v.shape[-1], signed=contract.signed, dtype=acc, device=q.device)
+    if state is not None and step and contract.closed:
+        layout = _step_layout(feature_map, contract, state, acc, x_scale)
         if layout is not None:
             out, new = _step(q, k, v, key_padding_mask, state, layout, acc)
             return out.to(v.dtype), new
-    features: Features
-    if query_form is not None and key_form is not None:
-        features = ClosedForm.of(query_form, key_form, q.shape[:-2], acc)
-    else:
-
-        def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return feature_map.weighted_log_features(x * x_scale, stats, is_query=is_query, stabilized=True)
-
+    features = feature_strategy(contract, q.shape[:-2], acc)
     mask = None if key_padding_mask is None else key_padding_mask[:, None, :].expand(q.shape[:-1])
     chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    out, new = _prompt(qs, ks, v.to(acc), mask, features, state, feature_map.num_features, chunk)
+    out, new = _prompt(qs, ks, v.to(acc), mask, features, state, contract.width, chunk)
     return out.to(v.dtype), new
 
 
@@ -300,19 +294,23 @@ def decode_window(
     acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
     x_scale = input_scale(q.shape[-1], scale)
     qs, ks, vs = q.to(acc), k.to(acc), v.to(acc)
-    stats = feature_map.current_statistics(
-        qs * x_scale, ks * x_scale, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask
+    contract = feature_map.contract(
+        qs,
+        ks,
+        scale=x_scale,
+        key_padding_mask=key_padding_mask,
+        query_padding_mask=key_padding_mask,
+        dtype=acc,
+        closed_form=False,  # the window's loop takes the callable
     )
-
-    def features(x: torch.Tensor, is_query: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return feature_map.weighted_log_features(x * x_scale, stats, is_query=is_query)
-
+    features = contract.log_features
+    assert features is not None, "asked for the callable"
     eps = torch.finfo(acc).eps
     if state is None:
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         out, state = window_prefill(
             qs, ks, vs, key_padding_mask, features, window=window, scale=x_scale**2, chunk=chunk, eps=eps,
-            signed=_signed(feature_map), ends=ends,
+            signed=contract.signed, ends=ends,
         )  # fmt: skip
         return out.to(v.dtype), state
     outs = []
@@ -347,14 +345,15 @@ def _step(
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
     inputs = torch.cat((q, k, k * k, state.log_scale), dim=-1)
     logits = torch.addmm(layout.offset, inputs.view(b * h, -1), layout.projection)
-    if layout.trigonometric:
-        logits, phases = logits.split(2 * m + 2, dim=1)
-    grouped = logits.view(b, h, 2, m + 1, 1)
+    if layout.trigonometric:  # the log-weights' groups, then the phases' groups
+        grouped, phases = logits.view(b, h, 2, 2, m + 1, 1).unbind(2)
+    else:
+        grouped = logits.view(b, h, 2, m + 1, 1)
     log_scale = grouped.logsumexp(dim=3, keepdim=True)[:, :, 1]
-    features = grouped.softmax(dim=3).view(b, h, 2 * m + 2, 1)
+    weights = grouped.softmax(dim=3)
     if layout.trigonometric:  # the waves [cos, sin] (1 where the weights are the dummy and the decay)
-        features = features * phases.cos().view(b, h, 2 * m + 2, 1)
-    phi_q, _, phi_k, decay = features.split((m, 1, m, 1), dim=2)
+        weights = weights * phases.cos()
+    phi_q, _, phi_k, decay = weights.view(b, h, 2 * m + 2, 1).split((m, 1, m, 1), dim=2)
     if layout.sign is not None:
         phi_q = phi_q * layout.sign
     if mask is not None:
@@ -393,16 +392,18 @@ def _kept_layout(
 
 def _step_layout(
     fm: rf_features.FeatureMap,
-    query: rf_features.ExponentialForm,
-    key_form: rf_features.ExponentialForm,
+    contract: rf_features.FeatureContract,
     state: RecurrentState,
     acc: torch.dtype,
     x_scale: float,
 ) -> StepLayout | None:
-    """The closed forms laid out for the step, kept on ``state`` where they may be.
+    """The contract's closed forms laid out for the step, kept on ``state`` where they may be.
 
     None for forms per batch or head (the step's one projection serves every row).
     """
+    query, key_form = contract.query, contract.key
+    assert query is not None, "a closed-form contract"
+    assert key_form is not None, "a closed-form contract"
     if query.matrix.dim() != 2 or key_form.matrix.dim() != 2:
         return None
     key = _layout_key(fm, acc, x_scale)
@@ -440,11 +441,6 @@ def _laid_out(
     return StepLayout(projection, offset, sign, query.trigonometric, version)
 
 
-def _signed(fm: rf_features.FeatureMap) -> bool:
-    """Whether the features carry signs, as the kernels decide (the guard then needs ``sum_j |phi_k_j|``)."""
-    return not fm.positive or fm.weight_matrix.component_weights is not None
-
-
 def _check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -479,4 +475,4 @@ def _check_inputs(
         return
     if not isinstance(state, RecurrentState):
         raise ValueError(f"state: expected a RecurrentState or None, got {type(state).__name__}")
-    state.check_fits(tuple(q.shape[:2]), fm.num_features, v.shape[-1])
+    state.check_fits(tuple(q.shape[:2]), fm.feature_width, v.shape[-1])

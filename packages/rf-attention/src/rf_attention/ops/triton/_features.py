@@ -18,6 +18,8 @@ import triton.language as tl
 from rf_attention.ops.features import FeatureSide
 
 NEG_INF = tl.constexpr(float("-inf"))
+#: float32's smallest normal number: a normalizer below it counts as zero (the guard).
+FLOAT32_TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
 #: Precision of every ``tl.dot``: three TF32 products per float32 product (float32's accuracy, tensor cores).
 DOT_PRECISION = tl.constexpr("tf32x3")
 
@@ -122,15 +124,76 @@ def features_vjp(grad_phi, phi, magnitude, x, u, proj, square, sign, shift, TRIG
 def guard(den, bound, eps, SIGNED: tl.constexpr):
     """The normalizer made safe to divide by, and 1.0 where it is the normalizer itself (else 0.0).
 
-    As ``rf_attention.ops.common.guarded_denominator``: positive features change only ``den == 0`` (to 1);
-    signed ones ``|den| <= eps * bound`` to ``sign(den) eps bound`` (1 where the bound is 0).
+    As ``rf_attention.ops.common.guarded_denominator``: positive features change only a ``den`` of zero or
+    below float32's smallest normal number (to 1); signed ones ``|den| <= eps * bound`` (or below that
+    number) to ``sign(den) eps bound`` (1 where that is below it).
     """
     if SIGNED:
         floor = eps * bound
-        guarded = tl.abs(den) <= floor
-        safe = tl.where(den < 0, -floor, floor)
-        safe = tl.where(floor == 0, 1.0, safe)
+        guarded = tl.abs(den) <= tl.maximum(floor, FLOAT32_TINY)
+        safe = tl.where(floor < FLOAT32_TINY, 1.0, floor)
+        safe = tl.where(den < 0, -safe, safe)
     else:
-        guarded = den == 0
+        guarded = den < FLOAT32_TINY
         safe = tl.full(den.shape, 1.0, tl.float32)
     return tl.where(guarded, safe, den), tl.where(guarded, 0.0, 1.0)
+
+
+@triton.jit
+def load_rows(ptr, g, n, rn, inside, width, BW: tl.constexpr):
+    """Rows ``rn`` of sequence ``g`` of a ``(G, n, width)`` tensor: a float32 ``(BN, BW)`` (0 outside)."""
+    rw = tl.arange(0, BW)
+    mask = inside[:, None] & (rw[None, :] < width)
+    return tl.load(ptr + (g * n + rn[:, None]) * width + rw[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_rows(ptr, value, g, n, rn, inside, width, BW: tl.constexpr):
+    """``value (BN, BW)`` into rows ``rn`` of sequence ``g`` of a ``(G, n, width)`` tensor (inside only)."""
+    rw = tl.arange(0, BW)
+    tl.store(
+        ptr + (g * n + rn[:, None]) * width + rw[None, :], value, mask=inside[:, None] & (rw[None, :] < width)
+    )
+
+
+@triton.jit
+def valid_keys(mask_ptr, g, n, rn, inside, HAS_MASK: tl.constexpr):
+    """``(BN,)``: inside the sequence and, with a key padding mask ``(G, n)``, not padding."""
+    valid = inside
+    if HAS_MASK:
+        valid = valid & (tl.load(mask_ptr + g * n + rn, mask=inside, other=1) == 0)
+    return valid
+
+
+@triton.jit
+def output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, n, rn, inside, dv, BV: tl.constexpr):
+    """Gradients of rows ``rn``'s numerators ``(BN, BV)`` and normalizers ``(BN,)`` (the guard's are 0)."""
+    grad = load_rows(grad_out_ptr, g, n, rn, inside, dv, BV)
+    out = load_rows(out_ptr, g, n, rn, inside, dv, BV)
+    den = tl.load(den_ptr + g * n + rn, mask=inside, other=1.0)
+    free = tl.load(free_ptr + g * n + rn, mask=inside, other=0.0)
+    grad_num = grad / den[:, None]
+    return grad_num, -tl.sum(grad_num * out, axis=1) * free
+
+
+@triton.jit
+def add_side_grads(grad_proj, grad_square, grad_offset, x, grad_u, grad_log, row):
+    """A block's share ``(features_vjp``'s outputs) added to a side's projection, square, offset gradients."""
+    grad_proj += tl.dot(tl.trans(x), grad_u, input_precision=DOT_PRECISION)
+    grad_square += tl.sum(x * x * row[:, None], axis=0)
+    grad_offset += tl.sum(grad_log, axis=0)
+    return grad_proj, grad_square, grad_offset
+
+
+@triton.jit
+def store_side_grads(
+    grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr, base, d, m,
+    BD: tl.constexpr, BM: tl.constexpr,
+):  # fmt: skip
+    """One program's share of a side's gradients: row ``base`` of ``(P, d, m)``, ``(P, d)``, ``(P, m)``."""
+    rd = tl.arange(0, BD)
+    rm = tl.arange(0, BM)
+    tl.store(grad_proj_ptr + (base * d + rd[:, None]) * m + rm[None, :], grad_proj,
+             mask=(rd[:, None] < d) & (rm[None, :] < m))  # fmt: skip
+    tl.store(grad_square_ptr + base * d + rd, grad_square, mask=rd < d)
+    tl.store(grad_offset_ptr + base * m + rm, grad_offset, mask=rm < m)

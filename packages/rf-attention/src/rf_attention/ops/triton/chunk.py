@@ -27,14 +27,20 @@ from rf_attention.ops.features import ClosedForm, FeatureSide
 from rf_attention.ops.triton._features import (
     DOT_PRECISION,
     KernelSide,
+    add_side_grads,
     block,
     features_vjp,
     finite,
     guard,
+    load_rows,
     load_side,
     log_features,
+    output_grads,
+    store_rows,
+    store_side_grads,
+    valid_keys,
 )
-from rf_attention.ops.triton.noncausal import _side_grads, _store_side_grads, _summed_side_grads
+from rf_attention.ops.triton.noncausal import _side_grads, _summed_side_grads
 
 #: Positions per chunk when the call names none.
 DEFAULT_CHUNK = 64
@@ -55,18 +61,11 @@ def _chunk_features(
     """One chunk's inputs, features, key log-scales and reference weights (see the module docstring)."""
     rc = tl.arange(0, BC)
     rn = start + rc
-    rd = tl.arange(0, BD)
-    rv = tl.arange(0, BV)
     inside = rn < n
-    rows_d = inside[:, None] & (rd[None, :] < d)
-    xq = tl.load(q_ptr + (g * n + rn[:, None]) * d + rd[None, :], mask=rows_d, other=0.0).to(tl.float32)
-    xk = tl.load(k_ptr + (g * n + rn[:, None]) * d + rd[None, :], mask=rows_d, other=0.0).to(tl.float32)
-    val = tl.load(
-        v_ptr + (g * n + rn[:, None]) * dv + rv[None, :], mask=inside[:, None] & (rv[None, :] < dv), other=0.0
-    ).to(tl.float32)
-    valid = inside
-    if HAS_MASK:
-        valid = valid & (tl.load(mask_ptr + g * n + rn, mask=inside, other=1) == 0)
+    xq = load_rows(q_ptr, g, n, rn, inside, d, BD)
+    xk = load_rows(k_ptr, g, n, rn, inside, d, BD)
+    val = load_rows(v_ptr, g, n, rn, inside, dv, BV)
+    valid = valid_keys(mask_ptr, g, n, rn, inside, HAS_MASK)
     log_q, mult_q, u_q = log_features(xq, inside, q_proj, q_square, q_offset, q_sign, q_shift, TRIG)
     mag_q = tl.exp(log_q - finite(tl.max(log_q, axis=1))[:, None])
     log_k, mult_k, u_k = log_features(xk, valid, k_proj, k_square, k_offset, k_sign, k_shift, TRIG)
@@ -126,8 +125,7 @@ def chunk_forward_kernel(
         den, free = guard(den, bound, eps, TRIG or HAS_SIGN)
         rn = start + rc
         inside = rn < n
-        tl.store(out_ptr + (g * n + rn[:, None]) * dv + rv[None, :], y / den[:, None],
-                 mask=inside[:, None] & (rv[None, :] < dv))  # fmt: skip
+        store_rows(out_ptr, y / den[:, None], g, n, rn, inside, dv, BV)
         tl.store(den_ptr + g * n + rn, den, mask=inside)
         tl.store(free_ptr + g * n + rn, free, mask=inside)
         end = tl.maximum(reference, tl.max(key_scale, axis=0))
@@ -147,25 +145,6 @@ def chunk_forward_kernel(
 
 
 @triton.jit
-def _output_grads(
-    grad_out_ptr, out_ptr, den_ptr, free_ptr, g, start, n, dv, BC: tl.constexpr, BV: tl.constexpr
-):
-    """Gradients of one chunk's numerators ``(BC, BV)`` and normalizers ``(BC,)`` (the guard's are 0)."""
-    rn = start + tl.arange(0, BC)
-    rv = tl.arange(0, BV)
-    inside = rn < n
-    rows_v = inside[:, None] & (rv[None, :] < dv)
-    grad = tl.load(grad_out_ptr + (g * n + rn[:, None]) * dv + rv[None, :], mask=rows_v, other=0.0).to(
-        tl.float32
-    )
-    out = tl.load(out_ptr + (g * n + rn[:, None]) * dv + rv[None, :], mask=rows_v, other=0.0)
-    den = tl.load(den_ptr + g * n + rn, mask=inside, other=1.0)
-    free = tl.load(free_ptr + g * n + rn, mask=inside, other=0.0)
-    grad_num = grad / den[:, None]
-    return grad_num, -tl.sum(grad_num * out, axis=1) * free
-
-
-@triton.jit
 def chunk_query_grads_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr,
     qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr,
@@ -178,7 +157,6 @@ def chunk_query_grads_kernel(
     """``grad q`` and the query side's gradients of one sequence, the chunks walked forward."""
     g = tl.program_id(0)
     rc = tl.arange(0, BC)
-    rd = tl.arange(0, BD)
     sums = tl.zeros((BM, BV), tl.float32)
     norm = tl.zeros((BM,), tl.float32)
     grad_proj = tl.zeros((BD, BM), tl.float32)
@@ -199,7 +177,9 @@ def chunk_query_grads_kernel(
             q_proj, q_square, q_offset, q_sign, q_shift, k_proj, k_square, k_offset, k_sign, k_shift,
             BC, BD, BV, HAS_MASK, TRIG,
         )  # fmt: skip
-        grad_num, grad_den = _output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, start, n, dv, BC, BV)
+        rn = start + rc
+        inside = rn < n
+        grad_num, grad_den = output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, n, rn, inside, dv, BV)
         grad_scores = (
             tl.dot(grad_num, tl.trans(val), input_precision=DOT_PRECISION) + grad_den[:, None]
         ) * weights
@@ -210,19 +190,17 @@ def chunk_query_grads_kernel(
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi_q, mag_q, xq, u_q, q_proj, q_square, q_sign, q_shift, TRIG
         )
-        rn = start + rc
-        tl.store(grad_q_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x,
-                 mask=(rn[:, None] < n) & (rd[None, :] < d))  # fmt: skip
-        grad_proj += tl.dot(tl.trans(xq), grad_u, input_precision=DOT_PRECISION)
-        grad_square += tl.sum(xq * xq * row[:, None], axis=0)
-        grad_offset += tl.sum(grad_log, axis=0)
+        store_rows(grad_q_ptr, grad_x, g, n, rn, inside, d, BD)
+        grad_proj, grad_square, grad_offset = add_side_grads(
+            grad_proj, grad_square, grad_offset, xq, grad_u, grad_log, row
+        )
         safe_end = finite(tl.load(refs_ptr + g * (chunks + 1) + t + 1))
         decay = tl.exp(reference - safe_end)
         weighted = phi_k * tl.exp(key_scale - safe_end)[:, None]
         sums = sums * decay + tl.dot(tl.trans(weighted), val, input_precision=DOT_PRECISION)
         norm = norm * decay + tl.sum(weighted, axis=0)
-    _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
-                      g, d, m, BD, BM)  # fmt: skip
+    store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
+                     g, d, m, BD, BM)  # fmt: skip
 
 
 @triton.jit
@@ -238,8 +216,6 @@ def chunk_key_grads_kernel(
     """``grad k``, ``grad v`` and the key side's gradients of one sequence, the chunks walked backward."""
     g = tl.program_id(0)
     rc = tl.arange(0, BC)
-    rd = tl.arange(0, BD)
-    rv = tl.arange(0, BV)
     grad_sums = tl.zeros((BM, BV), tl.float32)
     grad_norm = tl.zeros((BM,), tl.float32)
     grad_proj = tl.zeros((BD, BM), tl.float32)
@@ -261,7 +237,9 @@ def chunk_key_grads_kernel(
             q_proj, q_square, q_offset, q_sign, q_shift, k_proj, k_square, k_offset, k_sign, k_shift,
             BC, BD, BV, HAS_MASK, TRIG,
         )  # fmt: skip
-        grad_num, grad_den = _output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, start, n, dv, BC, BV)
+        rn = start + rc
+        inside = rn < n
+        grad_num, grad_den = output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, n, rn, inside, dv, BV)
         safe_end = finite(tl.load(refs_ptr + g * (chunks + 1) + t + 1))
         key_weights = tl.exp(key_scale - safe_end)
         grad_scores = (
@@ -277,21 +255,17 @@ def chunk_key_grads_kernel(
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi_k, mag_k, xk, u_k, k_proj, k_square, k_sign, k_shift, TRIG
         )
-        rn = start + rc
-        inside = rn < n
-        tl.store(grad_k_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x,
-                 mask=inside[:, None] & (rd[None, :] < d))  # fmt: skip
-        tl.store(grad_v_ptr + (g * n + rn[:, None]) * dv + rv[None, :], grad_val,
-                 mask=inside[:, None] & (rv[None, :] < dv))  # fmt: skip
-        grad_proj += tl.dot(tl.trans(xk), grad_u, input_precision=DOT_PRECISION)
-        grad_square += tl.sum(xk * xk * row[:, None], axis=0)
-        grad_offset += tl.sum(grad_log, axis=0)
+        store_rows(grad_k_ptr, grad_x, g, n, rn, inside, d, BD)
+        store_rows(grad_v_ptr, grad_val, g, n, rn, inside, dv, BV)
+        grad_proj, grad_square, grad_offset = add_side_grads(
+            grad_proj, grad_square, grad_offset, xk, grad_u, grad_log, row
+        )
         decay = tl.exp(reference - safe_end)
         carried = phi_q * carry[:, None]
         grad_sums = grad_sums * decay + tl.dot(tl.trans(carried), grad_num, input_precision=DOT_PRECISION)
         grad_norm = grad_norm * decay + tl.sum(carried * grad_den[:, None], axis=0)
-    _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
-                      g, d, m, BD, BM)  # fmt: skip
+    store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
+                     g, d, m, BD, BM)  # fmt: skip
 
 
 def _chunk_block(chunk_size: int | None) -> int:

@@ -25,12 +25,18 @@ from rf_attention.ops.features import ClosedForm
 from rf_attention.ops.triton._features import (
     DOT_PRECISION,
     KernelSide,
+    add_side_grads,
     block,
     features_vjp,
     finite,
     guard,
+    load_rows,
     load_side,
     log_features,
+    output_grads,
+    store_rows,
+    store_side_grads,
+    valid_keys,
 )
 
 #: Rows of a block.
@@ -63,7 +69,6 @@ def key_sums_kernel(
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
     sums = tl.zeros((BM, BV), tl.float32)
@@ -78,27 +83,15 @@ def key_sums_kernel(
         )
         rn = start + tl.arange(0, BN)
         inside = rn < hi
-        x = tl.load(
-            k_ptr + (g * n + rn[:, None]) * d + rd[None, :],
-            mask=inside[:, None] & (rd[None, :] < d),
-            other=0.0,
-        )
-        val = tl.load(
-            v_ptr + (g * n + rn[:, None]) * dv + rv[None, :],
-            mask=inside[:, None] & (rv[None, :] < dv),
-            other=0.0,
-        )
-        valid = inside
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + g * n + rn, mask=inside, other=1) == 0)
-        log, mult, _ = log_features(x.to(tl.float32), valid, proj, square, offset, sign, shift, TRIG)
+        x = load_rows(k_ptr, g, n, rn, inside, d, BD)
+        val = load_rows(v_ptr, g, n, rn, inside, dv, BV)
+        valid = valid_keys(mask_ptr, g, n, rn, inside, HAS_MASK)
+        log, mult, _ = log_features(x, valid, proj, square, offset, sign, shift, TRIG)
         new_top = tl.maximum(top, tl.max(log, axis=0))
         reference = finite(new_top)
         decay = tl.exp(top - reference)
         phi = tl.exp(log - reference[None, :]) * mult
-        sums = sums * decay[:, None] + tl.dot(
-            tl.trans(phi), val.to(tl.float32), input_precision=DOT_PRECISION
-        )
+        sums = sums * decay[:, None] + tl.dot(tl.trans(phi), val, input_precision=DOT_PRECISION)
         norm = norm * decay + tl.sum(phi, axis=0)
         mag = mag * decay + tl.sum(tl.abs(phi), axis=0)
         top = new_top
@@ -124,17 +117,14 @@ def query_outputs_kernel(
     """Outputs ``phi_q S / guard(phi_q z)`` of one block of queries, their normalizers and guard flags."""
     g = tl.program_id(0)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
     inside = rn < n
     proj, square, offset, sign, shift = load_side(
         proj_ptr, square_ptr, offset_ptr, sign_ptr, shift_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
     )
-    x = tl.load(
-        q_ptr + (g * n + rn[:, None]) * d + rd[None, :], mask=inside[:, None] & (rd[None, :] < d), other=0.0
-    )
-    log, mult, _ = log_features(x.to(tl.float32), inside, proj, square, offset, sign, shift, TRIG)
+    x = load_rows(q_ptr, g, n, rn, inside, d, BD)
+    log, mult, _ = log_features(x, inside, proj, square, offset, sign, shift, TRIG)
     phi = tl.exp(log - finite(tl.max(log, axis=1))[:, None]) * mult
     state_mask = (rm[:, None] < m) & (rv[None, :] < dv)
     sums = tl.load(sums_ptr + (g * m + rm[:, None]) * dv + rv[None, :], mask=state_mask, other=0.0)
@@ -147,10 +137,7 @@ def query_outputs_kernel(
     else:
         bound = tl.sum(tl.abs(phi) * norm[None, :], axis=1)
     den, free = guard(den, bound, eps, TRIG or HAS_SIGN)
-    out = y / den[:, None]
-    tl.store(
-        out_ptr + (g * n + rn[:, None]) * dv + rv[None, :], out, mask=inside[:, None] & (rv[None, :] < dv)
-    )
+    store_rows(out_ptr, y / den[:, None], g, n, rn, inside, dv, BV)
     tl.store(den_ptr + g * n + rn, den, mask=inside)
     tl.store(free_ptr + g * n + rn, free, mask=inside)
 
@@ -168,7 +155,6 @@ def query_grads_kernel(
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
     state_mask = (rm[:, None] < m) & (rv[None, :] < dv)
@@ -187,20 +173,11 @@ def query_grads_kernel(
         )
         rn = start + tl.arange(0, BN)
         inside = rn < hi
-        rows_d = inside[:, None] & (rd[None, :] < d)
-        rows_v = inside[:, None] & (rv[None, :] < dv)
-        x = tl.load(q_ptr + (g * n + rn[:, None]) * d + rd[None, :], mask=rows_d, other=0.0).to(tl.float32)
+        x = load_rows(q_ptr, g, n, rn, inside, d, BD)
         log, mult, u = log_features(x, inside, proj, square, offset, sign, shift, TRIG)
         magnitude = tl.exp(log - finite(tl.max(log, axis=1))[:, None])
         phi = magnitude * mult
-        grad = tl.load(grad_out_ptr + (g * n + rn[:, None]) * dv + rv[None, :], mask=rows_v, other=0.0).to(
-            tl.float32
-        )
-        out = tl.load(out_ptr + (g * n + rn[:, None]) * dv + rv[None, :], mask=rows_v, other=0.0)
-        den = tl.load(den_ptr + g * n + rn, mask=inside, other=1.0)
-        free = tl.load(free_ptr + g * n + rn, mask=inside, other=0.0)
-        grad_num = grad / den[:, None]
-        grad_den = -tl.sum(grad_num * out, axis=1) * free
+        grad_num, grad_den = output_grads(grad_out_ptr, out_ptr, den_ptr, free_ptr, g, n, rn, inside, dv, BV)
         grad_phi = (
             tl.dot(grad_num, tl.trans(sums), input_precision=DOT_PRECISION)
             + grad_den[:, None] * norm[None, :]
@@ -210,29 +187,15 @@ def query_grads_kernel(
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi, magnitude, x, u, proj, square, sign, shift, TRIG
         )
-        tl.store(grad_q_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x, mask=rows_d)
-        grad_proj += tl.dot(tl.trans(x), grad_u, input_precision=DOT_PRECISION)
-        grad_square += tl.sum(x * x * row[:, None], axis=0)
-        grad_offset += tl.sum(grad_log, axis=0)
-    _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
-                      g * splits + split, d, m, BD, BM)  # fmt: skip
+        store_rows(grad_q_ptr, grad_x, g, n, rn, inside, d, BD)
+        grad_proj, grad_square, grad_offset = add_side_grads(
+            grad_proj, grad_square, grad_offset, x, grad_u, grad_log, row
+        )
     base = g * splits + split
+    store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
+                     base, d, m, BD, BM)  # fmt: skip
     tl.store(grad_sums_ptr + (base * m + rm[:, None]) * dv + rv[None, :], grad_sums, mask=state_mask)
     tl.store(grad_norm_ptr + base * m + rm, grad_norm, mask=rm < m)
-
-
-@triton.jit
-def _store_side_grads(
-    grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr, base, d, m,
-    BD: tl.constexpr, BM: tl.constexpr,
-):  # fmt: skip
-    """One program's share of a side's gradients: row ``base`` of ``(P, d, m)``, ``(P, d)``, ``(P, m)``."""
-    rd = tl.arange(0, BD)
-    rm = tl.arange(0, BM)
-    tl.store(grad_proj_ptr + (base * d + rd[:, None]) * m + rm[None, :], grad_proj,
-             mask=(rd[:, None] < d) & (rm[None, :] < m))  # fmt: skip
-    tl.store(grad_square_ptr + base * d + rd, grad_square, mask=rd < d)
-    tl.store(grad_offset_ptr + base * m + rm, grad_offset, mask=rm < m)
 
 
 @triton.jit
@@ -247,7 +210,6 @@ def key_grads_kernel(
     g = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    rd = tl.arange(0, BD)
     rv = tl.arange(0, BV)
     rm = tl.arange(0, BM)
     state_mask = (rm[:, None] < m) & (rv[None, :] < dv)
@@ -268,28 +230,25 @@ def key_grads_kernel(
         )
         rn = start + tl.arange(0, BN)
         inside = rn < hi
-        rows_d = inside[:, None] & (rd[None, :] < d)
-        rows_v = inside[:, None] & (rv[None, :] < dv)
-        x = tl.load(k_ptr + (g * n + rn[:, None]) * d + rd[None, :], mask=rows_d, other=0.0).to(tl.float32)
-        val = tl.load(v_ptr + (g * n + rn[:, None]) * dv + rv[None, :], mask=rows_v, other=0.0).to(tl.float32)
-        valid = inside
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + g * n + rn, mask=inside, other=1) == 0)
+        x = load_rows(k_ptr, g, n, rn, inside, d, BD)
+        val = load_rows(v_ptr, g, n, rn, inside, dv, BV)
+        valid = valid_keys(mask_ptr, g, n, rn, inside, HAS_MASK)
         log, mult, u = log_features(x, valid, proj, square, offset, sign, shift, TRIG)
         magnitude = tl.exp(log - reference[None, :])
         phi = magnitude * mult
         grad_phi = tl.dot(val, tl.trans(grad_sums), input_precision=DOT_PRECISION) + grad_norm[None, :]
-        grad_val = tl.dot(phi, grad_sums, input_precision=DOT_PRECISION)
-        tl.store(grad_v_ptr + (g * n + rn[:, None]) * dv + rv[None, :], grad_val, mask=rows_v)
+        store_rows(
+            grad_v_ptr, tl.dot(phi, grad_sums, input_precision=DOT_PRECISION), g, n, rn, inside, dv, BV
+        )
         grad_x, grad_u, grad_log, row = features_vjp(
             grad_phi, phi, magnitude, x, u, proj, square, sign, shift, TRIG
         )
-        tl.store(grad_k_ptr + (g * n + rn[:, None]) * d + rd[None, :], grad_x, mask=rows_d)
-        grad_proj += tl.dot(tl.trans(x), grad_u, input_precision=DOT_PRECISION)
-        grad_square += tl.sum(x * x * row[:, None], axis=0)
-        grad_offset += tl.sum(grad_log, axis=0)
-    _store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
-                      g * splits + split, d, m, BD, BM)  # fmt: skip
+        store_rows(grad_k_ptr, grad_x, g, n, rn, inside, d, BD)
+        grad_proj, grad_square, grad_offset = add_side_grads(
+            grad_proj, grad_square, grad_offset, x, grad_u, grad_log, row
+        )
+    store_side_grads(grad_proj, grad_square, grad_offset, grad_proj_ptr, grad_square_ptr, grad_offset_ptr,
+                     g * splits + split, d, m, BD, BM)  # fmt: skip
 
 
 def _side_grads(size: int, splits: int, d: int, m: int, device: torch.device) -> tuple[torch.Tensor, ...]:
