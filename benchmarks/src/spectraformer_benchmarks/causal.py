@@ -76,6 +76,8 @@ DEFAULT_ATTENTIONS = [
 ]
 #: The suffix of an attention name that times it under ``torch.compile`` with this backend.
 COMPILED = "@inductor"
+#: The causal speed goals: SDPA's time over the pair's at these lengths.
+CAUSAL_GOALS = {1024: 0.8, 8192: 6.0, 16384: 12.0}
 #: Lengths of the speed columns and of the memory columns of the table.
 SPEED_LENGTHS = (1024, 8192, 16384)
 MEMORY_LENGTHS = (8192, 32768)
@@ -93,6 +95,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["measure", "flops"], default=None)
     parser.add_argument("--table", type=Path, default=None, metavar="DIR", help="print the table of DIR")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="with --table: the figure of DIR's measure.json",
+    )
     parser.add_argument(
         "--attentions", nargs="+", default=None, help="'pairs': every RF pair (default per part: see --help)"
     )
@@ -344,6 +353,59 @@ def table(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(folder: Path, path: Path) -> Path:
+    """The causal figure of ``folder``'s ``measure.json``: time against N, and speed-up over SDPA against N.
+
+    Left: forward+backward time (log-log) of SDPA (black), each pair eager (solid) and under
+    ``torch.compile`` (``@inductor``, dashed, the pair's colour). Right: SDPA's time over each one's at the
+    same N, the goals (0.8x at 1K, 6x at 8K, 12x at 16K) as crosses.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measure = _load(folder, "measure.json") or {"results": []}
+    times: dict[str, dict[int, float]] = {}
+    for r in measure["results"]:
+        if r["quantity"] == "time" and "error" not in r:
+            times.setdefault(r["attention"], {})[r["n"]] = r["seconds"]
+    sdpa = times.get("softmax", {})
+    pairs = list(dict.fromkeys(name.removesuffix(COMPILED) for name in times if name != "softmax"))
+    colors = plt.get_cmap("tab10").colors
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    if sdpa:
+        left.loglog(*zip(*sorted(sdpa.items()), strict=True), "o-", color="black", lw=2.2, ms=3, label="SDPA")
+    for i, pair in enumerate(pairs):
+        for name, style in ((pair, "-"), (pair + COMPILED, "--")):
+            if name not in times:
+                continue
+            line = sorted(times[name].items())
+            label = pair if style == "-" else f"{pair} compiled"
+            ns, seconds = zip(*line, strict=True)
+            left.loglog(ns, seconds, style, marker="o", ms=3, color=colors[i % 10], lw=1.2, label=label)
+            ratios = [(n, sdpa[n] / t) for n, t in line if n in sdpa]
+            if ratios:
+                right.semilogx(
+                    *zip(*ratios, strict=True), style, marker="o", ms=3, color=colors[i % 10], lw=1.2
+                )
+    right.plot(list(CAUSAL_GOALS), list(CAUSAL_GOALS.values()), "kx", ms=8, mew=2, label="goal")
+    right.axhline(1.0, color="black", lw=0.8)
+    left.set(xlabel="sequence length N", ylabel="causal forward+backward (s)")
+    right.set(xlabel="sequence length N", ylabel="speed-up over SDPA (x)")
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=7, ncol=2)
+    right.legend(fontsize=7)
+    fig.suptitle(
+        f"Causal, q/k/v (1, 4, N, 64), {FEATURES} features; {measure.get('machine', '-')}", fontsize=9
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the part (writing ``<part>.json`` under ``--out``) or print the table of a folder."""
     args = parse_args(argv)
@@ -357,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.part}.json").write_text(json.dumps(run, indent=1))
     print(table(args.table or args.out))
+    if args.plot is not None:
+        print(plot(args.table or args.out, args.plot))
 
 
 if __name__ == "__main__":
