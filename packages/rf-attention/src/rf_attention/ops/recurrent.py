@@ -21,9 +21,9 @@ and the Hugging Face cache call it):
   and the normalizer's entries sum to about 1); then the state update, the readout and the guard of
   [`guarded_denominator`][rf_attention.ops.common.guarded_denominator], the kernels' rule;
 - $T = 1$ with a closed form on the Triton backend (``backend="triton"``, or ``"auto"`` on CUDA tensors):
-  [`fused_recurrent_step`][rf_attention.ops.triton.fused_recurrent.fused_recurrent_step], one kernel
+  ``rf_attention.ops.triton.fused_recurrent.fused_recurrent_step``, one kernel
   launch for the features, the state update, the readout and the guard of every head of the layer. It
-  reads and writes the same `RecurrentState` (its log-scale is $\max(R, \max \log \phi_k)$, another
+  reads and writes the same ``RecurrentState`` (its log-scale is $\max(R, \max \log \phi_k)$, another
   stabilizer that cancels), so PyTorch and Triton steps continue each other's states.
 
 All are the plain formula $\phi_q \sum_j \phi_{k_j}^\top v_j / \phi_q \sum_j \phi_{k_j}^\top$ with
@@ -89,8 +89,8 @@ class RecurrentState:
         length: tokens seen, padding included (the position of the next token): an ``int``, or a
             ``(B,)`` integer tensor when the ``B`` sequences have different lengths (a packed prefill,
             ``prefill(..., cu_seqlens=...)``); each new token adds 1 to every entry.
-        layout: the feature map laid out for the fused step, `StepLayout` (PyTorch) or
-            [`KernelLayout`][rf_attention.ops.triton.fused_recurrent.KernelLayout] (Triton), built by
+        layout: the feature map laid out for the fused step, ``StepLayout`` (PyTorch) or
+            ``rf_attention.ops.triton.fused_recurrent.KernelLayout`` (Triton), built by
             the first step of a backend; not part of ``nbytes`` (it does not depend on the number of
             tokens).
     """
@@ -195,7 +195,7 @@ def decode(
         chunk_size: positions per chunk of the causal kernel when ``T > 1`` (default 128).
         backend: the step's kernels, as ``rf_attention(..., backend=)``'s: ``"triton"`` (``"auto"``: on
             CUDA tensors when triton imports) runs a step of a closed-form map as one
-            [`fused_recurrent_step`][rf_attention.ops.triton.fused_recurrent.fused_recurrent_step] launch;
+            ``rf_attention.ops.triton.fused_recurrent.fused_recurrent_step`` launch;
             ``T > 1`` runs the PyTorch causal kernel on every backend. ``"auto"`` takes PyTorch where
             autograd records the step (the Triton step has no backward), ``"triton"`` refuses it.
 
