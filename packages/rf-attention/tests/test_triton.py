@@ -235,3 +235,175 @@ def test_triton_backend_refuses_what_it_cannot_run(monkeypatch):
 def test_import_rf_attention_never_imports_triton():
     code = "import sys, rf_attention; assert 'triton' not in sys.modules, 'triton imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TRITON_INTERPRET": "0"})
+
+
+#: Decoding: a positive family, OPRF with running statistics, TrigRF (signed, the guard), FastFood_L.
+DECODE_PAIRS = [PAIRS[1], PAIRS[3], ("trigrf", "orf", {}), PAIRS[5]]
+DECODE_IDS = ["posrf-orf", "oprf-orf", "trigrf-orf", "oprf-fastfoodl"]
+
+
+def decoding_maps(pair):
+    """The map after two training batches (running statistics that are not the initial ones), in eval."""
+    component, matrix, kw = pair
+    fm, _ = feature_maps(component, matrix, True, **kw)
+    for seed in (10, 11):
+        rf_attend(*inputs(n=12, seed=seed), fm, causal=True, backend="torch")
+    fm.eval()
+    return fm, copy.deepcopy(fm).double()
+
+
+def left_padding(b, n):
+    """Sequence 1 left-padded by 2 tokens."""
+    mask = torch.zeros(b, n, dtype=torch.bool, device=DEVICE)
+    mask[1, :2] = True
+    return mask
+
+
+def decode_tokens(q, k, v, fm, mask, backends, state=None):
+    """``decode_heads`` token by token, token ``t`` on ``backends[t]``; outputs ``(B, H, N, Dv)``, state."""
+    from rf_attention.decoding import decode_heads
+
+    outs = []
+    for t, backend in enumerate(backends):
+        step = slice(t, t + 1)
+        out, state = decode_heads(
+            q[..., step, :], k[..., step, :], v[..., step, :], fm, state,
+            key_padding_mask=mask[:, step], backend=backend,
+        )  # fmt: skip
+        outs.append(out)
+    return torch.cat(outs, dim=-2), state
+
+
+class LaunchCounter:
+    """Counts the launches of every Triton kernel (``kernel[grid](...)``, interpreted or compiled)."""
+
+    def __init__(self, monkeypatch):
+        self.launches = 0
+        getitem = triton.runtime.jit.KernelInterface.__getitem__
+
+        def counted(kernel, grid):
+            self.launches += 1
+            return getitem(kernel, grid)
+
+        monkeypatch.setattr(triton.runtime.jit.KernelInterface, "__getitem__", counted)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("pair", DECODE_PAIRS, ids=DECODE_IDS)
+def test_triton_decoding_equals_the_naive_causal_formula(pair, dtype):
+    from rf_attention.ops.naive import naive_rf_attention
+
+    fm, fm64 = decoding_maps(pair)
+    q, k, v = (x.to(dtype) for x in inputs(h=2, n=7))
+    mask = left_padding(2, 7)
+    with torch.no_grad():
+        out, state = decode_tokens(q, k, v, fm, mask, ["triton"] * 7)
+        ref = naive_rf_attention(q.double(), k.double(), v.double(), fm64, causal=True, key_padding_mask=mask)
+    assert out.dtype == dtype
+    assert isinstance(state, RecurrentState)
+    assert state.sums.dtype == torch.float32
+    assert state.length == 7
+    assert_rel_close("outputs", ref, out.double(), OUTPUT_TOLERANCE + rounding(dtype))
+
+
+@pytest.mark.parametrize("pair", [DECODE_PAIRS[2], DECODE_PAIRS[3]], ids=[DECODE_IDS[2], DECODE_IDS[3]])
+def test_pytorch_and_triton_steps_continue_each_others_states(pair):
+    from rf_attention.decoding import decode_heads
+    from rf_attention.ops.naive import naive_rf_attention
+
+    fm, fm64 = decoding_maps(pair)
+    q, k, v = inputs(h=2, n=8)
+    mask = left_padding(2, 8)
+    with torch.no_grad():
+        _, state = decode_heads(q[..., :3, :], k[..., :3, :], v[..., :3, :], fm, None,
+                                key_padding_mask=mask[:, :3], backend="torch")  # fmt: skip
+        backends = ["triton", "torch", "triton", "triton", "torch"]
+        tail = [x[..., 3:, :] for x in (q, k, v)]
+        out, state = decode_tokens(*tail, fm, mask[:, 3:], backends, state)
+        ref = naive_rf_attention(q.double(), k.double(), v.double(), fm64, causal=True, key_padding_mask=mask)
+    assert state.length == 8
+    assert_rel_close("outputs", ref[..., 3:, :], out.double(), OUTPUT_TOLERANCE)
+
+
+def test_a_decoding_step_is_one_triton_launch_per_layer(monkeypatch):
+    counter = LaunchCounter(monkeypatch)
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32, device=DEVICE)
+    for backend, launches_per_step in (("triton", 1), ("torch", 0), ("auto", int(DEVICE == "cuda"))):
+        attn = rf_attention.create(
+            "trigrf-orf", 32, 4, num_features=16, seed=0, causal=True, backend=backend
+        ).to(DEVICE)
+        attn.eval()
+        with torch.no_grad():
+            _, state = attn.prefill(x[:, :3])
+            counter.launches = 0
+            for t in (3, 4):
+                _, state = attn.step(x[:, t : t + 1], state)
+        assert counter.launches == 2 * launches_per_step, backend
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_kept_triton_step_computes_nothing_outside_its_kernel(monkeypatch, dtype):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rf_attention.decoding import decode_heads
+
+    allocations = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default}
+
+    class ComputeOutsideKernels(TorchDispatchMode):
+        """The aten operations that compute (not views, not allocations), outside Triton launches."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops, self.launching = [], False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not (self.launching or func.is_view or func in allocations):
+                self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    counting = ComputeOutsideKernels()
+    getitem = triton.runtime.jit.KernelInterface.__getitem__
+
+    def launched(kernel, grid):
+        def launch(*args, **kwargs):
+            counting.launching = True
+            try:
+                return getitem(kernel, grid)(*args, **kwargs)
+            finally:
+                counting.launching = False
+
+        return launch
+
+    monkeypatch.setattr(triton.runtime.jit.KernelInterface, "__getitem__", launched)
+    fm, _ = decoding_maps(DECODE_PAIRS[2])  # TrigRF: signed, the magnitudes too
+    q, k, v = (x.to(dtype) for x in inputs(h=2, n=1))
+    mask = torch.zeros(2, 1, dtype=torch.bool, device=DEVICE)
+    with torch.no_grad():
+        _, state = decode_heads(q, k, v, fm, None, key_padding_mask=mask, backend="triton")  # lays out
+        with counting:
+            _, state = decode_heads(q, k, v, fm, state, key_padding_mask=mask, backend="triton")
+    assert counting.ops == []
+
+
+def test_triton_decoding_refuses_what_it_cannot_run(monkeypatch):
+    from rf_attention.decoding import decode_heads
+
+    q, k, v = inputs(n=1)
+    fm, _ = decoding_maps(DECODE_PAIRS[0])
+    with pytest.raises(ValueError, match="backend: the Triton kernels have no sliding window"):
+        decode_heads(q, k, v, fm, None, window=4, backend="triton")
+    no_closed_form = rf_features.create(
+        "posrf", weight_matrix="orf", num_features=8, dim=16, input_map=True
+    ).to(DEVICE)
+    with torch.no_grad(), pytest.raises(ValueError, match="PosRF has none"):
+        decode_heads(q, k, v, no_closed_form, None, backend="triton")
+    leaf = q.clone().requires_grad_()
+    with pytest.raises(ValueError, match="the Triton decoding step has no backward"):
+        decode_heads(leaf, k, v, fm, None, backend="triton")
+    with pytest.raises(ValueError, match="backend: expected one of 'auto', 'torch', 'triton', got 'cuda'"):
+        decode_heads(q, k, v, fm, None, backend="cuda")
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="got a cpu tensor without TRITON_INTERPRET=1"):
+            decode_heads(q, k, v, fm, None, backend="triton")

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import rf_features
 from rf_attention.ops.recurrent import RecurrentState, decode, decode_window
+from rf_attention.ops.triton import check_backend
 from rf_attention.ops.window import WindowState
 
 __all__ = [
@@ -55,6 +56,7 @@ def decode_heads(
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     ends: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, DecodingState]:
     """Causal RF attention of ``T`` new positions ``(B, H, T, Dh)`` continuing ``state``, and the state after.
 
@@ -62,7 +64,9 @@ def decode_heads(
     [`decode_window`][rf_attention.ops.recurrent.decode_window]: from ``state=None`` a prefill (the causal
     forward pass and the state it leaves), from a state a step. ``scale`` is the logit scale of ``q . k``
     (default ``Dh ** -0.5``); ``ends`` ``(B,)`` ends right-padded packed prompts (window only: the plain
-    state skips padding by itself).
+    state skips padding by itself). ``backend``: ``decode``'s (a step of the plain state is one Triton
+    launch on ``"triton"``, and on ``"auto"`` for CUDA tensors); the window's state decodes on PyTorch
+    (``"triton"`` is refused).
 
     Returns:
         ``(out (B, H, T, Dv), state)``.
@@ -70,7 +74,13 @@ def decode_heads(
     Raises:
         ValueError: a state of the other kind (a window's for a plain attention, or the reverse).
     """
+    check_backend(backend)
     if window:
+        if backend == "triton":
+            raise ValueError(
+                f"backend: the Triton kernels have no sliding window; decode window={window} with "
+                "backend='auto' or 'torch'"
+            )
         held = cast(WindowState | None, state)  # decode_window refuses a state of another kind by name
         return decode_window(
             q,
@@ -87,7 +97,9 @@ def decode_heads(
         raise ValueError(
             f"state: expected a RecurrentState (from prefill or step) or None, got {type(state).__name__}"
         )
-    return decode(q, k, v, feature_map, state, key_padding_mask=key_padding_mask, scale=scale)
+    return decode(
+        q, k, v, feature_map, state, key_padding_mask=key_padding_mask, scale=scale, backend=backend
+    )
 
 
 def attend_after_cached_keys(

@@ -519,7 +519,8 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             sum ([`rf_attention.ops.window`][rf_attention.ops.window]); decoding then keeps the feature sums
             and a ring of the last ``window`` keys and values. 0: plain random features.
         backend: ``"auto"``, ``"torch"`` or ``"triton"``: the kernels of the forward pass
-            ([`rf_attention`][rf_attention.rf_attention]); ``prefill`` and ``step`` decode on PyTorch.
+            ([`rf_attention`][rf_attention.rf_attention]) and of ``step``
+            ([`decode`][rf_attention.ops.recurrent.decode]'s ``backend``); ``prefill`` runs on PyTorch.
         **kw: [`MultiheadSelfAttention`][rf_attention.MultiheadSelfAttention] arguments.
 
     In causal mode the feature map's data-dependent parameters (OPRF's $A$, SADERF's $\Psi$) come from
@@ -656,11 +657,12 @@ class RandomFeatureAttention(MultiheadSelfAttention):
     ) -> tuple[torch.Tensor, Any]:
         """[`decode_heads`][rf_attention.decoding.decode_heads] from no state."""
         return decode_heads(
-            q, k, v, self.feature_map, None, window=self.window, key_padding_mask=key_padding_mask, ends=ends
-        )
+            q, k, v, self.feature_map, None, window=self.window, key_padding_mask=key_padding_mask, ends=ends,
+            backend=self.backend,
+        )  # fmt: skip
 
     def step_heads(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, Any]:
         """[`decode_heads`][rf_attention.decoding.decode_heads] of the new positions from ``state``."""
-        return decode_heads(q, k, v, self.feature_map, state, window=self.window)
+        return decode_heads(q, k, v, self.feature_map, state, window=self.window, backend=self.backend)

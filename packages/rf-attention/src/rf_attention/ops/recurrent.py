@@ -19,9 +19,14 @@ and the Hugging Face cache call it):
   new key's weights $e^{\log \phi_k - R'}$ and the old sums' decay $e^{R - R'}$ together, with
   $R' = \operatorname{logsumexp}(\log \phi_k, R) \ge \max(R, \max \log \phi_k)$ (so no weight exceeds 1
   and the normalizer's entries sum to about 1); then the state update, the readout and the guard of
-  [`guarded_denominator`][rf_attention.ops.common.guarded_denominator], the kernels' rule.
+  [`guarded_denominator`][rf_attention.ops.common.guarded_denominator], the kernels' rule;
+- $T = 1$ with a closed form on the Triton backend (``backend="triton"``, or ``"auto"`` on CUDA tensors):
+  ``rf_attention.ops.triton.fused_recurrent.fused_recurrent_step``, one kernel
+  launch for the features, the state update, the readout and the guard of every head of the layer. It
+  reads and writes the same ``RecurrentState`` (its log-scale is $\max(R, \max \log \phi_k)$, another
+  stabilizer that cancels), so PyTorch and Triton steps continue each other's states.
 
-Both are the plain formula $\phi_q \sum_j \phi_{k_j}^\top v_j / \phi_q \sum_j \phi_{k_j}^\top$ with
+All are the plain formula $\phi_q \sum_j \phi_{k_j}^\top v_j / \phi_q \sum_j \phi_{k_j}^\top$ with
 stabilizers that cancel exactly; in ``eval()`` a step equals the causal forward pass to rounding.
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,9 +42,13 @@ import rf_features
 from rf_attention.functional import _accumulation_dtype, input_scale
 from rf_attention.ops.causal import CausalState, causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
-from rf_attention.ops.features import Features, feature_strategy
+from rf_attention.ops.features import ClosedForm, Features, feature_strategy
+from rf_attention.ops.triton import uses_triton
 from rf_attention.ops.window import WindowState, window_prefill, window_step
 from spectraformer_core import check_int
+
+if TYPE_CHECKING:  # the Triton backend's module imports triton
+    from rf_attention.ops.triton.fused_recurrent import KernelLayout
 
 
 @dataclass(frozen=True)
@@ -79,15 +89,17 @@ class RecurrentState:
         length: tokens seen, padding included (the position of the next token): an ``int``, or a
             ``(B,)`` integer tensor when the ``B`` sequences have different lengths (a packed prefill,
             ``prefill(..., cu_seqlens=...)``); each new token adds 1 to every entry.
-        layout: the feature map laid out for the fused step (built by the first step; not part of
-            ``nbytes``: it does not depend on the batch or the number of tokens).
+        layout: the feature map laid out for the fused step, ``StepLayout`` (PyTorch) or
+            ``rf_attention.ops.triton.fused_recurrent.KernelLayout`` (Triton), built by
+            the first step of a backend; not part of ``nbytes`` (it does not depend on the number of
+            tokens).
     """
 
     sums: torch.Tensor
     log_scale: torch.Tensor
     magnitude: torch.Tensor | None = None
     length: int | torch.Tensor = 0
-    layout: StepLayout | None = field(default=None, repr=False, compare=False)
+    layout: StepLayout | KernelLayout | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(
@@ -162,6 +174,7 @@ def decode(
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     chunk_size: int | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, RecurrentState]:
     r"""Causal RF attention of ``T`` new tokens continuing ``state``, and the state after them (Eq. 7).
 
@@ -180,6 +193,11 @@ def decode(
             never attended to, now or later.
         scale: the logit scale of ``q . k`` (default ``Dh ** -0.5``).
         chunk_size: positions per chunk of the causal kernel when ``T > 1`` (default 128).
+        backend: the step's kernels, as ``rf_attention(..., backend=)``'s: ``"triton"`` (``"auto"``: on
+            CUDA tensors when triton imports) runs a step of a closed-form map as one
+            ``rf_attention.ops.triton.fused_recurrent.fused_recurrent_step`` launch;
+            ``T > 1`` runs the PyTorch causal kernel on every backend. ``"auto"`` takes PyTorch where
+            autograd records the step (the Triton step has no backward), ``"triton"`` refuses it.
 
     Returns:
         ``(out (B, H, T, Dv) in v's dtype, state)``, the state in the accumulation dtype (float32 for
@@ -189,10 +207,22 @@ def decode(
     acc = _accumulation_dtype(q, k, v) if state is None else state.sums.dtype
     x_scale = input_scale(q.shape[-1], scale)
     step = q.shape[-2] == 1
-    kept = _kept_layout(feature_map, state, acc, x_scale) if step else None
+    triton = uses_triton(backend, q, closed_form=None)  # the device and dtype decide first
+    if triton and step and _records_gradient(q, k, v, feature_map, state):
+        if backend == "triton":
+            raise ValueError(
+                "backend: the Triton decoding step has no backward, and autograd records this step; run it "
+                "under torch.no_grad() or with backend='auto' or 'torch'"
+            )
+        triton = False
+    kept = _kept_layout(feature_map, state, acc, x_scale) if step and not triton else None
     if state is not None and kept is not None:
         out, new = _step(q, k, v, key_padding_mask, state, kept, acc)
         return out.to(v.dtype), new
+    version = _kernel_version(feature_map, acc, x_scale, q) if step and triton else None
+    kept_kernel = _kept_kernel_layout(state, version)
+    if state is not None and kept_kernel is not None:
+        return _triton_step(q, k, v, key_padding_mask, kept_kernel, state)
     qs, ks = q.to(acc), k.to(acc)
     contract = feature_map.contract(
         qs,
@@ -202,9 +232,14 @@ def decode(
         query_padding_mask=key_padding_mask,
         dtype=acc,
     )
+    if triton:  # refuses a map without a closed form by name ("auto": PyTorch)
+        triton = uses_triton(backend, q, closed_form=None if contract.closed else type(feature_map).__name__)
     if step and state is None:
         lead, m = tuple(q.shape[:2]), contract.width
         state = RecurrentState.empty(lead, m, v.shape[-1], signed=contract.signed, dtype=acc, device=q.device)
+    if state is not None and step and triton:
+        kernel_layout = _kernel_layout(contract, state, acc, version)
+        return _triton_step(q, k, v, key_padding_mask, kernel_layout, state)
     if state is not None and step and contract.closed:
         layout = _step_layout(feature_map, contract, state, acc, x_scale)
         if layout is not None:
@@ -215,6 +250,72 @@ def decode(
     chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
     out, new = _prompt(qs, ks, v.to(acc), mask, features, state, contract.width, chunk)
     return out.to(v.dtype), new
+
+
+def _records_gradient(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fm: rf_features.FeatureMap,
+    state: RecurrentState | None,
+) -> bool:
+    """Whether autograd records a step: a gradient is on and an input, the state or a parameter needs one."""
+    held = () if state is None else state._tensors()
+    tensors = (q, k, v, *held, *fm.parameters())
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _kernel_version(
+    fm: rf_features.FeatureMap, acc: torch.dtype, x_scale: float, q: torch.Tensor
+) -> tuple[object, ...] | None:
+    """What a kept `KernelLayout` depends on: `_layout_key` and the batch and heads; None: keep none."""
+    key = _layout_key(fm, acc, x_scale)
+    return None if key is None else (*key, *q.shape[:2])
+
+
+def _kept_kernel_layout(
+    state: RecurrentState | None, version: tuple[object, ...] | None
+) -> KernelLayout | None:
+    """The state's Triton layout if it was built from the map as it is now, else None."""
+    if state is None or version is None or state.layout is None or isinstance(state.layout, StepLayout):
+        return None
+    return state.layout if state.layout.version == version else None
+
+
+def _kernel_layout(
+    contract: rf_features.FeatureContract,
+    state: RecurrentState,
+    acc: torch.dtype,
+    version: tuple[object, ...] | None,
+) -> KernelLayout:
+    """A closed-form contract laid out for the Triton step, kept on ``state`` where it may be.
+
+    Kept for a ``version`` (not None) and forms shared by every batch row and head (as `_step_layout`).
+    """
+    from rf_attention.ops.triton.fused_recurrent import KernelLayout
+
+    lead = state.sums.shape[:-2]
+    layout = KernelLayout.of(ClosedForm.of(contract, lead, acc), math.prod(lead), version or ())
+    assert contract.query is not None, "a closed-form contract"
+    assert contract.key is not None, "a closed-form contract"
+    if version is not None and contract.query.matrix.dim() == 2 and contract.key.matrix.dim() == 2:
+        state.layout = layout
+    return layout
+
+
+def _triton_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    layout: KernelLayout,
+    state: RecurrentState,
+) -> tuple[torch.Tensor, RecurrentState]:
+    """One token ``q, k, v (B, H, 1, .)`` by one Triton launch; ``mask`` ``(B, 1)`` True at padding."""
+    from rf_attention.ops.triton.fused_recurrent import fused_recurrent_step
+
+    eps = torch.finfo(state.sums.dtype).eps
+    return fused_recurrent_step(q, k, v, mask, layout, state, eps)
 
 
 def _prompt(
@@ -387,7 +488,7 @@ def _kept_layout(
     """The state's layout if it was built from the map as it is now, else None."""
     key = _layout_key(fm, acc, x_scale)
     layout = None if state is None else state.layout
-    return layout if key is not None and layout is not None and layout.key == key else None
+    return layout if key is not None and isinstance(layout, StepLayout) and layout.key == key else None
 
 
 def _step_layout(

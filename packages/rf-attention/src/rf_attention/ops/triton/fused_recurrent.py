@@ -12,6 +12,8 @@ normalizer's guard: the same formula as the causal kernels (stabilizers that can
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -45,11 +47,14 @@ def fused_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr,
     qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, kp_ptr, ksq_ptr, ko_ptr, ksg_ptr, ksh_ptr,
     sums_ptr, scale_ptr, mag_ptr, out_ptr, new_sums_ptr, new_scale_ptr, new_mag_ptr,
-    d, m, dv, eps,
+    d, m, dv, eps, mask_group, mask_stride,
     BD: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SIGN: tl.constexpr, TRIG: tl.constexpr,
 ):  # fmt: skip
-    """One token of one sequence: the new sums ``(m, Dv + 1)``, log-scale, magnitudes and output ``(Dv,)``."""
+    """One token of one sequence: the new sums ``(m, Dv + 1)``, log-scale, magnitudes and output ``(Dv,)``.
+
+    Sequence ``g`` reads the mask's entry ``g // mask_group`` (``mask_stride`` apart).
+    """
     g = tl.program_id(0)
     q_proj, q_square, q_offset, q_sign, q_shift = load_side(
         qp_ptr, qsq_ptr, qo_ptr, qsg_ptr, qsh_ptr, g, d, m, BD, BM, HAS_SIGN, TRIG
@@ -66,7 +71,7 @@ def fused_recurrent_kernel(
     val = tl.where(rv == dv, 1.0, val)  # [v, 1]
     valid = rm >= 0
     if HAS_MASK:
-        valid = valid & (tl.load(mask_ptr + g) == 0)
+        valid = valid & (tl.load(mask_ptr + (g // mask_group) * mask_stride) == 0)
     log_k, mult_k = _row_log_features(xk, valid, k_proj, k_square, k_offset, k_sign, k_shift, TRIG)
     key_scale = tl.max(log_k, axis=0)
     phi_k = tl.exp(log_k - finite(key_scale)) * mult_k
@@ -93,27 +98,53 @@ def fused_recurrent_kernel(
     tl.store(new_scale_ptr + g, new_reference)
 
 
+@dataclass(frozen=True)
+class KernelLayout:
+    """Both sides of a closed form as the step kernel reads them, for ``size`` sequences.
+
+    Built once per decoding state and kept on it
+    ([`RecurrentState`][rf_attention.ops.recurrent.RecurrentState]'s ``layout``) while the map does not
+    change, so that a step launches the kernel and nothing else.
+
+    Attributes:
+        query: the query side (with its sign).
+        key: the key side (signs cancel in the normalizer: none).
+        version: what it was built from (the map's tensors' versions, dtype, input scale, ``size``).
+    """
+
+    query: KernelSide
+    key: KernelSide
+    version: tuple[object, ...]
+
+    @classmethod
+    def of(cls, closed: ClosedForm, size: int, version: tuple[object, ...] = ()) -> KernelLayout:
+        """``closed`` (the features of ``size`` sequences) laid out for the kernel."""
+        key = FeatureSide(*closed.key[:3], None, closed.key.wave_shift)
+        return cls(KernelSide(closed.query, size), KernelSide(key, size), version)
+
+
 def fused_recurrent_step(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
-    closed: ClosedForm,
+    closed: ClosedForm | KernelLayout,
     state: RecurrentState,
     eps: float,
 ) -> tuple[torch.Tensor, RecurrentState]:
     """One token: ``q, k (..., 1, d)``, ``v (..., 1, Dv)``, ``state`` of leading shape ``...`` (``G`` in all).
 
-    ``key_padding_mask`` bool ``(G,)`` (True: the token is padding, its key is not added) or None;
-    ``closed`` the features of the ``G`` sequences (``q`` and ``k`` scaled as the closed form expects);
-    ``eps`` the normalizer's relative guard. Returns the output ``(..., 1, Dv)`` in ``v``'s dtype and the
-    state after the token (new tensors, float32). The ``state``'s magnitudes must be there for signed
-    features.
+    ``key_padding_mask`` bool ``(G,)``, or ``(B,)`` for ``G = B H`` (one entry per ``H`` consecutive
+    sequences, as ``(B, H)`` leads), True where the token is padding (its key is not added), or None;
+    ``closed`` the features of the ``G`` sequences (``q`` and ``k`` scaled as the closed form expects),
+    or them laid out already; ``eps`` the normalizer's relative guard. Returns the output ``(..., 1, Dv)``
+    in ``v``'s dtype and the state after the token (new tensors, float32; the same ``layout``). The
+    ``state``'s magnitudes must be there for signed features.
     """
     lead, d, dv = q.shape[:-2], q.shape[-1], v.shape[-1]
     size = q[..., 0, 0].numel()
-    qs = KernelSide(closed.query, size)
-    ks = KernelSide(FeatureSide(*closed.key[:3], None, closed.key.wave_shift), size)
+    layout = KernelLayout.of(closed, size) if isinstance(closed, ClosedForm) else closed
+    qs, ks = layout.query, layout.key
     signed = qs.trigonometric or qs.has_sign
     if signed and state.magnitude is None:
         raise ValueError(
@@ -123,14 +154,15 @@ def fused_recurrent_step(
     sums = state.sums.reshape(size, m, dv + 1).float().contiguous()
     scale = state.log_scale.reshape(size).float().contiguous()
     mag = sums if state.magnitude is None else state.magnitude.reshape(size, m).float().contiguous()
-    mask = None if key_padding_mask is None else key_padding_mask.reshape(size).to(torch.uint8).contiguous()
-    out = torch.empty(size, dv, device=q.device)
+    mask = None if key_padding_mask is None else key_padding_mask.reshape(-1).view(torch.uint8)  # no copy
+    group, stride = (1, 1) if mask is None else (size // mask.numel(), mask.stride(0))
+    out = torch.empty(size, dv, device=q.device, dtype=v.dtype)  # the store rounds
     new_sums, new_scale = torch.empty_like(sums), torch.empty_like(scale)
     new_mag = torch.empty(size, m, device=q.device) if signed else new_sums
     fused_recurrent_kernel[(size,)](
         q.reshape(size, d).contiguous(), k.reshape(size, d).contiguous(), v.reshape(size, dv).contiguous(),
         scale if mask is None else mask, *qs.args(), *ks.args(), sums, scale, mag, out, new_sums, new_scale,
-        new_mag, d, m, dv, eps, BD=block(d), BM=block(m), BW=triton.next_power_of_2(dv + 1),
+        new_mag, d, m, dv, eps, group, stride, BD=block(d), BM=block(m), BW=triton.next_power_of_2(dv + 1),
         HAS_MASK=mask is not None, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **LAUNCH,
     )  # fmt: skip
     new = RecurrentState(
@@ -140,4 +172,4 @@ def fused_recurrent_step(
         length=state.length + 1,
         layout=state.layout,
     )
-    return out.reshape(*lead, 1, dv).to(v.dtype), new
+    return out.reshape(*lead, 1, dv), new
