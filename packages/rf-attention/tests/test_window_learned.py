@@ -1,5 +1,7 @@
 """LoLCATs' sliding-window hybrid over the learned maps (Hedgehog, T2R) against its plain reference."""
 
+import copy
+
 import pytest
 import torch
 
@@ -88,7 +90,7 @@ def test_the_factor_moves_the_output_only_where_keys_lie_beyond_the_window(name)
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_low_precision_inputs_match_the_float64_reference(name, window, dtype):
-    """Peaked logits (up to ~30): the window's shift by its maximum keeps every weight at most f."""
+    """Peaked logits (up to about 35): the window's shift by its maximum keeps every weight at most f."""
     q, k, v = (t.to(dtype).double() for t in qkv(n=200, scale=2.5, seed=3))
     fm = learned_map(name)
     mask = left_padding(200)
@@ -97,7 +99,7 @@ def test_low_precision_inputs_match_the_float64_reference(name, window, dtype):
     out = rf_attend(*(t.to(dtype) for t in (q, k, v)), fm, causal=True, window=window, key_padding_mask=mask)
     assert out.dtype == dtype
     assert bool(out.isfinite().all())
-    # float32: the map's parameters rounded to float32 (relative 6e-8) through logits of ~30; bfloat16:
+    # float32: the map's parameters rounded to float32 (relative 6e-8) through logits of ~35; bfloat16:
     # the output's rounding (relative 2^-8)
     assert_rel_close("output", expected, out.double(), 1e-5 if dtype == torch.float32 else 1e-2)
 
@@ -204,3 +206,20 @@ def test_hf_linearize_takes_a_learned_map_with_a_window_and_saves_its_factor(tin
     assert torch.equal(loaded_fm.window_logit, fm.window_logit)
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=tokens).logits, logits)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_compiled_hedgehog_window_module_trains_its_factor_without_recompiling():
+    torch._dynamo.reset()
+    module = rf_attention.create("hedgehog", DIM, HEADS, num_features=6, causal=True, seed=0, window=8)
+    eager = copy.deepcopy(module)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(3):
+            x = randn(2, 40, DIM, seed=30 + i)
+            module.zero_grad()
+            y = compiled(x)
+            y.square().sum().backward()
+            assert module.feature_map.window_logit.grad is not None
+            torch.testing.assert_close(y.detach(), eager(x).detach(), rtol=1e-5, atol=1e-6)

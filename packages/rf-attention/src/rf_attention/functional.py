@@ -308,7 +308,7 @@ def rf_attention(
             ([`rf_attention.ops.window`][rf_attention.ops.window]), ``O(N (w + m))``. 0: plain random
             features; ``w >= N``: exact causal softmax. A learned map (``hedgehog``, ``t2r``) mixes the
             window with its features by LoLCATs' learned per-head factor, the map's ``window_logit``
-            ([`window_log_factor`][rf_attention.functional.window_log_factor]).
+            (created with ``window_factor=True``).
         backend: ``"auto"`` (the Triton kernels for CUDA tensors when triton imports and the map has a
             closed form, else PyTorch), ``"torch"`` or ``"triton"`` (refused on CPU tensors unless
             ``TRITON_INTERPRET=1``, for float64 and for maps without a closed form; the Attention guide's
