@@ -104,6 +104,20 @@ def test_low_precision_inputs_match_the_float64_reference(name, window, dtype):
     assert_rel_close("output", expected, out.double(), 1e-5 if dtype == torch.float32 else 1e-2)
 
 
+def test_packed_sequences_equal_each_sequence_alone():
+    lengths = [37, 1, 64, 20]
+    q, k, v = (t[:1] for t in qkv(n=sum(lengths), scale=1.5))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    fm = learned_map("hedgehog")
+    out = rf_attend(q, k, v, fm, causal=True, window=5, cu_seqlens=cu)
+    for start, stop in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        part = slice(start, stop)
+        alone = naive_rf_attention(
+            q[..., part, :], k[..., part, :], v[..., part, :], fm, causal=True, window=5
+        )
+        assert_rel_close(f"sequence {start}:{stop}", alone, out[..., part, :], 1e-12)
+
+
 # Modules and decoding
 
 DIM, HEADS = 24, 3
