@@ -103,17 +103,3 @@ def test_a_t2r_query_whose_features_are_all_zero_gets_a_zero_output():
     q, k, v = (torch.randn(1, 1, 5, DH, dtype=torch.float64) for _ in range(3))
     out = rf_attention.rf_attention(q, k, v, fm)
     assert torch.equal(out, torch.zeros_like(out))
-
-
-def test_a_sliding_window_over_a_learned_map_is_refused_with_the_reason(tiny_llama):
-    with pytest.raises(ValueError, match="learned mixing factor"):
-        rf_attention.create("hedgehog", 12, 3, causal=True, window=4)
-    fm = rf_features.create("t2r", num_features=4, dim=DH)
-    q = torch.randn(1, 1, 6, DH)
-    with pytest.raises(ValueError, match="learned mixing factor"):
-        rf_attention.rf_attention(q, q, q, fm, causal=True, window=2)
-    rf_hf = pytest.importorskip("rf_attention.hf")
-    model = tiny_llama("sdpa")
-    with pytest.raises(ValueError, match="learned mixing factor"):
-        rf_hf.linearize(model, "hedgehog", num_features=8, window=4)
-    assert model.config._attn_implementation == "sdpa"  # unchanged

@@ -111,3 +111,12 @@ def test_hf_learned_map_transfers_after_linearize(tiny_llama):
     rf_hf.linearize(model, "hedgehog", num_features=8, seed=0)
     report = attention_transfer(model, llama_batches(), steps=30)
     assert all(a < 0.6 * b for a, b in zip(report.mse_after, report.mse_before, strict=True))
+
+
+def test_attention_transfer_trains_a_learned_maps_window_factor(tiny_llama):
+    model = rf_hf.linearize(tiny_llama("sdpa"), "hedgehog", num_features=8, seed=0, window=4)
+    factors = [layer.self_attn.rf_feature_map.window_logit for layer in model.model.layers]
+    start = [f.detach().clone() for f in factors]
+    report = attention_transfer(model, llama_batches(), steps=10)
+    assert all(torch.isfinite(torch.tensor(report.losses)))
+    assert all(not torch.equal(f.detach(), s) for f, s in zip(factors, start, strict=True))

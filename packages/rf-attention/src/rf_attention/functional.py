@@ -159,7 +159,13 @@ def _chunk_parallel(key_mask: torch.Tensor | None, features: Features, *, causal
     return kernel
 
 
-def _sliding_window(key_mask: torch.Tensor | None, features: FeatureFn, window: int, scale: float) -> Kernel:
+def _sliding_window(
+    key_mask: torch.Tensor | None,
+    features: FeatureFn,
+    window: int,
+    scale: float,
+    log_factor: torch.Tensor | None,
+) -> Kernel:
     """[`window_attention`][rf_attention.ops.window.window_attention] as a `Kernel` (``scale``: of q, k)."""
 
     def kernel(
@@ -167,7 +173,16 @@ def _sliding_window(key_mask: torch.Tensor | None, features: FeatureFn, window: 
     ) -> torch.Tensor:
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         return window_attention(
-            q, k, v, key_mask, features, window=window, scale=scale * scale, chunk=chunk, eps=eps
+            q,
+            k,
+            v,
+            key_mask,
+            features,
+            window=window,
+            scale=scale * scale,
+            chunk=chunk,
+            eps=eps,
+            log_factor=log_factor,
         )
 
     return kernel
@@ -291,7 +306,9 @@ def rf_attention(
             weighs keys $j \in (i - w, i]$ by the exact $\exp(q_i \cdot k_j / \sqrt{D_h})$ and earlier
             keys by $\phi(q_i) \cdot \phi(k_j)$, in one normalized sum with one stabilizing reference
             ([`rf_attention.ops.window`][rf_attention.ops.window]), ``O(N (w + m))``. 0: plain random
-            features; ``w >= N``: exact causal softmax.
+            features; ``w >= N``: exact causal softmax. A learned map (``hedgehog``, ``t2r``) mixes the
+            window with its features by LoLCATs' learned per-head factor, the map's ``window_logit``
+            (created with ``window_factor=True``).
         backend: ``"auto"`` (the Triton kernels for CUDA tensors when triton imports and the map has a
             closed form, else PyTorch), ``"torch"`` or ``"triton"`` (refused on CPU tensors unless
             ``TRITON_INTERPRET=1``, for float64 and for maps without a closed form; the Attention guide's
@@ -314,7 +331,6 @@ def rf_attention(
             f"window: the sliding-window hybrid mixes exact softmax weights with the features' estimate of "
             f"them; needs a feature map with kernel='softmax', got kernel={feature_map.kernel!r}"
         )
-    check_window_map(feature_map, window)
     if cu_seqlens is not None:
         if query_padding_mask is not None:
             raise ValueError("query_padding_mask: not supported with cu_seqlens")
@@ -363,7 +379,7 @@ def rf_attention(
                 "'torch'"
             )
         assert not isinstance(features, ClosedForm), "asked for the callable"
-        kernel = _sliding_window(mask, features, window, scale)
+        kernel = _sliding_window(mask, features, window, scale, window_log_factor(feature_map, acc))
         return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
     if uses_triton(backend, q_in, closed_form=None if contract.closed else type(feature_map).__name__):
         from rf_attention.ops.triton.attention import closed_form_attention
@@ -377,20 +393,17 @@ def rf_attention(
     return _run_in_accumulation_dtype(q, k, v, kernel, eps=eps, chunk_size=chunk_size)
 
 
-def check_window_map(feature_map: FeatureMap, window: int) -> None:
-    """Refuse a sliding window over a learned map (``rf_features.learned``): its kernel has no fixed scale.
+def window_log_factor(feature_map: FeatureMap, dtype: torch.dtype) -> torch.Tensor | None:
+    """A learned map's log window factor (LoLCATs' mixing, ``rf_attention.ops.window``), or None.
 
-    The hybrid adds the window's exact ``exp(q . k / sqrt(Dh))`` to ``phi(q) . phi(k)`` under one
-    normalizer, right for a map whose product estimates that kernel; a learned map's product is a kernel of
-    its own, which would need LoLCATs' learned factor between the two parts.
+    ``log sigmoid(feature_map.window_logit)`` in ``dtype`` (``()`` or ``(H, 1, 1)`` per head) for a learned
+    map, whose ``phi(q) . phi(k)`` estimates nothing and is mixed with the window's exact weights by that
+    trained factor; None for a random-feature pair, whose product estimates the window's
+    ``exp(q . k / sqrt(Dh))`` itself and shares its normalizer with no factor.
     """
-    if window and isinstance(feature_map, LearnedFeatureMap):
-        raise ValueError(
-            f"window: {type(feature_map).__name__} is a learned map, whose phi(q) . phi(k) is no estimate of "
-            "the window's exact exp(q . k / sqrt(Dh)) (its scale is arbitrary), so the two parts would need "
-            f"a learned mixing factor; got window={window}. Use a random-feature pair with a window, or "
-            "window=0"
-        )
+    if isinstance(feature_map, LearnedFeatureMap):
+        return feature_map.window_log_factor().to(dtype)
+    return None
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:

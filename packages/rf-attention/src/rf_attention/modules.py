@@ -14,7 +14,7 @@ from torch import nn
 import rf_features
 from rf_attention import varlen
 from rf_attention.decoding import KVCache, RecurrentState, decode_heads
-from rf_attention.functional import check_window_map, rf_attention, softmax_attention
+from rf_attention.functional import rf_attention, softmax_attention
 from rf_attention.ops.triton import check_backend
 from spectraformer_core import check_int
 
@@ -516,8 +516,9 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             (identity at initialization; ``rf_features.FeatureMap``'s ``input_map``).
         window: the sliding-window hybrid (``causal=True``, ``kernel="softmax"``): the last ``window``
             positions are weighed by exact softmax weights, earlier ones by the features, in one normalized
-            sum ([`rf_attention.ops.window`][rf_attention.ops.window]); decoding then keeps the feature sums
-            and a ring of the last ``window`` keys and values. 0: plain random features.
+            sum ([`rf_attention.ops.window`][rf_attention.ops.window]; a learned map's by LoLCATs' trained
+            per-head factor, its ``window_logit``); decoding then keeps the feature sums and a ring of the
+            last ``window`` keys and values. 0: plain random features.
         backend: ``"auto"``, ``"torch"`` or ``"triton"``: the kernels of the forward pass
             ([`rf_attention`][rf_attention.rf_attention]) and of ``step``
             ([`decode`][rf_attention.ops.recurrent.decode]'s ``backend``); ``prefill`` runs on PyTorch.
@@ -575,8 +576,8 @@ class RandomFeatureAttention(MultiheadSelfAttention):
             learnable=learnable,
             num_heads=num_heads if learnable else None,
             input_map=input_map,
+            **({"window_factor": True} if window and component.lower() in rf_features.LEARNED else {}),
         )
-        check_window_map(self.feature_map, window)
         self.redraw_interval = redraw_interval
         self.training_calls: torch.Tensor
         self.register_buffer("training_calls", torch.zeros((), dtype=torch.long))

@@ -4,10 +4,10 @@ Their ``phi(q) . phi(k)`` is a *learned* kernel, trained (attention transfer, fi
 softmax attention after normalization; it estimates nothing, and ``exp(q . k)`` is not its expectation
 over any draw. They run wherever a [`FeatureMap`][rf_features.FeatureMap] does (the attention's generic
 path: no closed form, autograd through
-[`log_features`][rf_features.learned.HedgehogFeatureMap.log_features]), but a sliding-window hybrid that
-weights its window by the exact ``exp(q . k / sqrt(Dh))`` needs, with them, LoLCATs' learned factor
-between the window's scores and ``phi(q) . phi(k)``, whose scale is arbitrary: the random-feature pairs
-need none, their product estimating the same kernel as the window's.
+[`log_features`][rf_features.learned.HedgehogFeatureMap.log_features]). A sliding-window hybrid that
+weights its window by the exact ``exp(q . k / sqrt(Dh))`` mixes the two parts, with them, by LoLCATs'
+learned factor ``sigmoid(window_logit)`` (one per head), since ``phi(q) . phi(k)`` has a scale of its own:
+the random-feature pairs need none, their product estimating the same kernel as the window's.
 
 Both hold their projection ``W`` as a trainable weight matrix (per head with ``num_heads``), so
 ``learnable=True`` is their only form; ``num_features`` is the rows ``s`` of ``W``.
@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rf_features.feature_map import FeatureMap
@@ -31,6 +32,17 @@ class LearnedFeatureMap(FeatureMap):
     seeded draw of ``weight_matrix``. The features carry no component weights (the random pairs' ``1/s``):
     they are exactly the map's formula.
 
+    With ``window_factor=True`` the map also holds ``window_logit`` (``()``, ``(H, 1, 1)`` per head), the
+    logit of LoLCATs' mixing factor between a sliding window's exact weights and the features
+    ([`rf_attention.ops.window`][rf_attention.ops.window]), starting at 0 (factor 1/2, LoLCATs'
+    ``init_window_factor=0``); without it ``window_logit`` is None and the map takes no window. The factor
+    lives on the map because every attention path (the functional ``rf_attention``, the modules, decoding,
+    the Hugging Face layers) receives the map: it reaches each of them with no argument of its own and sits
+    in the state dict beside ``W`` (checkpoints, ``save_pretrained``, attention transfer's parameters). It
+    is opt-in (the modules and ``linearize`` set it with a window) so that a map without a window holds no
+    parameter that never receives a gradient (``DistributedDataParallel`` refuses those by default) and
+    its state dict keeps its keys.
+
     Args:
         dim: ``d``.
         weight_matrix: the ``rf_matrices`` name whose seeded draw initializes the rows of ``W`` that the
@@ -40,6 +52,7 @@ class LearnedFeatureMap(FeatureMap):
         kernel: ``"softmax"`` only (the kernel they are trained towards).
         learnable: True only (a learned map has no fixed form).
         num_heads: one ``W`` per head for inputs ``(B, H, n, d)``.
+        window_factor: hold ``window_logit``, the sliding window's learned factor (one per head).
         **kw: more [`FeatureMap`][rf_features.FeatureMap] arguments (``input_map``, ``statistics_mode``).
     """
 
@@ -53,6 +66,7 @@ class LearnedFeatureMap(FeatureMap):
         kernel: str = "softmax",
         learnable: bool = True,
         num_heads: int | None = None,
+        window_factor: bool = False,
         **kw: Any,
     ) -> None:
         name = type(self).__name__
@@ -79,6 +93,24 @@ class LearnedFeatureMap(FeatureMap):
         assert isinstance(weight, nn.Parameter), "rf_matrices.create(..., learnable=True) gives a parameter"
         with torch.no_grad():
             weight.copy_(self.initial_matrix(weight.detach()))
+        self.window_logit: nn.Parameter | None = None
+        if window_factor:
+            self.window_logit = nn.Parameter(torch.zeros(() if num_heads is None else (num_heads, 1, 1)))
+
+    def window_log_factor(self) -> torch.Tensor:
+        r"""$\log f = \log \sigma(\text{window\_logit})$, LoLCATs' window factor: ``()`` or ``(H, 1, 1)``.
+
+        Raises:
+            ValueError: the map was created without ``window_factor=True``.
+        """
+        if self.window_logit is None:
+            raise ValueError(
+                f"window_factor: {type(self).__name__} is a learned map, whose phi(q) . phi(k) estimates no "
+                "exp(q . k / sqrt(Dh)); a sliding window mixes the two by a learned factor, which this map "
+                "was created without; create it with window_factor=True (the modules and linearize do so "
+                "with a window)"
+            )
+        return F.logsigmoid(self.window_logit)
 
     def initial_matrix(self, drawn: torch.Tensor) -> torch.Tensor:
         """The starting ``W`` from the seeded draw ``drawn`` (same shape): the draw, rows of about unit norm.

@@ -117,6 +117,11 @@ class HFRandomFeatureAttention:
             seed=self.seed + (layer or 0),
             statistics_mode="running" if causal else "batch",
             **self.feature_options,
+            **(
+                {"window_factor": True}
+                if self.window and self.component.lower() in rf_features.LEARNED
+                else {}
+            ),
         )
         parameter = next(module.parameters(), None)
         fm.train(module.training)  # a map created during an eval() forward pass must not update statistics

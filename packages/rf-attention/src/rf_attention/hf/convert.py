@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from rf_attention.functional import check_window_map
 from rf_attention.hf.attach import (
     CONFIG_OPTIONS,
     attention_layers,
@@ -53,7 +52,7 @@ def linearize(
             (Llama, Mistral, Qwen2/3, GPT-2, GPT-NeoX, ...; not a ``peft`` model: convert the base model
             first, then wrap it).
         name: a random-feature pair, ``"posrf-orf"`` or ``"rf-posrf-orf"`` (``"performer"`` too), or a
-            learned map, ``"hedgehog"`` or ``"t2r"`` (``rf_features.learned``; not with ``window``).
+            learned map, ``"hedgehog"`` or ``"t2r"`` (``rf_features.learned``).
         num_features: rows ``s`` of each weight matrix.
         learnable: per-head trainable weight matrices; False: one fixed random map per layer, shared by the
             heads.
@@ -62,7 +61,8 @@ def linearize(
             peaked attention (the guide "Linearizing a pretrained model").
         seed: layer ``i`` draws from ``seed + i`` (default: the registered name's seed, 0).
         window: the sliding-window hybrid in every layer (causal models): the last ``window`` positions
-            by the exact softmax weights, earlier ones by the features, one normalizer
+            by the exact softmax weights, earlier ones by the features, one normalizer (a learned map mixes
+            the two by LoLCATs' trained per-head factor, its ``window_logit``)
             ([`rf_attention`][rf_attention.rf_attention]); recorded in the config; ``generate``'s cache
             keeps a ring of the last ``window`` keys and values per layer beside the state. 0: none.
         softmax_layers: layer indices (``layer_idx``) kept as they are, softmax attention (``sdpa``) with
@@ -114,8 +114,6 @@ def linearize(
         (module, converted.new_feature_map(module, head_dim, bool(getattr(module, "is_causal", True)), layer))
         for _, module, layer, head_dim in converted_layers
     ]
-    for _, fm in maps:
-        check_window_map(fm, window)
     warn_if_trained_maps_dropped([module for _, module, _, _ in layers], converted.name)
     for module, fm in maps:
         converted.attach(module, fm)

@@ -12,7 +12,7 @@ import math
 import torch
 
 from rf_attention.ops.features import qk_scale
-from rf_features import FeatureMap
+from rf_features import FeatureMap, LearnedFeatureMap
 
 
 def _allowed(
@@ -91,7 +91,11 @@ def naive_rf_attention(
         query_padding_mask: bool ``[B, N_q]``, True at padding (left out of the statistics).
         window: the sliding-window hybrid (``causal`` only): the entries $j \in (i - w, i]$ of the
             ``N_q x N_k`` matrix are the exact $\exp(q_i \cdot k_j / \sqrt{D_h})$, the others
-            $\phi(q_i) \cdot \phi(k_j)$; 0: random features only.
+            $\phi(q_i) \cdot \phi(k_j)$; 0: random features only. For a learned map
+            (``rf_features.LearnedFeatureMap``) the window's entries are LoLCATs'
+            $f\, \exp(s_{ij} - m_i)$ instead, $f = \sigma$(``feature_map.window_logit``) per head (a map
+            created with ``window_factor=True``) and
+            $m_i$ the largest $s_{ij}$ over the keys in query $i$'s window.
 
     Returns:
         ``[B, H, N_q, Dv]``.
@@ -107,9 +111,16 @@ def naive_rf_attention(
     positions = torch.arange(q.shape[-2], device=q.device)
     distance = positions.unsqueeze(-1) - torch.arange(k.shape[-2], device=q.device)
     band = (distance >= 0) & (distance < window)
-    scores = torch.where(band, torch.exp(q @ k.mT / math.sqrt(q.shape[-1])), phi_q @ phi_k.mT)
     allowed = _allowed(q.shape[-2], key_padding_mask, causal, k)
     assert allowed is not None, "causal"
+    logits = q @ k.mT / math.sqrt(q.shape[-1])
+    exact = torch.exp(logits)
+    if isinstance(feature_map, LearnedFeatureMap):
+        in_window = logits.masked_fill(~(band & allowed), -math.inf)
+        top = in_window.amax(-1, keepdim=True)
+        top = torch.where(top.isfinite(), top, torch.zeros_like(top))  # a window of padding: no entry
+        exact = feature_map.window_log_factor().exp() * torch.exp(logits - top)  # sigmoid(window_logit)
+    scores = torch.where(band, exact, phi_q @ phi_k.mT)
     scores = scores.masked_fill(~allowed, 0.0)
     empty = ~allowed.any(-1, keepdim=True)
     den = scores.sum(-1, keepdim=True).masked_fill(empty, 1.0)

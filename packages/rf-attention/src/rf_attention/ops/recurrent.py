@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import rf_features
-from rf_attention.functional import _accumulation_dtype, input_scale
+from rf_attention.functional import _accumulation_dtype, input_scale, window_log_factor
 from rf_attention.ops.causal import CausalState, causal_attention
 from rf_attention.ops.common import DEFAULT_CHUNK_SIZE, guarded_denominator, with_ones
 from rf_attention.ops.features import ClosedForm, Features, feature_strategy
@@ -407,11 +407,12 @@ def decode_window(
     features = contract.log_features
     assert features is not None, "asked for the callable"
     eps = torch.finfo(acc).eps
+    log_factor = window_log_factor(feature_map, acc)
     if state is None:
         chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
         out, state = window_prefill(
             qs, ks, vs, key_padding_mask, features, window=window, scale=x_scale**2, chunk=chunk, eps=eps,
-            signed=contract.signed, ends=ends,
+            signed=contract.signed, ends=ends, log_factor=log_factor,
         )  # fmt: skip
         return out.to(v.dtype), state
     outs = []
@@ -420,7 +421,7 @@ def decode_window(
         new = slice(t, t + 1)
         outs.append(
             window_step(qs[..., new, :], ks[..., new, :], vs[..., new, :], padding, state, features,
-                        scale=x_scale**2, eps=eps)
+                        scale=x_scale**2, eps=eps, log_factor=log_factor)
         )  # fmt: skip
     return torch.cat(outs, dim=-2).to(v.dtype), state
 

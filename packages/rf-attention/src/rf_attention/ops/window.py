@@ -19,6 +19,23 @@ feature sum exceeds about 1 relative to it, whichever part dominates.
 - The exact part is banded: blocks of ``c = max(w, 64)`` queries (at most ``N``) against their own block
   and the one before, a ``c x 2c`` product each: ``O(N c)`` time and memory, no ``N x N`` matrix.
 
+A learned map (``rf_features.learned``: Hedgehog, T2R) estimates no kernel: its product has a scale of its
+own. With one, the hybrid is LoLCATs' (Zhang et al. 2024, "LoLCATs: On Low-Rank Linearizing of Large
+Language Models"; ``hybrid_attention_quadratic`` in their ``linear_window_attention_sw.py``):
+the window's weights are shifted by their own maximum $m_i = \max_{i - w < j \le i} s_{ij}$ and scaled by
+the learned per-head factor $f = \sigma(\theta)$, the features are left as they are (LoLCATs' default
+``affine_attention_factors=False``: factor 1 on the linear part, not $1 - f$):
+
+$$o_i = \frac{f \sum_{i-w<j\le i} e^{s_{ij} - m_i} v_j + \sum_{j\le i-w} \phi(q_i) \cdot \phi(k_j) v_j}
+             {f \sum_{i-w<j\le i} e^{s_{ij} - m_i} + \sum_{j\le i-w} \phi(q_i) \cdot \phi(k_j)}.$$
+
+$m_i$ is part of the formula, not a stabilizer (the features are not shifted by it; its gradient
+counts): the window's weights lie in $(0, f]$, on the scale of the bounded learned features. The code
+passes the window's log-weights $s_{ij} - m_i + \log f$
+([`factored_scores`][rf_attention.ops.window.factored_scores]) to the same normalized sum and reference as
+above. ``w >= N`` (no feature part) is exact causal softmax whatever ``f``; rows whose window holds no key
+(padding) keep the features alone.
+
 [`window_attention`][rf_attention.ops.window.window_attention] is the training form; decoding keeps
 [`WindowState`][rf_attention.ops.window.WindowState] (the random-feature sums of the keys older than the
 window and a ring of the last ``w`` keys and values: ``O(m D_v + w D_h)`` whatever the context),
@@ -93,6 +110,20 @@ def combined(
     num, den = sums[..., :-1], sums[..., -1:]
     den, _ = guarded_denominator(den, bound, eps)
     return num / den
+
+
+def factored_scores(scores: torch.Tensor, log_factor: torch.Tensor) -> torch.Tensor:
+    r"""LoLCATs' window log-weights of a learned map: $s_{ij} - m_i + \log f$ (module formula).
+
+    Args:
+        scores: ``(..., n, s)``: $s_{ij}$ of each query's window keys, ``-inf`` outside the window.
+        log_factor: $\log f$, broadcastable to ``(..., n, 1)`` (``()`` or per head).
+
+    Returns:
+        ``(..., n, s)``: at most $\log f$; ``-inf`` where ``scores`` is (a row of ``-inf`` stays one).
+    """
+    top = finite_or_zero(scores.amax(dim=-1, keepdim=True))  # m_i, not detached: part of the formula
+    return scores - top + log_factor
 
 
 def feature_part(
@@ -192,6 +223,7 @@ def window_attention(
     scale: float,
     chunk: int,
     eps: float,
+    log_factor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""Causal sliding-window hybrid attention (module formula) in ``O(N (w + m))`` time and memory.
 
@@ -206,6 +238,8 @@ def window_attention(
         scale: the logit scale of $s_{ij} = $ ``scale`` $q_i \cdot k_j$ (``Dh ** -0.5``).
         chunk: positions per chunk of the random-feature part's causal kernel.
         eps: relative guard of the normalizer.
+        log_factor: a learned map's $\log f$, broadcastable to ``(..., N, 1)``: LoLCATs' window weights
+            ([`factored_scores`][rf_attention.ops.window.factored_scores]); None for a random-feature pair.
 
     Autograd keeps the exact part's weights ``(..., N, 2c)``, the features ``(..., N, m)`` and the causal
     kernel's chunk intermediates (``(..., N, chunk)`` products): ``O(N (w + m))``.
@@ -215,6 +249,8 @@ def window_attention(
     """
     n = q.shape[-2]
     scores, values = banded_scores(q, k, v, key_mask, window, scale)
+    if log_factor is not None:  # blocks (..., t, c, s): one more axis than (..., N, 1)
+        scores = factored_scores(scores, log_factor.unsqueeze(-1))
     part = None
     if window < n:
         part = feature_part(features, q, k, v, key_mask, lag=window, chunk=chunk)
@@ -295,8 +331,9 @@ def window_prefill(
     eps: float,
     signed: bool,
     ends: torch.Tensor | None = None,
+    log_factor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, WindowState]:
-    """[`window_attention`][rf_attention.ops.window.window_attention] of a prompt and the state it leaves.
+    r"""[`window_attention`][rf_attention.ops.window.window_attention] of a prompt and the state it leaves.
 
     Args:
         q: ``(B, H, N, Dh)`` in the accumulation dtype.
@@ -311,13 +348,17 @@ def window_prefill(
         signed: the features have signs.
         ends: ``(B,)``: row ``b``'s prompt ends at ``ends[b]`` (packed prompts, right-padded); None: at
             ``N``. The ring holds the ``w`` positions before it.
+        log_factor: a learned map's $\log f$ (``()`` or ``(H, 1, 1)``), or None: as for
+            ``window_attention``.
 
     Returns:
         ``(out (B, H, N, Dv), state)``.
     """
     b, h, n, d = q.shape
     key_mask = None if padding is None else padding[:, None, :].expand(b, h, n)
-    out = window_attention(q, k, v, key_mask, features, window=window, scale=scale, chunk=chunk, eps=eps)
+    out = window_attention(
+        q, k, v, key_mask, features, window=window, scale=scale, chunk=chunk, eps=eps, log_factor=log_factor
+    )
     last = torch.full((b,), n, device=q.device) if ends is None else ends.to(q.device)
     positions = torch.arange(n, device=q.device)
     outside = positions >= (last - window).unsqueeze(-1)  # (B, N): in the window of the next token
@@ -348,12 +389,14 @@ def window_step(
     *,
     scale: float,
     eps: float,
+    log_factor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""One new token ``q, k, v (B, H, 1, .)`` (``padding (B,)`` or None) against ``state``, in place.
 
     The ring's oldest key $t - w$ joins the feature sums, the new key takes its slot, and the query reads
     the sums (keys $j \le t - w$) and the ring (keys $t - w < j \le t$) through
     [`combined`][rf_attention.ops.window.combined], as the forward pass does: ``O(m (Dh + Dv) + w Dh)``.
+    ``log_factor``: a learned map's $\log f$ (``()`` or ``(H, 1, 1)``), or None, as for the forward pass.
 
     Returns:
         ``(B, H, 1, Dv)``.
@@ -379,6 +422,8 @@ def window_step(
     state.cursor = (slot + 1) % state.window
     state.length = state.length + 1
     scores = (q @ state.keys.mT).mul_(scale).masked_fill_(state.empty[:, None, None, :], -math.inf)
+    if log_factor is not None:
+        scores = factored_scores(scores, log_factor)
     phi_q, query_top, _ = row_stabilized_features(features, q, True, None)
     sums = phi_q @ state.sums
     bound = phi_q.abs() @ state.magnitude.unsqueeze(-1) if state.signed else None
