@@ -156,7 +156,9 @@ def decode_step(
     scale = qk_scale(dh)
     closed = ClosedForm.of(fm.contract(q, k, scale=scale, dtype=torch.float32), q.shape[:-2], torch.float32)
     eps = torch.finfo(torch.float32).eps
-    return lambda: fused_recurrent_step(q, k, v, None, closed, state, eps)
+    return lambda: fused_recurrent_step(
+        q, k, v, None, closed, state.sums, state.log_scale, state.magnitude, eps
+    )
 
 
 def run_tests() -> dict[str, Any]:

@@ -180,9 +180,18 @@ def test_fused_recurrent_steps_equal_the_causal_forward(pair):
         for t in range(q.shape[-2]):
             step = slice(t, t + 1)
             token_mask = mask[:, step].expand(lead)
-            out, state = fused_recurrent_step(
-                q[..., step, :], k[..., step, :], v[..., step, :], token_mask, closed, state, eps
+            out, sums, log_scale, magnitude = fused_recurrent_step(
+                q[..., step, :],
+                k[..., step, :],
+                v[..., step, :],
+                token_mask,
+                closed,
+                state.sums,
+                state.log_scale,
+                state.magnitude,
+                eps,
             )
+            state = RecurrentState(sums, log_scale, magnitude, length=state.length + 1)
             outs.append(out)
         ref = rf_attend(
             q.double(), k.double(), v.double(), fm64, causal=True, key_padding_mask=mask, backend="torch"

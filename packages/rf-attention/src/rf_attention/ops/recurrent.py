@@ -315,7 +315,11 @@ def _triton_step(
     from rf_attention.ops.triton.fused_recurrent import fused_recurrent_step
 
     eps = torch.finfo(state.sums.dtype).eps
-    return fused_recurrent_step(q, k, v, mask, layout, state, eps)
+    out, sums, log_scale, magnitude = fused_recurrent_step(
+        q, k, v, mask, layout, state.sums, state.log_scale, state.magnitude, eps
+    )
+    new = RecurrentState(sums, log_scale, magnitude, length=state.length + 1, layout=state.layout)
+    return out, new
 
 
 def _prompt(

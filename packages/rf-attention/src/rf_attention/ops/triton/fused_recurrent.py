@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from rf_attention.ops.features import ClosedForm, FeatureSide
-from rf_attention.ops.recurrent import RecurrentState
 from rf_attention.ops.triton._features import KernelSide, block, finite, guard, load_side
 
 #: Warps per program.
@@ -129,31 +128,36 @@ def fused_recurrent_step(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
     closed: ClosedForm | KernelLayout,
-    state: RecurrentState,
+    sums: torch.Tensor,
+    log_scale: torch.Tensor,
+    magnitude: torch.Tensor | None,
     eps: float,
-) -> tuple[torch.Tensor, RecurrentState]:
-    """One token: ``q, k (..., 1, d)``, ``v (..., 1, Dv)``, ``state`` of leading shape ``...`` (``G`` in all).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One token: ``q, k (..., 1, d)``, ``v (..., 1, Dv)`` and the state's tensors (``G`` sequences in all).
+
+    The state is [`RecurrentState`][rf_attention.ops.recurrent.RecurrentState]'s: ``sums (..., m, Dv + 1)``,
+    ``log_scale (..., 1, 1)`` and, for signed features, ``magnitude (..., m, 1)``.
 
     ``key_padding_mask`` bool ``(G,)``, or ``(B,)`` for ``G = B H`` (one entry per ``H`` consecutive
     sequences, as ``(B, H)`` leads), True where the token is padding (its key is not added), or None;
     ``closed`` the features of the ``G`` sequences (``q`` and ``k`` scaled as the closed form expects),
     or them laid out already; ``eps`` the normalizer's relative guard. Returns the output ``(..., 1, Dv)``
-    in ``v``'s dtype and the state after the token (new tensors, float32; the same ``layout``). The
-    ``state``'s magnitudes must be there for signed features.
+    in ``v``'s dtype and the state's tensors after the token (new tensors, float32, shaped as given;
+    ``magnitude`` None for positive features).
     """
     lead, d, dv = q.shape[:-2], q.shape[-1], v.shape[-1]
     size = q[..., 0, 0].numel()
     layout = KernelLayout.of(closed, size) if isinstance(closed, ClosedForm) else closed
     qs, ks = layout.query, layout.key
     signed = qs.trigonometric or qs.has_sign
-    if signed and state.magnitude is None:
+    if signed and magnitude is None:
         raise ValueError(
             "state: signed features need the state's magnitude (RecurrentState.empty(signed=True))"
         )
     m = qs.m
-    sums = state.sums.reshape(size, m, dv + 1).float().contiguous()
-    scale = state.log_scale.reshape(size).float().contiguous()
-    mag = sums if state.magnitude is None else state.magnitude.reshape(size, m).float().contiguous()
+    sums = sums.reshape(size, m, dv + 1).float().contiguous()
+    scale = log_scale.reshape(size).float().contiguous()
+    mag = sums if magnitude is None else magnitude.reshape(size, m).float().contiguous()
     mask = None if key_padding_mask is None else key_padding_mask.reshape(-1).view(torch.uint8)  # no copy
     group, stride = (1, 1) if mask is None else (size // mask.numel(), mask.stride(0))
     out = torch.empty(size, dv, device=q.device, dtype=v.dtype)  # the store rounds
@@ -165,11 +169,9 @@ def fused_recurrent_step(
         new_mag, d, m, dv, eps, group, stride, BD=block(d), BM=block(m), BW=triton.next_power_of_2(dv + 1),
         HAS_MASK=mask is not None, HAS_SIGN=qs.has_sign, TRIG=qs.trigonometric, **LAUNCH,
     )  # fmt: skip
-    new = RecurrentState(
-        sums=new_sums.reshape(*lead, m, dv + 1),
-        log_scale=new_scale.reshape(*lead, 1, 1),
-        magnitude=new_mag.reshape(*lead, m, 1) if signed else None,
-        length=state.length + 1,
-        layout=state.layout,
+    return (
+        out.reshape(*lead, 1, dv),
+        new_sums.reshape(*lead, m, dv + 1),
+        new_scale.reshape(*lead, 1, 1),
+        new_mag.reshape(*lead, m, 1) if signed else None,
     )
-    return out.reshape(*lead, 1, dv), new
