@@ -244,7 +244,12 @@ def learning_curves(records: list[dict], path: Path) -> Path:
         colour = f"C{index}"
         steps, accuracies = zip(*record["curve"], strict=True) if record["curve"] else ((), ())
         ax.plot(
-            steps, [100 * a for a in accuracies], color=colour, label=f"{record['attention']}: validation"
+            steps,
+            [100 * a for a in accuracies],
+            "o-",
+            ms=3,
+            color=colour,
+            label=f"{record['attention']}: validation",
         )
         ax.plot(
             record["best_step"],
