@@ -393,3 +393,9 @@ def test_compiled_window_module_trains_without_recompiling():
             y.square().sum().backward()
             assert all(p.grad is not None for p in module.qkv.parameters())
             torch.testing.assert_close(y.detach(), eager(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["nystromformer", "linformer"])
+def test_a_baseline_with_a_window_is_refused_by_name(name):
+    with pytest.raises(ValueError, match=rf"window: '{name}' has no sliding window \(got window=4\)"):
+        rf_attention.create(name, DIM, HEADS, causal=True, window=4, seed=0)

@@ -109,6 +109,11 @@ def create(
         )
     else:
         factory = ATTENTIONS.get(key)
+        if kw.get("window") and key not in ("softmax", "performer", *rf_features.learned_names()):
+            raise ValueError(
+                f"window: {name!r} has no sliding window (got window={kw['window']!r}); a window takes "
+                "'softmax', a random-feature pair or a learned map"
+            )
     module = factory(
         dim, num_heads, num_features=num_features, causal=causal, dropout=dropout, seed=seed, **kw
     )
