@@ -14,6 +14,24 @@ def one_thread():
 
 
 @pytest.fixture
+def decode_steps():
+    """``decode_steps(module, x, state=None)``: ``module.step`` over the tokens of ``x`` one by one (no_grad).
+
+    Returns ``(outputs (B, T, dim), state)``, the state after the last token.
+    """
+
+    def run(module, x, state=None):
+        outs = []
+        with torch.no_grad():
+            for t in range(x.shape[1]):
+                y, state = module.step(x[:, t : t + 1], state)
+                outs.append(y)
+        return torch.cat(outs, dim=1), state
+
+    return run
+
+
+@pytest.fixture
 def tiny_llama():
     """``build(attn_implementation, **config)``: a Llama built from a config (no download), in train mode.
 

@@ -36,15 +36,6 @@ def trained(name, *, logit_gain=1.0):
     return module
 
 
-def decode(module, x, state=None):
-    outs = []
-    with torch.no_grad():
-        for t in range(x.shape[1]):
-            y, state = module.step(x[:, t : t + 1], state)
-            outs.append(y)
-    return torch.cat(outs, dim=1), state
-
-
 def float32_gain(name):
     """Logit gain of the float32 comparisons: large logits, except for signed (TrigRF) features.
 
@@ -88,17 +79,17 @@ def assert_equal_up_to_float32_rounding(label, module, x, expected, actual, padd
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_token_by_token_outputs_equal_the_causal_forward(name):
+def test_token_by_token_outputs_equal_the_causal_forward(name, decode_steps):
     module = trained(name, logit_gain=float32_gain(name))
     x = randn(2, 150, DIM, seed=1)  # crosses the causal forward's chunk boundary (128)
     with torch.no_grad():
         full = module(x)
-    steps, _ = decode(module, x)
+    steps, _ = decode_steps(module, x)
     assert_equal_up_to_float32_rounding("token by token", module, x, full, steps)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(name):
+def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(name, decode_steps):
     module = trained(name)
     x = randn(3, 30, DIM, seed=2)
     padding = torch.zeros(3, 30, dtype=torch.bool)
@@ -107,7 +98,7 @@ def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(name):
     with torch.no_grad():
         full = module(x, key_padding_mask=padding)
         head, state = module.prefill(x[:, :20], key_padding_mask=padding[:, :20])
-    tail, _ = decode(module, x[:, 20:], state)
+    tail, _ = decode_steps(module, x[:, 20:], state)
     real = ~padding
     assert_equal_up_to_float32_rounding(
         "prefill", module, x, full[:, :20][real[:, :20]], head[real[:, :20]], padding
@@ -127,40 +118,40 @@ def plain_causal_reference(module, x):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_decoding_equals_the_naive_quadratic_formula_in_float64(name):
+def test_decoding_equals_the_naive_quadratic_formula_in_float64(name, decode_steps):
     module = trained(name, logit_gain=3.0).double()
     x = randn(2, 40, DIM, seed=3, dtype=torch.float64)
     with torch.no_grad():
         head, state = module.prefill(x[:, :13])
-        tail, _ = decode(module, x[:, 13:], state)
+        tail, _ = decode_steps(module, x[:, 13:], state)
         expected = plain_causal_reference(module, x)
     torch.testing.assert_close(torch.cat([head, tail], dim=1), expected, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", ["softmax", "posrf-orf", "trigrf-orf"])
-def test_decoding_in_bfloat16_follows_the_bfloat16_forward(name):
+def test_decoding_in_bfloat16_follows_the_bfloat16_forward(name, decode_steps):
     module = trained(name).to(torch.bfloat16)
     x = randn(2, 24, DIM, seed=4).to(torch.bfloat16)
     with torch.no_grad():
         full = module(x)
-    steps, _ = decode(module, x)
+    steps, _ = decode_steps(module, x)
     assert steps.dtype == torch.bfloat16
     torch.testing.assert_close(steps.float(), full.float(), rtol=0, atol=3e-2)
 
 
-def test_the_recurrent_state_has_the_same_size_after_any_number_of_tokens():
+def test_the_recurrent_state_has_the_same_size_after_any_number_of_tokens(decode_steps):
     module = trained("oprf-orf")
-    _, short = decode(module, randn(1, 4, DIM))
-    _, long = decode(module, randn(1, 200, DIM))
+    _, short = decode_steps(module, randn(1, 4, DIM))
+    _, long = decode_steps(module, randn(1, 200, DIM))
     assert isinstance(long, RecurrentState)
     assert long.length == 200
     assert short.nbytes() == long.nbytes()
     assert long.numerator.shape == (1, HEADS, FEATURES, DIM // HEADS)
 
 
-def test_the_softmax_cache_keeps_every_position():
+def test_the_softmax_cache_keeps_every_position(decode_steps):
     module = trained("softmax")
-    _, cache = decode(module, randn(1, 40, DIM))
+    _, cache = decode_steps(module, randn(1, 40, DIM))
     assert isinstance(cache, KVCache)
     assert cache.length == 40
     assert cache.keys.shape[-2] >= 40
@@ -197,14 +188,14 @@ def test_a_step_sees_earlier_tokens_only_through_the_state():
 
 
 @pytest.mark.parametrize("name", ["softmax", "oprf-orf", "trigrf-orf"])
-def test_a_step_of_several_tokens_equals_the_forward(name):
+def test_a_step_of_several_tokens_equals_the_forward(name, decode_steps):
     module = trained(name)
     x = randn(2, 40, DIM, seed=7)
     with torch.no_grad():
         full = module(x)
         head, state = module.prefill(x[:, :10])
         middle, state = module.step(x[:, 10:33], state)  # one block of 23 positions over the state
-        tail, _ = decode(module, x[:, 33:], state)
+        tail, _ = decode_steps(module, x[:, 33:], state)
     assert_equal_up_to_float32_rounding(
         "prefill, block, steps", module, x, full, torch.cat([head, middle, tail], dim=1)
     )

@@ -264,31 +264,22 @@ def randn64(*shape, **kw):
     return randn(*shape, **kw).double()
 
 
-def steps(module, x, state=None):
-    outs = []
-    with torch.no_grad():
-        for t in range(x.shape[1]):
-            y, state = module.step(x[:, t : t + 1], state)
-            outs.append(y)
-    return torch.cat(outs, dim=1), state
-
-
 @pytest.mark.parametrize("window", [1, 5, 140])
 @pytest.mark.parametrize("name", MODULE_NAMES)
-def test_token_by_token_steps_equal_the_causal_forward(name, window):
+def test_token_by_token_steps_equal_the_causal_forward(name, window, decode_steps):
     module = trained_module(name, window, logit_gain=1.0 if name.startswith("trigrf") else 2.0)
     x = randn64(2, 130, DIM, seed=1)  # crosses the causal kernel's chunk (128) and the exact blocks (64)
     with torch.no_grad():
         full = module(x)
         head, state = module.prefill(x[:, :70])
-    tail, _ = steps(module, x[:, 70:], state)
-    from_start, _ = steps(module, x)
+    tail, _ = decode_steps(module, x[:, 70:], state)
+    from_start, _ = decode_steps(module, x)
     torch.testing.assert_close(head, full[:, :70])
     torch.testing.assert_close(tail, full[:, 70:])
     torch.testing.assert_close(from_start, full)
 
 
-def test_prefill_with_left_padding_then_steps_equal_the_masked_forward():
+def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(decode_steps):
     module = trained_module("oprf-orf", 6)
     x = randn64(3, 30, DIM, seed=2)
     mask = torch.zeros(3, 30, dtype=torch.bool)
@@ -297,13 +288,13 @@ def test_prefill_with_left_padding_then_steps_equal_the_masked_forward():
     with torch.no_grad():
         full = module(x, key_padding_mask=mask)
         head, state = module.prefill(x[:, :20], key_padding_mask=mask[:, :20])
-    tail, _ = steps(module, x[:, 20:], state)
+    tail, _ = decode_steps(module, x[:, 20:], state)
     real = ~mask[:, :20]
     torch.testing.assert_close(head[real], full[:, :20][real])
     torch.testing.assert_close(tail, full[:, 20:])
 
 
-def test_packed_prompts_continue_each_after_its_own_last_token():
+def test_packed_prompts_continue_each_after_its_own_last_token(decode_steps):
     module = trained_module("posrf-orf", 4)
     lengths = [9, 2, 15]
     prompts = [randn64(1, n + 5, DIM, seed=20 + i) for i, n in enumerate(lengths)]
@@ -311,7 +302,7 @@ def test_packed_prompts_continue_each_after_its_own_last_token():
     cu = torch.tensor([0, 9, 11, 26], dtype=torch.int32)
     with torch.no_grad():
         _, state = module.prefill(packed, cu_seqlens=cu)
-    tail, _ = steps(
+    tail, _ = decode_steps(
         module, torch.cat([p[:, n:] for p, n in zip(prompts, lengths, strict=True)], dim=0), state
     )
     for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
@@ -321,10 +312,10 @@ def test_packed_prompts_continue_each_after_its_own_last_token():
     assert state.length.tolist() == [n + 5 for n in lengths]
 
 
-def test_the_decoding_state_does_not_grow_with_the_context():
+def test_the_decoding_state_does_not_grow_with_the_context(decode_steps):
     module = trained_module("posrf-orf", 8)
-    _, short = steps(module, randn64(1, 10, DIM, seed=3))
-    _, long = steps(module, randn64(1, 300, DIM, seed=3))
+    _, short = decode_steps(module, randn64(1, 10, DIM, seed=3))
+    _, long = decode_steps(module, randn64(1, 300, DIM, seed=3))
     assert short.nbytes() == long.nbytes()
     m, w = module.feature_map.feature_width, 8
     head_dim = DIM // HEADS

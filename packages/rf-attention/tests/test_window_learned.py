@@ -131,31 +131,22 @@ def window_module(name, window):
     return module.double().eval()
 
 
-def steps(module, x, state=None):
-    outs = []
-    with torch.no_grad():
-        for t in range(x.shape[1]):
-            y, state = module.step(x[:, t : t + 1], state)
-            outs.append(y)
-    return torch.cat(outs, dim=1), state
-
-
 @pytest.mark.parametrize("window", [1, 5, 140])
 @pytest.mark.parametrize("name", NAMES)
-def test_token_by_token_steps_equal_the_causal_forward(name, window):
+def test_token_by_token_steps_equal_the_causal_forward(name, window, decode_steps):
     module = window_module(name, window)
     x = randn(2, 130, DIM, seed=1, dtype=torch.float64)  # crosses the chunk (128) and the blocks (64)
     with torch.no_grad():
         full = module(x)
         head, state = module.prefill(x[:, :70])
-    tail, _ = steps(module, x[:, 70:], state)
-    from_start, _ = steps(module, x)
+    tail, _ = decode_steps(module, x[:, 70:], state)
+    from_start, _ = decode_steps(module, x)
     torch.testing.assert_close(head, full[:, :70])
     torch.testing.assert_close(tail, full[:, 70:])
     torch.testing.assert_close(from_start, full)
 
 
-def test_prefill_with_left_padding_then_steps_equal_the_masked_forward():
+def test_prefill_with_left_padding_then_steps_equal_the_masked_forward(decode_steps):
     module = window_module("hedgehog", 6)
     x = randn(3, 30, DIM, seed=2, dtype=torch.float64)
     mask = torch.zeros(3, 30, dtype=torch.bool)
@@ -164,7 +155,7 @@ def test_prefill_with_left_padding_then_steps_equal_the_masked_forward():
     with torch.no_grad():
         full = module(x, key_padding_mask=mask)
         head, state = module.prefill(x[:, :20], key_padding_mask=mask[:, :20])
-    tail, _ = steps(module, x[:, 20:], state)
+    tail, _ = decode_steps(module, x[:, 20:], state)
     torch.testing.assert_close(torch.cat([head, tail], dim=1)[~mask], full[~mask])
 
 
