@@ -38,7 +38,7 @@ from app_common.records import CHECKPOINT, finished_record, run_dir
 from app_common.records import RESULTS as RUN_RESULTS
 from app_common.results import append_jsonl, write_table
 from gpt_uptrain import hf
-from gpt_uptrain.config import QUICK_RUN, QuickConfig, TrainConfig
+from gpt_uptrain.config import QUICK_RUN, TrainConfig
 from gpt_uptrain.data import TokenData
 from gpt_uptrain.model import GPT, is_random_feature
 from gpt_uptrain.quick import quick_data
@@ -76,7 +76,21 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
     attention: tuple[str, ...] = option("attention", PAIRS, help="RF pairs, a comparison each")
     attention_features: int = option("attention_features", 64)
     teacher_steps: int = field(
-        default=QUICK_RUN.steps, metadata={"help": "training steps of the quick teacher (scratch only)"}
+        default=QUICK_RUN.steps, metadata={"help": "training steps of the softmax teacher (scratch only)"}
+    )
+    teacher_layers: int = field(default=QUICK_RUN.model.n_layer, metadata={"help": "teacher's blocks"})
+    teacher_heads: int = field(default=QUICK_RUN.model.n_head, metadata={"help": "teacher's heads"})
+    teacher_width: int = field(default=QUICK_RUN.model.n_embd, metadata={"help": "teacher's width"})
+    teacher_lr: float = field(default=QUICK_RUN.lr, metadata={"help": "teacher's peak learning rate"})
+    context: int = field(
+        default=QUICK_RUN.model.block_size,
+        metadata={"help": "tokens per sequence: the teacher's context and every variant's"},
+    )
+    batch_size: int = field(
+        default=QUICK_RUN.batch_size, metadata={"help": "sequences per micro-step (teacher and variants)"}
+    )
+    gradient_accumulation_steps: int = field(
+        default=QUICK_RUN.gradient_accumulation_steps, metadata={"help": "micro-steps per optimizer step"}
     )
     steps: int = option("steps", 30, help="each variant's budget, transfer steps included")
     transfer_steps: int = field(default=15, metadata={"help": "attention transfer steps (of --steps)"})
@@ -92,6 +106,8 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int_fields(self, "attention_features", "teacher_steps", "steps", "eval_batches")
+        check_int_fields(self, "teacher_layers", "teacher_heads", "teacher_width", "context")
+        check_int_fields(self, "batch_size", "gradient_accumulation_steps")
         check_int_fields(self, "prompt_tokens", "new_tokens")
         check_int_fields(self, "transfer_steps", minimum=0)
         if self.transfer_steps >= self.steps:
@@ -144,16 +160,47 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
         )
 
 
+def teacher_run(config: LinearizeAttentionConfig, data: Path) -> TrainConfig:
+    """The `TrainConfig` of the softmax teacher trained from scratch (``--weights scratch``).
+
+    `QUICK_RUN`'s optimizer and schedule shape (warm-up 5 % of the steps, final rate ``lr / 10``) with
+    the ``teacher_*`` sizes, ``context`` and the batch of ``config``; dense MLPs, softmax attention.
+    """
+    return dataclasses.replace(
+        QUICK_RUN,
+        data=data,
+        out=Path(config.out),
+        results=Path(config.out) / RUN_RESULTS,
+        name="teacher",
+        model=dataclasses.replace(
+            QUICK_RUN.model,
+            block_size=config.context,
+            n_layer=config.teacher_layers,
+            n_head=config.teacher_heads,
+            n_embd=config.teacher_width,
+            seed=config.seed,
+        ),
+        batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        steps=config.teacher_steps,
+        warmup_steps=max(1, round(0.05 * config.teacher_steps)),
+        lr=config.teacher_lr,
+        min_lr=config.teacher_lr / 10,
+        eval_every=max(1, config.teacher_steps // 6),
+        eval_batches=config.eval_batches,
+        **config.runtime,
+    )
+
+
 def prepare_teacher(config: LinearizeAttentionConfig) -> tuple[Path, Path]:
-    """The data folder and the teacher's HF folder: ``--weights``, or the quick teacher (trained once)."""
+    """The data folder and the teacher's HF folder: ``--weights``, or `teacher_run` (trained once)."""
     out = Path(config.out)
     data = config.data if config.data is not None else quick_data(out / "data", config.corpus_chars)
     if config.weights != "scratch":
         return data, Path(config.weights)
     teacher = out / TEACHER
     if not (teacher / "config.json").is_file():
-        quick = QuickConfig(out=out, steps=config.teacher_steps, seed=config.seed, **config.runtime)
-        run = quick.run("dense", data)
+        run = teacher_run(config, data)
         train(run)
         model, _ = load_model(run_dir(out, run_name(run)) / CHECKPOINT)
         hf.save_pretrained(model, teacher)
