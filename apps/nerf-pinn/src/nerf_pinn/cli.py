@@ -7,7 +7,8 @@ Subcommands:
 - pinn, siren, nerf: shortcuts of train --family <family>: a PINN for viscous Burgers (relative L2 error
   against the Cole-Hopf reference), SIREN fitting an image (PSNR), NeRF on posed images (PSNR);
 - quick: the offline demo (the PINN family, small, on the CPU);
-- report RESULTS: the Markdown and CSV table of a family's results file;
+- report RESULTS...: the Markdown and CSV table of a family's records (results files, run folders, logs
+  of unfinished runs) and the figure of the RaLiMP paper's statements against them (paper.png);
 - list: the families and the layer kinds;
 - scene: render the offline synthetic scene to an npz file (the tiny_nerf format);
 - burgers-check: compare the reference solution with a burgers_shock.mat file.
@@ -33,8 +34,7 @@ from app_common.config import (
     read_config,
 )
 from app_common.fields import OutputFields, RuntimeFields, group_settings, option
-from app_common.records import flat_record, report_folder
-from app_common.results import read_jsonl
+from app_common.records import report_folder
 from nerf_pinn.config import FAMILIES
 from nerf_pinn.layers import KINDS
 
@@ -70,10 +70,23 @@ class QuickConfig(RuntimeFields, OutputFields):
 
 @dataclass(frozen=True)
 class ReportConfig:
-    """``nerf-pinn report RESULTS``: the Markdown and CSV table of one family's results file."""
+    """``nerf-pinn report RESULTS...``: the table of one family's records and the paper-vs-ours figure.
 
-    results: Path = field(metadata={"help": "results.jsonl of one family (train, pinn, siren, nerf, quick)"})
+    The figure (`nerf_pinn.paper.plot_paper_figure`) draws each variant's metric, the mean over its seeds
+    with min-max bars, and its parameters over the dense model's, next to what the RaLiMP paper states.
+    """
+
+    results: tuple[Path, ...] = field(
+        metadata={
+            "help": "results.jsonl files, record.json files, --out folders (every seed's runs/*/record.json "
+            "and the log.jsonl of unfinished runs) or <kind>.log.jsonl logs, of one family",
+            "metavar": "RESULTS",
+        }
+    )
     report_dir: Path | None = option("report_dir", None)
+    figure: Path | None = field(
+        default=None, metadata={"help": "the paper-vs-ours PNG (default: paper.png in the report folder)"}
+    )
 
 
 @dataclass(frozen=True)
@@ -136,18 +149,21 @@ def _quick(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     from nerf_pinn.experiment import results_table, write_csv
+    from nerf_pinn.paper import family_of, load_runs, plot_paper_figure, results_inputs
 
     config = cli.command_config(args)
-    records = [flat_record(r) for r in read_jsonl(config.results)]
+    records, unfinished = load_runs(config.results)
     if not records:
-        raise ValueError(f"{config.results}: no results yet")
-    metric = family_class(records[0]["family"]).metric
-    out = report_folder(config.results, config.report_dir)
+        raise ValueError(f"RESULTS: no finished record in {', '.join(map(str, config.results))} yet")
+    metric = family_class(family_of(records)).metric
+    out = report_folder(results_inputs(config.results), config.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(records, metric)
     (out / "results.md").write_text(table + "\n")
     write_csv(records, metric, out / "results.csv")
+    figure = plot_paper_figure(records, unfinished, config.figure or out / "paper.png")
     print(table)
+    print(f"figure: {figure}")
 
 
 def _scene(args: argparse.Namespace) -> None:
@@ -184,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = cli.add_command(commands, name, cls, _run_family, help=f"{helps[name]} (train --family {name})")
         sub.set_defaults(family=name)
     cli.add_command(commands, "quick", QuickConfig, _quick, help="offline demo: the PINN family, small")
-    cli.add_report_command(commands, ReportConfig, _report, help="the table of a results file")
+    cli.add_report_command(commands, ReportConfig, _report, help="the table and the paper-vs-ours figure")
     cli.add_list_command(
         commands,
         {"families": lambda: FAMILIES, "layers": lambda: KINDS},

@@ -41,11 +41,20 @@ class Family(abc.ABC):
     name: str
     #: Name of the task metric in the records and the table.
     metric: str
+    #: The metric's axis label in figures.
+    metric_label: str
+    #: Whether a lower metric is better (figures draw it on a log scale).
+    metric_lower_is_better: bool = False
 
     def __init_subclass__(cls, *, name: str, metric: str, **kwargs: Any) -> None:
         """Name and metric as class keywords: ``class SirenFamily(Family, name="siren", metric="psnr")``."""
         super().__init_subclass__(**kwargs)
         cls.name, cls.metric = name, metric
+
+    @classmethod
+    def metric_from_loss(cls, train_loss: float) -> float | None:
+        """The metric a training loss bounds (an unfinished run's last step); None: the loss bounds none."""
+        return None
 
     def __init__(self, config: CompareConfig) -> None:
         self.config = config
@@ -211,9 +220,14 @@ def metric_cell(record: dict[str, Any], metric: str) -> str:
 
 
 def results_table(records: list[dict], metric: str) -> str:
-    """The Markdown table of one family's records (a variant whose loss became non-finite: where)."""
+    """The Markdown table of one family's records (a variant whose loss became non-finite: where).
+
+    Records of several seeds get a seed column.
+    """
+    seeds = len({r.get("seed") for r in records}) > 1
     header = [
         "variant",
+        *(["seed"] if seeds else []),
         metric,
         "params (train)",
         "params (inference)",
@@ -224,6 +238,7 @@ def results_table(records: list[dict], metric: str) -> str:
     rows = [
         [
             r["kind"],
+            *([str(r["seed"])] if seeds else []),
             metric_cell(r, metric),
             str(r["params"]),
             str(r["inference_params"]),
@@ -248,6 +263,7 @@ def write_csv(records: list[dict], metric: str, path: Path) -> Path:
         "train_seconds",
         "initial_loss",
         "final_loss",
+        "seed",
     ]
     return app_common.results.write_csv(path, columns, ([r[c] for c in columns] for r in records))
 
@@ -277,6 +293,7 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
             {
                 "family": family.name,
                 "kind": kind,
+                "seed": config.seed,
                 "departures": config.departures(kind, model),
                 family.metric: evaluation[family.metric],
                 **{k: v for k, v in evaluation.items() if k not in ("outputs", family.metric)},
@@ -307,7 +324,9 @@ def compare(family: Family, *, on_checkpoint: Callable[[int], None] | None = Non
     results.unlink(missing_ok=True)
     for record in records:
         metrics = {family.metric: record[family.metric], "time_ratio": record["time_ratio"]}
-        details = {k: v for k, v in record.items() if k not in (*metrics, "train_seconds", "diverged_at")}
+        details = {
+            k: v for k, v in record.items() if k not in (*metrics, "seed", "train_seconds", "diverged_at")
+        }
         full = trainers[record["kind"]].record(config, metrics=metrics, details=details)
         if record["kind"] == DENSE and config.dense_from is not None:
             app_common.results.append_jsonl(results, full)  # the restored run's own folder stays as it is

@@ -112,6 +112,8 @@ def render_rays(
 class NerfFamily(Family, name="nerf", metric="psnr"):
     """The NeRF family of `nerf_pinn.experiment.compare`."""
 
+    metric_label = "held-out PSNR (dB)"
+
     def __init__(self, config: NerfConfig) -> None:
         super().__init__(config)
         self.config: NerfConfig = config

@@ -157,6 +157,9 @@ class ScipyLBFGSB(torch.optim.LBFGS):
 class PinnFamily(Family, name="pinn", metric="relative_l2"):
     """The PINN family of `nerf_pinn.experiment.compare`."""
 
+    metric_label = "relative L2 error (lower is better)"
+    metric_lower_is_better = True
+
     def __init__(self, config: PinnConfig) -> None:
         super().__init__(config)
         self.config: PinnConfig = config
