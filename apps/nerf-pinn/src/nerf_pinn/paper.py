@@ -341,7 +341,8 @@ def _draw_size(ax: Any, groups: Sequence[Variant], dense: Variant | None) -> Non
                 )
     else:
         ax.text(0.5, 0.5, "no finished dense record: no ratio of ours", ha="center", transform=ax.transAxes)
-    ax.set_xticks(range(len(groups)), [v.label for v in groups], fontsize=7)
+    ticks = [v.label if v.params is not None else f"{v.label}\nno record" for v in groups]
+    ax.set_xticks(range(len(groups)), ticks, fontsize=7)
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.axhline(1.0, color="0.6", lw=0.8)
     ax.set_ylim(0, 1.45)  # room for the legend above the bars
