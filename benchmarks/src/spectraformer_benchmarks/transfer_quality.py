@@ -118,6 +118,14 @@ def errors(
     return list(losses.floats()), float((logits - teacher_logits).pow(2).mean())
 
 
+def converted(teacher: torch.nn.Module, row: Row, features: int) -> torch.nn.Module:
+    """A copy of ``teacher`` linearized as ``row`` says (seed 0), ``features`` columns per head."""
+    model = copy.deepcopy(teacher)
+    return rf_attention.hf.linearize(
+        model, row.name, num_features=row.rows_of_w(features), seed=0, **row.linearize
+    )
+
+
 def measure(row: Row, args: argparse.Namespace) -> dict[str, Any]:
     """One row: the cuts of each layer's MSE and of the logits' MSE on the held-out batch."""
     teacher = peaked_llama()
@@ -126,10 +134,7 @@ def measure(row: Row, args: argparse.Namespace) -> dict[str, Any]:
     batches = [torch.randint(0, VOCAB, (args.batch, CONTEXT), generator=generator) for _ in range(args.steps)]
     with torch.no_grad():
         teacher_logits = teacher(held_out).logits
-    model = copy.deepcopy(teacher)
-    rf_attention.hf.linearize(
-        model, row.name, num_features=row.rows_of_w(args.features), seed=0, **row.linearize
-    )
+    model = converted(teacher, row, args.features)
     layers_before, logits_before = errors(model, held_out, teacher_logits)
     start = time.perf_counter()
     report = attention_transfer(model, batches, steps=args.steps, **row.transfer)
