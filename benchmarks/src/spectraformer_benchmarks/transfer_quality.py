@@ -12,9 +12,12 @@ that compounds through the layers). A cut is ``1 - after / before``.
 
 The rows: the library's defaults (``linearize``'s per-head input maps, ``attention_transfer``'s peak lr,
 cosine schedule with warmup), the earlier defaults (no input maps, constant lr 1e-2), the defaults without
-input maps, the defaults plus the attention-weight divergence (Hedgehog's loss), and the learned-map
+input maps, the defaults plus the attention-weight divergence (Hedgehog's loss), the learned-map
 baselines ``hedgehog`` and ``t2r`` with the defaults, at the same feature width as the random pair
-(``--features`` columns).
+(``--features`` columns), and the sliding-window hybrid (``linearize``'s ``window=8``: the last 8
+positions by exact softmax weights) of ``posrf-orf`` and of ``hedgehog`` (with LoLCATs' learned factor).
+The last column divides each error after transfer by that of the first row (the defaults), per layer and
+for the logits.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ ROWS = [
     ),
     Row("hedgehog, defaults", "hedgehog", lambda width: width // 2),  # [softmax(xW), softmax(-xW)]: 2 s
     Row("t2r, defaults", "t2r", lambda width: width),
+    Row("posrf-orf, defaults, window 8", "posrf-orf", lambda width: width, {"window": 8}),
+    Row("hedgehog, defaults, window 8", "hedgehog", lambda width: width // 2, {"window": 8}),
 ]
 
 
@@ -113,6 +118,14 @@ def errors(
     return list(losses.floats()), float((logits - teacher_logits).pow(2).mean())
 
 
+def converted(teacher: torch.nn.Module, row: Row, features: int) -> torch.nn.Module:
+    """A copy of ``teacher`` linearized as ``row`` says (seed 0), ``features`` columns per head."""
+    model = copy.deepcopy(teacher)
+    return rf_attention.hf.linearize(
+        model, row.name, num_features=row.rows_of_w(features), seed=0, **row.linearize
+    )
+
+
 def measure(row: Row, args: argparse.Namespace) -> dict[str, Any]:
     """One row: the cuts of each layer's MSE and of the logits' MSE on the held-out batch."""
     teacher = peaked_llama()
@@ -121,10 +134,7 @@ def measure(row: Row, args: argparse.Namespace) -> dict[str, Any]:
     batches = [torch.randint(0, VOCAB, (args.batch, CONTEXT), generator=generator) for _ in range(args.steps)]
     with torch.no_grad():
         teacher_logits = teacher(held_out).logits
-    model = copy.deepcopy(teacher)
-    rf_attention.hf.linearize(
-        model, row.name, num_features=row.rows_of_w(args.features), seed=0, **row.linearize
-    )
+    model = converted(teacher, row, args.features)
     layers_before, logits_before = errors(model, held_out, teacher_logits)
     start = time.perf_counter()
     report = attention_transfer(model, batches, steps=args.steps, **row.transfer)
@@ -143,20 +153,29 @@ def cut(before: float, after: float) -> str:
     return f"{1 - after / before:.0%}"
 
 
+def after_transfer(result: dict[str, Any]) -> list[float]:
+    """Each layer's MSE and the logits' MSE after transfer, in that order."""
+    return [after for _, after in [*result["layers"], result["logits"]]]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the table (Markdown) and the command and machine that made it."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     lines = [
-        "| conversion | MSE cut per layer (before -> after) | logits MSE cut (before -> after) | skipped |",
-        "|---|---|---|---|",
+        "| conversion | MSE cut per layer (before -> after) | logits MSE cut (before -> after) | skipped "
+        "| after / defaults' after (per layer / logits) |",
+        "|---|---|---|---|---|",
     ]
+    reference: list[float] = []
     for row in ROWS:
         result = measure(row, args)
         layers = " / ".join(f"{cut(b, a)} ({b:.4f} -> {a:.4f})" for b, a in result["layers"])
         before, after = result["logits"]
         logits = f"{cut(before, after)} ({before:.4f} -> {after:.4f})"
-        lines.append(f"| {row.label} | {layers} | {logits} | {result['skipped']} |")
+        reference = reference or after_transfer(result)
+        ratios = " / ".join(f"{a / r:.2f}" for a, r in zip(after_transfer(result), reference, strict=True))
+        lines.append(f"| {row.label} | {layers} | {logits} | {result['skipped']} | {ratios} |")
         print(lines[-1], flush=True)
     print()
     print("\n".join(lines))
