@@ -120,3 +120,9 @@ def test_attention_transfer_trains_a_learned_maps_window_factor(tiny_llama):
     report = attention_transfer(model, llama_batches(), steps=10)
     assert all(torch.isfinite(torch.tensor(report.losses)))
     assert all(not torch.equal(f.detach(), s) for f, s in zip(factors, start, strict=True))
+
+
+def test_attention_transfer_refuses_a_window_that_covers_every_position(tiny_llama):
+    model = rf_hf.linearize(tiny_llama("sdpa"), "posrf-orf", num_features=8, seed=0, window=10_000)
+    with pytest.raises(ValueError, match="window"):
+        attention_transfer(model, llama_batches(), steps=2)

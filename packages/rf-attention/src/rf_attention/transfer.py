@@ -589,6 +589,12 @@ def attention_transfer(
                 _forward(model, batch, device, losses)
                 losses.attention_rows = 0
                 total = losses.total(attention_weight)
+                if not total.requires_grad:
+                    raise ValueError(
+                        "batches: no attention output depends on the feature maps (each layer's window "
+                        "covers every position of these sequences), so there is nothing to transfer; "
+                        "use sequences longer than the window"
+                    )
                 optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 norm = torch.nn.utils.clip_grad_norm_(trained, max_grad_norm or math.inf)
