@@ -647,7 +647,7 @@ def plot_gap_closed(summaries: list[dict[str, Any]], path: Path) -> Path:
         range(len(summaries)), [f"{s['attention']}\nw={s['window']}" for s in summaries], fontsize=7
     )
     ax.set_ylabel("swap-to-teacher gap closed (%)")
-    ax.set_title("Converting the GPT's attention: gap closed (bars: mean, lines: seed range)")
+    ax.set_title("Gap closed per row (bars: mean over seeds, lines: their range)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     figure.tight_layout()
