@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import shutil
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from app_common.checkpoint import load_checkpoint
-from app_common.records import CHECKPOINT, finished_record, run_dir
+from app_common.records import CHECKPOINT, RECORD, finished_record, run_dir
 from app_common.results import read_jsonl
 from gpt_uptrain import GPT, GPTConfig, TokenData, build_model, cli, prepare
 from gpt_uptrain import linearize_attention as lin
@@ -242,6 +243,26 @@ def test_a_shard_reports_only_rows_whose_runs_all_finished(experiment, tmp_path,
     assert not (out / lin.RESULTS).read_text().strip()
     text = (out / f"{lin.TABLE}.md").read_text()
     assert "Not finished yet: trigrf-orf window 0" in text
+    assert "ms/token: timed once every row has finished" in text  # this call trained: nothing timed
+
+
+def test_a_call_that_trains_nothing_reports_and_times_the_finished_rows(experiment, tmp_path):
+    root, args = experiment
+    out = tmp_path / "partial"
+    shutil.copytree(root / "out", out)
+    (out / lin.MEASURED).unlink()
+    config = config_of(root, out=out)
+    refused = {row: lin.transfer_refusal(*row) for row in ROWS}
+    cells = list(lin.variant_runs(config, root / "data", root / "gpt2", refused))
+    index = cells.index(("hedgehog", 8, SEEDS[1], "transfer_finetune"))
+    unfinished = config.variant(("hedgehog", 8), SEEDS[1], "transfer_finetune", root / "data", root / "gpt2")
+    (run_dir(out, run_name(unfinished)) / RECORD).unlink()
+    shard_args = [a if a != str(root / "out") else str(out) for a in args]
+    assert main([*shard_args, *FLAGS, "--shard", f"{(index + 1) % 2}/2"]) == 0  # the other shard's cells
+    reported = {(r["attention"], r["window"]): r for r in read_jsonl(out / lin.RESULTS)}
+    assert sorted(reported) == sorted(ROWS[:3])
+    assert all(r["decode_ms"]["32"] > 0 for r in reported.values())
+    assert "Not finished yet: hedgehog window 8." in (out / f"{lin.TABLE}.md").read_text()
 
 
 def test_the_old_command_name_says_it_is_deprecated_and_runs_the_same_command(monkeypatch, capsys):

@@ -600,7 +600,10 @@ def caption(
             "on the weights)."
         )
     else:
-        lines.append("ms/token: timed once every row of the grid has finished (no run competes for the CPU).")
+        lines.append(
+            "ms/token: timed once every row has finished, or by a call that trains nothing (run the command "
+            "again once every shard is done), so that no run of the grid competes for the CPU."
+        )
     lines += [
         f"{r['attention']} window {r['window']}: transfer refused: {r['refused']['transfer_finetune']}"
         for r in summaries
@@ -688,7 +691,7 @@ def linearize_attention(config: LinearizeAttentionConfig) -> str:
     data, teacher = prepare_teacher(config)
     refused = {row: transfer_refusal(*row) for row in config.rows}
     runs = variant_runs(config, data, teacher, refused)
-    run_grid(
+    outcome = run_grid(
         list(runs.values()),
         train,
         place=_place,
@@ -738,7 +741,7 @@ def linearize_attention(config: LinearizeAttentionConfig) -> str:
             summarize_row(row, config.seeds, records, swap, teacher_summary["val_loss"], refused[row])
         )
     teacher_ms = None
-    if not missing:  # timed once no run of the grid competes for the CPU
+    if not missing or not (outcome.ran or outcome.failed):  # no run of the grid competes for the CPU
         teacher_ms = {
             str(c): measured(
                 cache,
