@@ -5,9 +5,9 @@ Subcommands:
 - ``prepare [FILES...] --out DIR --tokenizer char|byte|gpt2``: nanoGPT's train.bin/val.bin from text files;
 - ``train --data DIR [--weights HF_FOLDER] --layer ralimp --last-k K``: one run (``torchrun`` for DDP);
 - ``quick``: a small character-level model on Python's stdlib sources, dense and each replacement, on CPU;
-- ``linearize-attention``: a softmax teacher's attention (quick's, or ``--weights HF_FOLDER``) converted to
-  each RF pair: swap, swap + fine-tune, attention transfer + fine-tune at equal steps (``linearize`` is
-  its deprecated old name);
+- ``linearize-attention``: a softmax teacher's attention (trained here, or ``--weights HF_FOLDER``) converted
+  to each RF pair or learned map, plain and with sliding windows, over seeds: swap, swap + fine-tune,
+  attention transfer + fine-tune at equal steps (``linearize`` is its deprecated old name);
 - ``sample CHECKPOINT``: generate text from a run's checkpoint.pt or an HF GPT-2 folder (``--attention``);
 - ``report RESULTS``: the validation perplexity table (Markdown, CSV) and the loss curves (PNG);
 - ``list layers|attentions``: the MLP replacement kinds or the attention names (causal ones only work).
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "linearize-attention",
         LinearizeAttentionConfig,
         _linearize_attention,
-        help="convert a softmax teacher's attention to RF attention pairs (the MLPs stay dense)",
+        help="convert a softmax teacher's attention to RF pairs or learned maps (the MLPs stay dense)",
     )
     add_command(
         commands,

@@ -17,9 +17,10 @@ step, seed 1337, validation perplexity after 30k steps averaged over 200 batches
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from app_common.fields import (
     EvalFields,
@@ -32,7 +33,7 @@ from app_common.fields import (
     option,
 )
 from app_common.records import RESULTS
-from gpt_uptrain.model import INITS, GPTConfig, is_random_feature
+from gpt_uptrain.model import INITS, GPTConfig, has_feature_map
 
 #: GPT-2 Large, the paper's model (its vocabulary comes from the data).
 GPT2_LARGE = GPTConfig(block_size=1024, n_layer=36, n_head=20, n_embd=1280, seed=1337)
@@ -56,6 +57,8 @@ class TrainConfig(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("results", "name", "compile", "memory_check")
+    #: ``model.attention_window`` came after runs were recorded: at 0 they keep their names and resume.
+    ADDED_SETTINGS: ClassVar[Mapping[str, Any]] = {"attention_window": 0}
 
     data: Path = field(
         default=Path("data/openwebtext"), metadata={"help": "folder with train.bin, val.bin, meta.json"}
@@ -106,10 +109,10 @@ class TrainConfig(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
             raise ValueError(f"model: expected a GPTConfig, got {type(self.model).__name__}")
         check_int_fields(self, "batch_size", "gradient_accumulation_steps", "eval_every", "eval_batches")
         check_int_fields(self, "warmup_steps", "transfer_steps", minimum=0)
-        if self.transfer_steps and not is_random_feature(self.model.attention):
+        if self.transfer_steps and not has_feature_map(self.model.attention):
             raise ValueError(
-                "--transfer-steps: attention transfer needs a random-feature --attention "
-                f"('<component>-<matrix>'), got {self.model.attention!r}"
+                "--transfer-steps: attention transfer needs an --attention with a feature map "
+                f"('<component>-<matrix>', 'hedgehog', 't2r'), got {self.model.attention!r}"
             )
         if not 0 < self.min_lr <= self.lr:
             raise ValueError(f"--min-lr: expected 0 < min_lr <= lr={self.lr}, got {self.min_lr}")

@@ -5,7 +5,9 @@ with two places where a part can be swapped:
 
 - the attention of every block is ``rf_attention.create(config.attention, ..., causal=True)``: ``"softmax"``
   is exact causal attention (``scaled_dot_product_attention``), any ``"<component>-<matrix>"`` name a causal
-  random-feature attention that is O(N) and strictly causal;
+  random-feature attention that is O(N) and strictly causal, ``"hedgehog"`` or ``"t2r"`` a learned map;
+  ``config.attention_window`` makes it the sliding-window hybrid (exact softmax weights on the last
+  ``attention_window`` positions);
 - the MLP of the last ``last_k`` blocks becomes a linearized layer of ``ralimp`` (``config.layer``:
   ``"ralimp"``, ``"eugen"``, ``"snnk"``, ``"lowrank"``) made by ``ralimp.create`` at the feature budget
   ``config.features`` from the block's ``c_fc`` (random for training from scratch, pretrained when
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,7 @@ import rf_attention
 from app_common.fields import RaLiMPFields, option
 from app_common.schedules import param_groups
 from gpt_uptrain import hf
+from rf_attention.registry import feature_pair
 from spectraformer_core import check_int
 
 #: The activation of GPT-2's MLP (HF's ``gelu_new``), as ``ralimp`` registers it: the replacements fit it.
@@ -64,9 +68,13 @@ REPLACEMENT_FIELDS = ("layer", "last_k", "features", "weight_matrix", "fit", "nu
 INITS = ("lstsq", "psi")
 
 
-def is_random_feature(attention: str) -> bool:
-    """True for an attention name whose feature maps can be learned (a pair, or ``performer``)."""
-    return attention == "performer" or rf_attention.split_pair(attention) is not None
+def has_feature_map(attention: str) -> bool:
+    """True for an attention name with a feature map that can be learned.
+
+    A ``"<component>-<matrix>"`` pair, ``performer``, or a learned map (``hedgehog``, ``t2r``: the names
+    ``rf_attention.registry.feature_pair`` knows).
+    """
+    return attention.lower() == "performer" or feature_pair(attention) is not None
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,11 @@ class GPTConfig(RaLiMPFields):
         bias: biases in the linear layers and LayerNorms (GPT-2 has them).
         layer_norm_epsilon: LayerNorm epsilon.
         attention: an ``rf_attention`` name, used causally.
-        attention_features: random features of an RF attention (ignored by ``softmax``).
+        attention_features: random features of an RF attention, rows of a learned map's projection
+            (ignored by ``softmax``).
+        attention_window: the sliding-window hybrid's window (``rf_attention.create(..., window=w)``): the
+            last ``w`` positions weighted by exact softmax weights, earlier ones by the feature map
+            (a learned map's two parts mixed by its learned factor); 0: none.
         learnable_attention: an RF attention's feature maps are learned, one weight matrix per head
             (``rf_attention.create(..., learnable=True)``; what attention transfer trains).
         layer: the MLP replacement: ``"dense"`` (none) or a ``ralimp`` kind (``ralimp``, ``eugen``, ``snnk``,
@@ -106,6 +118,9 @@ class GPTConfig(RaLiMPFields):
     layer_norm_epsilon: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
     attention: str = option("attention", "softmax", help="every block's, used causally")
     attention_features: int = option("attention_features", 128)
+    attention_window: int = field(
+        default=0, metadata={"help": "exact softmax on the last positions of an RF attention (0: none)"}
+    )
     learnable_attention: bool = field(
         default=False, metadata={"help": "learned per-head feature maps of an RF attention"}
     )
@@ -123,10 +138,11 @@ class GPTConfig(RaLiMPFields):
         super().__post_init__()
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "attention_features"):
             check_int(name, getattr(self, name), minimum=1)
-        if self.learnable_attention and not is_random_feature(self.attention):
+        check_int("attention_window", self.attention_window, minimum=0)
+        if self.learnable_attention and not has_feature_map(self.attention):
             raise ValueError(
-                f"learnable_attention: needs a random-feature attention ('<component>-<matrix>'), got "
-                f"{self.attention!r}"
+                "learnable_attention: needs an attention with a feature map ('<component>-<matrix>', "
+                f"'hedgehog', 't2r'), got {self.attention!r}"
             )
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head: expected a divisor of n_embd={self.n_embd}, got {self.n_head}")
@@ -196,6 +212,7 @@ class Block(nn.Module):
             seed=config.seed + index,
             bias=config.bias,
             **({"learnable": True} if config.learnable_attention else {}),
+            **({"window": config.attention_window} if config.attention_window else {}),
         )
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.mlp = MLP(config)
@@ -362,6 +379,25 @@ class GPT(nn.Module):
         each new token costs one position (O(1) for RF attention, a KV-cache lookup for softmax). Once the
         sequence outgrows ``block_size``, the positions run out, and each token re-prefills the last
         ``block_size`` tokens, as nanoGPT's cropping does. Equal to rerunning the model on the context.
+        The tokens are `stream`'s.
+        """
+        new = self.stream(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+        return torch.cat([idx, *new], dim=1)
+
+    @torch.no_grad()
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """`generate`'s new tokens one at a time, each ``(B, 1)`` as soon as it is sampled.
+
+        The first comes after the prefill of ``idx``, each later one after one decoding step (so a caller
+        can time the steps apart from the prefill).
         """
         if temperature <= 0:
             raise ValueError(f"temperature: expected a value > 0, got {temperature!r}")
@@ -379,8 +415,9 @@ class GPT(nn.Module):
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")
             probs = F.softmax(logits, dim=-1)
-            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
-        return idx
+            token = torch.multinomial(probs, 1, generator=generator)
+            idx = torch.cat([idx, token], dim=1)
+            yield token
 
     def decode(
         self, idx: torch.Tensor, positions: torch.Tensor, states: list | None = None

@@ -203,7 +203,14 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
                 f"data: its {data.vocab_size}-token vocabulary does not fit the pretrained model's "
                 f"{pretrained['vocab_size']} (prepare it with --tokenizer gpt2)"
             )
-        kept = ("dropout", "attention", "attention_features", "learnable_attention", "seed")
+        kept = (
+            "dropout",
+            "attention",
+            "attention_features",
+            "attention_window",
+            "learnable_attention",
+            "seed",
+        )
         model = GPT.from_pretrained(
             config.weights, block_size=dense.block_size, **{name: getattr(dense, name) for name in kept}
         )
