@@ -186,3 +186,22 @@ def test_too_long_input_is_refused():
     model = GPT(GPTConfig(**TINY))
     with pytest.raises(ValueError, match="longer than block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_input_maps_start_at_the_identity_and_only_with_learned_maps_asked_for():
+    shape = {
+        "block_size": 16,
+        "vocab_size": 11,
+        "n_layer": 1,
+        "n_head": 2,
+        "n_embd": 16,
+        "attention": "posrf-orf",
+    }
+    plain = GPT(GPTConfig(**shape, learnable_attention=True))
+    mapped = GPT(GPTConfig(**shape, learnable_attention=True, attention_input_map=True))
+    mapped.load_state_dict(plain.state_dict(), strict=False)
+    names = {n for n, _ in mapped.named_parameters()} - {n for n, _ in plain.named_parameters()}
+    assert names
+    assert all("query_map" in n or "key_map" in n for n in names)
+    tokens = torch.randint(0, 11, (2, 16))
+    torch.testing.assert_close(mapped(tokens)[0], plain(tokens)[0], rtol=1e-5, atol=1e-6)

@@ -57,8 +57,9 @@ class TrainConfig(RuntimeFields, OptimizerFields, EvalFields, OutputFields):
     """
 
     MAY_CHANGE_ON_RESUME: ClassVar[tuple[str, ...]] = ("results", "name", "compile", "memory_check")
-    #: ``model.attention_window`` came after runs were recorded: at 0 they keep their names and resume.
-    ADDED_SETTINGS: ClassVar[Mapping[str, Any]] = {"attention_window": 0}
+    #: ``model.attention_window`` and ``model.attention_input_map`` came after runs were recorded: at 0 and
+    #: False they keep their names and resume.
+    ADDED_SETTINGS: ClassVar[Mapping[str, Any]] = {"attention_window": 0, "attention_input_map": False}
 
     data: Path = field(
         default=Path("data/openwebtext"), metadata={"help": "folder with train.bin, val.bin, meta.json"}

@@ -103,6 +103,10 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
         metadata={"help": "sliding windows of exact softmax (0: none): a row per attention each"},
     )
     attention_features: int = option("attention_features", 64)
+    input_map: bool = field(
+        default=True,
+        metadata={"help": "per-head learned linear maps of q and k before the features (identity at start)"},
+    )
     seeds: tuple[int, ...] = field(
         default=(QUICK_RUN.seed,),
         metadata={"help": "seeds of the variants (feature draws, batch order); the teacher is one model"},
@@ -217,6 +221,7 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
                 attention_window=window,
                 attention_features=self.attention_features,
                 learnable_attention=True,
+                attention_input_map=self.input_map,
                 seed=seed,
             ),
             batch_size=self.batch_size,

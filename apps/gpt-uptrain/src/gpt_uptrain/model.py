@@ -98,6 +98,8 @@ class GPTConfig(RaLiMPFields):
             (a learned map's two parts mixed by its learned factor); 0: none.
         learnable_attention: an RF attention's feature maps are learned, one weight matrix per head
             (``rf_attention.create(..., learnable=True)``; what attention transfer trains).
+        attention_input_map: with learned maps, a learned linear map of the queries and one of the keys per
+            head before the features, identity at the start (``rf_attention.create(..., input_map=True)``).
         layer: the MLP replacement: ``"dense"`` (none) or a ``ralimp`` kind (``ralimp``, ``eugen``, ``snnk``,
             ``lowrank``).
         last_k: replace the MLPs of the last ``last_k`` blocks; None: half of them (rounded up).
@@ -123,6 +125,10 @@ class GPTConfig(RaLiMPFields):
     )
     learnable_attention: bool = field(
         default=False, metadata={"help": "learned per-head feature maps of an RF attention"}
+    )
+    attention_input_map: bool = field(
+        default=False,
+        metadata={"help": "learned per-head linear maps of q and k before the features (identity at start)"},
     )
     layer: str = option("layer", "dense")
     last_k: int | None = option("last_k", None, help="default: half of the blocks")
@@ -212,6 +218,7 @@ class Block(nn.Module):
             seed=config.seed + index,
             bias=config.bias,
             **({"learnable": True} if config.learnable_attention else {}),
+            **({"input_map": True} if config.attention_input_map else {}),
             **({"window": config.attention_window} if config.attention_window else {}),
         )
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)

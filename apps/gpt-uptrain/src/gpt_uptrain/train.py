@@ -209,6 +209,7 @@ def build_model(config: TrainConfig, data: TokenData, device: torch.device) -> G
             "attention_features",
             "attention_window",
             "learnable_attention",
+            "attention_input_map",
             "seed",
         )
         model = GPT.from_pretrained(
