@@ -144,6 +144,18 @@ def test_variants_use_the_context_and_batch_and_take_equal_total_steps(experimen
         assert taken == {"swap_finetune": 4, "transfer_finetune": 4}
 
 
+def test_only_the_transfer_variant_depends_on_the_transfer_lr(tmp_path):
+    names = {}
+    for lr in (1e-2, 3e-2):
+        config = config_of(tmp_path, transfer_lr=lr)
+        names[lr] = {
+            v: run_name(config.variant(("hedgehog", 0), 0, v, tmp_path / "data", tmp_path / "gpt2"))
+            for v in lin.TRAINED
+        }
+    assert names[1e-2]["swap_finetune"] == names[3e-2]["swap_finetune"]
+    assert names[1e-2]["transfer_finetune"] != names[3e-2]["transfer_finetune"]
+
+
 def test_entropy_of_causal_attention_matches_a_hand_computed_case():
     # One head, three positions, Dh = 1 with scale 1: scores q_i * k_j.
     q = torch.tensor([[0.0], [1.0], [2.0]], dtype=torch.float64)

@@ -202,7 +202,9 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
 
         Every variant has the same learnable per-head feature maps (initialized by the seed's draws), so
         the variants of a seed differ only in the transfer stage. ``context`` and the batch are this
-        config's (the teacher's).
+        config's (the teacher's). A swap + FT run has no transfer stage: it carries the library's default
+        transfer lr, unused, so that its identity (and a finished run's reuse) does not depend on
+        ``--transfer-lr``.
         """
         attention, window = row
         transfer = self.transfer_steps if variant == "transfer_finetune" else 0
@@ -228,7 +230,7 @@ class LinearizeAttentionConfig(RuntimeFields, OutputFields, GridFields):
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             steps=steps,
             transfer_steps=transfer,
-            transfer_lr=self.transfer_lr,
+            transfer_lr=self.transfer_lr if transfer else rf_attention.transfer.DEFAULT_LR,
             warmup_steps=max(1, round(0.05 * steps)),
             lr=self.lr,
             min_lr=self.lr / 10,
