@@ -43,3 +43,20 @@ def test_the_last_column_divides_each_error_after_transfer_by_the_first_rows(mon
     assert len(first) == len(window) == len(ratios) == transfer_quality.LAYERS + 1
     # The printed errors have 4 decimals and the ratios 2: the ratios of the printed errors agree to 0.01.
     assert ratios == pytest.approx([w / f for w, f in zip(window, first, strict=True)], abs=1e-2)
+
+
+def test_lr_reaches_the_transfer_and_row_picks_rows_by_label(monkeypatch, capsys):
+    seen, transfer = [], transfer_quality.attention_transfer
+
+    def recording_transfer(model, batches, *, steps, **options):
+        seen.append(options)
+        return transfer(model, batches, steps=steps, **options)
+
+    monkeypatch.setattr(transfer_quality, "attention_transfer", recording_transfer)
+    label = transfer_quality.ROWS[1].label  # a row with its own lr: --lr wins over it
+    transfer_quality.main(["--steps", "1", "--batch", "2", "--features", "8", "--row", label, "--lr", "3e-3"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| posrf-orf")]
+    assert seen == [{**transfer_quality.ROWS[1].transfer, "lr": 3e-3}]
+    assert {line.split(" | ")[0] for line in rows} == {f"| {label}"}
+    with pytest.raises(SystemExit, match="--row"):
+        transfer_quality.main(["--row", "no such row"])

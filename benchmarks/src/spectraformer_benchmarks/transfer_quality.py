@@ -16,8 +16,9 @@ input maps, the defaults plus the attention-weight divergence (Hedgehog's loss),
 baselines ``hedgehog`` and ``t2r`` with the defaults, at the same feature width as the random pair
 (``--features`` columns), and the sliding-window hybrid (``linearize``'s ``window=8``: the last 8
 positions by exact softmax weights) of ``posrf-orf`` and of ``hedgehog`` (with LoLCATs' learned factor).
-The last column divides each error after transfer by that of the first row (the defaults), per layer and
-for the logits.
+The last column divides each error after transfer by that of the first row printed (the defaults), per
+layer and for the logits. ``--lr`` sets every row's peak lr (the guide's learning-rate table:
+``--row "posrf-orf, defaults" --lr 1e-2``), ``--row`` picks rows by label.
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16, help="sequences per transfer batch")
     parser.add_argument("--features", type=int, default=32, help="feature width per head")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="peak transfer lr of every row (default: each row's own)"
+    )
+    parser.add_argument(
+        "--row", action="append", default=None, help="only the row with this label (repeatable; default: all)"
+    )
     return parser.parse_args(argv)
 
 
@@ -137,7 +144,8 @@ def measure(row: Row, args: argparse.Namespace) -> dict[str, Any]:
     model = converted(teacher, row, args.features)
     layers_before, logits_before = errors(model, held_out, teacher_logits)
     start = time.perf_counter()
-    report = attention_transfer(model, batches, steps=args.steps, **row.transfer)
+    options = row.transfer | ({"lr": args.lr} if args.lr is not None else {})
+    report = attention_transfer(model, batches, steps=args.steps, **options)
     seconds = time.perf_counter() - start
     layers_after, logits_after = errors(model, held_out, teacher_logits)
     return {
@@ -168,7 +176,10 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---|",
     ]
     reference: list[float] = []
-    for row in ROWS:
+    rows = [row for row in ROWS if args.row is None or row.label in args.row]
+    if not rows:
+        raise SystemExit(f"--row: expected labels among {[row.label for row in ROWS]}, got {args.row}")
+    for row in rows:
         result = measure(row, args)
         layers = " / ".join(f"{cut(b, a)} ({b:.4f} -> {a:.4f})" for b, a in result["layers"])
         before, after = result["logits"]
