@@ -85,6 +85,23 @@ def test_every_row_reports_its_variants_over_the_seeds(experiment):
     assert (root / "out" / f"{lin.TABLE}.csv").is_file()
 
 
+def test_the_teacher_fine_tuned_like_the_variants_is_the_reference_in_the_report(experiment):
+    root, _ = experiment
+    config = config_of(root)
+    losses = []
+    for seed in SEEDS:
+        run = lin.teacher_finetune_run(config, seed, root / "data", root / "gpt2")
+        swap = config.variant(ROWS[0], seed, "swap_finetune", root / "data", root / "gpt2")
+        record = finished_record(root / "out", run_name(run))
+        assert record["config"]["model"]["attention"] == "softmax"
+        assert record["steps"] == swap.steps
+        assert record["config"]["model"]["block_size"] == 16
+        losses.append(record["metrics"]["val_loss"])
+    teacher = next(iter(summaries(root).values()))["teacher"]
+    assert teacher["finetuned_val_loss"]["seeds"] == losses
+    assert "The teacher fine-tuned like swap + FT" in (root / "out" / f"{lin.TABLE}.md").read_text()
+
+
 def test_trigrf_transfer_is_recorded_as_refused_and_its_other_variants_run(experiment):
     root, _ = experiment
     config = config_of(root)
@@ -251,7 +268,7 @@ def test_a_shard_reports_only_rows_whose_runs_all_finished(experiment, tmp_path,
     refused = {row: lin.transfer_refusal(*row) for row in ROWS}
     cells = lin.variant_runs(config_of(root), root / "data", root / "gpt2", refused)
     assert len(cells) == len(ROWS) * len(SEEDS) * 2 - len(WINDOWS) * len(SEEDS)  # trigrf's transfers refused
-    assert len(ran) == (len(cells) + 1) // 2  # every other cell
+    assert len(ran) == (len(SEEDS) + len(cells) + 1) // 2  # every other cell, the references first
     assert not (out / lin.RESULTS).read_text().strip()
     text = (out / f"{lin.TABLE}.md").read_text()
     assert "Not finished yet: trigrf-orf window 0" in text
