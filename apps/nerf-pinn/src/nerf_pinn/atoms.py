@@ -18,9 +18,9 @@ from typing import cast
 import torch
 
 import ralimp
-from nerf_pinn.cli import family_class
 from nerf_pinn.config import FAMILIES, PinnConfig, replaced_layers
 from nerf_pinn.experiment import Family
+from nerf_pinn.families import family_class
 from nerf_pinn.layers import FeedForward, stack_inputs
 from nerf_pinn.pinn import PINN, PinnFamily
 from spectraformer_core import markdown_table

@@ -36,6 +36,7 @@ from app_common.config import (
 from app_common.fields import OutputFields, RuntimeFields, group_settings, option
 from app_common.records import report_folder
 from nerf_pinn.config import FAMILIES
+from nerf_pinn.families import family_class
 from nerf_pinn.layers import KINDS
 
 
@@ -95,15 +96,6 @@ class CheckConfig:
 
     mat: Path = field(metadata={"help": "path of burgers_shock.mat (x: 256, t: 100, usol: 256 x 100)"})
     quadrature_nodes: int = field(default=100, metadata={"help": "Gauss-Hermite nodes"})
-
-
-def family_class(name: str):
-    """The `nerf_pinn.experiment.Family` subclass of family ``name`` (``pinn``, ``siren``, ``nerf``)."""
-    from nerf_pinn.nerf import NerfFamily
-    from nerf_pinn.pinn import PinnFamily
-    from nerf_pinn.siren import SirenFamily
-
-    return {"pinn": PinnFamily, "siren": SirenFamily, "nerf": NerfFamily}[name]
 
 
 def _run_family(args: argparse.Namespace) -> None:

@@ -368,7 +368,7 @@ def plot_paper_figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from nerf_pinn.cli import family_class
+    from nerf_pinn.families import family_class
 
     check_comparable(records)
     family = family_of(records)
