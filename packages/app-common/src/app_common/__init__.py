@@ -16,8 +16,9 @@ policy), `cli` (subcommands from their config class), `config` (frozen dataclass
 and TOML), `device` (device and precision), `distributed` (DistributedDataParallel from ``torchrun``'s
 environment, the distributed evaluation sums), `fields` (the vocabulary's field groups, run identity),
 `grid` (the one grid runner), `harness` (the `Trainer`), `measure` (timers, peak memory, parameter
-counts), `process` (child processes that die with their parent), `progress` (tqdm bars), `records` (the
-run record and layout), `results` (JSON lines, tables, seed aggregation), `run` (the `Run`: what exists
-before the model), `safetensors`, `schedules` (learning-rate schedules, weight-decay groups), `seeding`,
-`vocabulary` (the flags) and `testing` (the apps' shared test helpers). The package itself holds no names.
+counts), `plots` (pyplot on the Agg backend, saving a figure), `process` (child processes that die with
+their parent), `progress` (tqdm bars), `records` (the run record and layout), `results` (JSON lines,
+tables, seed aggregation), `run` (the `Run`: what exists before the model), `safetensors`, `schedules`
+(learning-rate schedules, weight-decay groups), `seeding`, `vocabulary` (the flags) and `testing` (the
+apps' shared test helpers). The package itself holds no names.
 """
