@@ -47,6 +47,7 @@ import torch
 
 import rf_attention
 from app_common.measure import PeakMemoryMeter, Timer, interleaved_medians
+from app_common.plots import pyplot, save_figure
 from spectraformer_benchmarks.common import (
     QUANTITIES,
     add_repeats_arguments,
@@ -532,10 +533,7 @@ def plot(results: list[dict], path: Path) -> None:
     ``path``: time against N, log-log, SDPA in each panel; ``<stem>_memory<suffix>`` beside it: peak memory
     over SDPA's at each length from ``MEMORY_MIN_LENGTH`` (bars, the goal as a line).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(dict.fromkeys(r["attention"] for r in results))
     families = list(dict.fromkeys(family(n) for n in names if n != "softmax"))
@@ -598,15 +596,11 @@ def plot(results: list[dict], path: Path) -> None:
 
 def _finish(fig: Any, axes: Any, used: int, ylabel: str, target: Path) -> None:
     """Hide the unused panels, label the first column, save ``fig`` at ``target``."""
-    import matplotlib.pyplot as plt
-
     for ax in axes.flat[used:]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
+    save_figure(fig, target, dpi=110)  # laid out by its constrained layout
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,6 +52,7 @@ from torch._subclasses.fake_tensor import (
 import rf_attention
 import rf_features
 from app_common.measure import PeakMemoryMeter, Timer
+from app_common.plots import pyplot, save_figure
 from spectraformer_benchmarks.common import (
     QUANTITIES,
     add_repeats_arguments,
@@ -360,10 +361,7 @@ def plot(folder: Path, path: Path) -> Path:
     ``torch.compile`` (``@inductor``, dashed, the pair's colour). Right: SDPA's time over each one's at the
     same N, the goals (0.8x at 1K, 6x at 8K, 12x at 16K) as crosses.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     measure = _load(folder, "measure.json") or {"results": []}
     times: dict[str, dict[int, float]] = {}
@@ -400,10 +398,7 @@ def plot(folder: Path, path: Path) -> Path:
     fig.suptitle(
         f"Causal, q/k/v (1, 4, N, 64), {FEATURES} features; {measure.get('machine', '-')}", fontsize=9
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)  # laid out by its constrained layout
 
 
 def main(argv: list[str] | None = None) -> None:

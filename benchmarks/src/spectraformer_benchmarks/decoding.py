@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 import rf_attention
+from app_common.plots import pyplot, save_figure
 from rf_attention.decoding import KVCache
 from spectraformer_benchmarks.common import command_line, machine
 
@@ -122,10 +123,7 @@ def _size(nbytes: int) -> str:
 
 def plot(results: list[dict], attentions: list[str], path: Path, title: str) -> None:
     """Per-token latency and state memory against the context, log-log."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for name in attentions:
@@ -141,9 +139,7 @@ def plot(results: list[dict], attentions: list[str], path: Path, title: str) -> 
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def tiny_llama(attn_implementation: str, max_positions: int):

@@ -47,6 +47,7 @@ from app_common.device import resolve_device
 from app_common.distributed import Distributed
 from app_common.fields import OutputFields, RuntimeFields, check_int_fields, option
 from app_common.grid import GridFields, run_grid
+from app_common.plots import pyplot, save_figure
 from app_common.records import CHECKPOINT, finished_record, run_dir
 from app_common.records import RESULTS as RUN_RESULTS
 from app_common.results import append_jsonl, write_table
@@ -655,10 +656,7 @@ def caption(
 
 def plot_gap_closed(summaries: list[dict[str, Any]], path: Path) -> Path:
     """Gap closed per row, swap + FT and transfer + FT side by side, error bars from least to largest seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(summaries) + 2), 4.2))
     width = 0.38
@@ -692,11 +690,7 @@ def plot_gap_closed(summaries: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("Gap closed per row (bars: mean over seeds, lines: their range)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=120)
 
 
 def _swap_loss(run: TrainConfig, data: TokenData, device: torch.device) -> float:

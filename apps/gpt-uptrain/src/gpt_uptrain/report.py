@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app_common.plots import pyplot, save_figure
 from app_common.records import flat_record, report_folder
 from app_common.results import read_jsonl, write_table
 
@@ -48,10 +49,7 @@ def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 def loss_curves(records: list[dict], path: Path) -> Path:
     """Training loss (thin) and validation loss (markers) against optimizer steps, one colour per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, ax = plt.subplots(figsize=(7, 4.2))
     latest = {r["label"]: r for r in records}
@@ -75,10 +73,7 @@ def loss_curves(records: list[dict], path: Path) -> Path:
     ax.set_title("Training (thin) and validation (markers) loss")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=120)
 
 
 def report(results: str | Path, out: str | Path | None = None) -> str:

@@ -26,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from app_common.plots import pyplot, save_figure
 from app_common.records import flat_record, report_folder
 from app_common.results import markdown_table, mean_and_std, read_jsonl, write_csv, write_table
 from layer_fit.config import ACTIVATIONS, PAPER_METHODS, FitConfig, ReportConfig, recorded_protocol
@@ -319,10 +320,7 @@ PLOT_TOP = 10.0
 
 def plot_bars(cells: dict, budget: int, path: Path) -> None:
     """Fig. 2 (left): grouped bars of the mean MSE per activation, one bar per method, std error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     activations, methods, _ = _axes(cells)
     activations = [a for a in activations if any((a, m, budget) in cells for m in methods)]
@@ -354,17 +352,12 @@ def plot_bars(cells: dict, budget: int, path: Path) -> None:
     ax.set_ylabel("train MSE (standardized)")
     ax.set_title(f"single-layer fit, budget {budget}")
     ax.legend(fontsize=8, ncols=min(len(methods), 5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def plot_budget(cells: dict, path: Path) -> None:
     """Fig. 2 (right): mean MSE against budget, one panel per swept activation, one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     _, methods, budgets = _axes(cells)
     activations = _swept(cells)
@@ -384,9 +377,7 @@ def plot_budget(cells: dict, path: Path) -> None:
         ax.set_title(activation)
     axes[0][0].set_ylabel("train MSE (standardized)")
     axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path, dpi=130)
 
 
 def claim_line(cells: dict, budget: int, method: str = "ralimp") -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import lra_data
 import rf_attention
+from app_common.plots import pyplot, save_figure
 from app_common.records import flat_record, report_folder
 from app_common.results import mean_and_std, read_jsonl, write_table
 from lra_bench.config import ReportConfig
@@ -180,12 +181,9 @@ def heatmaps(cells: dict, out: Path) -> list[Path]:
     has its own colour range (the paper fixes 20-40 for 10-class and 50-85 for 2-class tasks, which
     would wash out short runs).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     pairs = _pairs(cells)
     if not pairs:
         return []
@@ -213,11 +211,7 @@ def heatmaps(cells: dict, out: Path) -> list[Path]:
                         ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", color="w", fontsize=8)
             figure.colorbar(image, ax=ax, shrink=0.8)
         figure.suptitle(f"Test accuracy (%), {features} features")
-        figure.tight_layout()
-        path = out / f"figure4_f{features}.png"
-        figure.savefig(path, dpi=120)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(save_figure(figure, out / f"figure4_f{features}.png", dpi=120))
     return paths
 
 
@@ -233,10 +227,7 @@ def learning_curves(records: list[dict], path: Path) -> Path:
     a line with its test accuracy so far as a marker at its best step; the paper's mean +- std for the
     same attention is a band. Writes ``path`` (PNG) and returns it.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     latest = {r["run"]: r for r in records}
     figure, ax = plt.subplots(figsize=(7, 4.2))
@@ -266,11 +257,7 @@ def learning_curves(records: list[dict], path: Path) -> Path:
     ax.set_ylabel("accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=120)
 
 
 #: The attention features of the paper's Table 1.

@@ -27,6 +27,7 @@ from app_common.device import resolve_device
 from app_common.fields import run_identity
 from app_common.harness import Trainer
 from app_common.measure import count_parameters, interleaved_medians
+from app_common.plots import pyplot, save_figure
 from app_common.records import RESULTS
 from app_common.results import markdown_table, read_jsonl
 from app_common.run import Run
@@ -365,10 +366,7 @@ def train_variant(
 
 def plot_losses(records: list[dict], path: Path) -> Path:
     """Training loss curves of every variant (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for r in records:
@@ -377,7 +375,4 @@ def plot_losses(records: list[dict], path: Path) -> Path:
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from app_common.plots import pyplot, save_figure
 from app_common.seeding import seed_everything
 from nerf_pinn.config import NerfConfig, replaced_layers
 from nerf_pinn.experiment import Family
@@ -207,10 +208,7 @@ class NerfFamily(Family, name="nerf", metric="psnr"):
 
     def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
         """Held-out views: the ground truth (first row), then one row per variant."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         kinds = list(outputs)
         cols = len(self.scene.test)
@@ -230,8 +228,4 @@ class NerfFamily(Family, name="nerf", metric="psnr"):
         for ax in axes.flat:
             ax.set_xticks([])
             ax.set_yticks([])
-        fig.tight_layout()
-        path = out / "nerf.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return [path]
+        return [save_figure(fig, out / "nerf.png", dpi=110)]

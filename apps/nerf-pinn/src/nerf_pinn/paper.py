@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app_common.fields import may_change_on_resume
+from app_common.plots import pyplot, save_figure
 from app_common.records import LOG, RECORD, RESULTS, RUNS, flat_record
 from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
@@ -363,12 +364,9 @@ def plot_paper_figure(
         unfinished: runs without a record (`load_runs`).
         path: the PNG file.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from nerf_pinn.families import family_class
+
+    plt = pyplot()
 
     check_comparable(records)
     family = family_of(records)
@@ -396,12 +394,7 @@ def plot_paper_figure(
     note = [f"Paper (RaLiMP, Sec. 4): {paper.shown_in}; App. D.5 gives no sizes or steps. It states:"]
     note += [f"  - {s}" for s in paper.statements]
     fig.text(0.01, 0.01, "\n".join(note), fontsize=7, va="bottom", family="monospace")
-    fig.tight_layout(rect=(0, 0.05 + 0.025 * len(note), 1, 0.96))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110, rect=(0, 0.05 + 0.025 * len(note), 1, 0.96))
 
 
 def results_inputs(paths: Sequence[Path]) -> Path:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from app_common.device import autocast
+from app_common.plots import pyplot, save_figure
 from app_common.seeding import seed_everything
 from nerf_pinn.burgers import NU, T_RANGE, X_RANGE, burgers_residual, reference_grid
 from nerf_pinn.config import PinnConfig
@@ -237,10 +238,7 @@ class PinnFamily(Family, name="pinn", metric="relative_l2"):
 
     def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
         """Reference, then every variant's prediction and its absolute error, as heatmaps over ``(t, x)``."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         kinds = list(outputs)
         extent = [
@@ -270,7 +268,4 @@ class PinnFamily(Family, name="pinn", metric="relative_l2"):
         for ax in axes.flat:
             ax.set_xlabel("t")
             ax.set_ylabel("x")
-        path = out / "pinn.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return [path]
+        return [save_figure(fig, out / "pinn.png", dpi=110)]  # laid out by its constrained layout

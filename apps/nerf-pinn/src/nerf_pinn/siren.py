@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from app_common.plots import pyplot, save_figure
 from app_common.seeding import seed_everything
 from nerf_pinn.config import SirenConfig
 from nerf_pinn.experiment import Family
@@ -143,10 +144,7 @@ class SirenFamily(Family, name="siren", metric="psnr"):
 
     def plot(self, outputs: dict[str, Any], out: Path) -> list[Path]:
         """Ground truth beside every variant's reconstruction."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         kinds = list(outputs)
         fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(2.6 * (len(kinds) + 1), 2.9))
@@ -157,8 +155,4 @@ class SirenFamily(Family, name="siren", metric="psnr"):
             ax.set_title(f"{kind}: {psnr(outputs[kind], self.image):.1f} dB", fontsize=9)
         for ax in axes:
             ax.axis("off")
-        fig.tight_layout()
-        path = out / "siren.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return [path]
+        return [save_figure(fig, out / "siren.png", dpi=110)]

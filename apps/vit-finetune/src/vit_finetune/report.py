@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app_common.plots import pyplot, save_figure
 from app_common.records import flat_record, report_folder
 from app_common.results import read_jsonl, write_table
 from vit_finetune.config import ReportConfig
@@ -90,10 +91,7 @@ def table_rows(records: list[dict]) -> list[list[str]]:
 
 def plot_curves(records: list[dict], path: Path) -> None:
     """Training loss and evaluation accuracy against the step, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for r in records:
@@ -116,17 +114,12 @@ def plot_curves(records: list[dict], path: Path) -> None:
     ax_acc.legend(fontsize=8)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_accuracy_vs_k(records: list[dict], path: Path) -> None:
     """Accuracy against k per layer kind; the dense accuracy as a horizontal line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in records:
@@ -145,9 +138,7 @@ def plot_accuracy_vs_k(records: list[dict], path: Path) -> None:
     ax.set(xlabel="k (last blocks replaced)", ylabel="accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def report(config: ReportConfig) -> str:
