@@ -124,6 +124,7 @@ def plot(discretized: dict[str, DiscretizedFit], names: list[str], path: Path) -
     axes[1, 0].set_ylabel("|E y(t) - f(t)|  (dotted: node-wise)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
