@@ -29,6 +29,7 @@ from app_common.records import LOG, RECORD, RESULTS, RUNS, flat_record
 from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
 from nerf_pinn.experiment import format_metric, layer_settings
+from nerf_pinn.families import family_class
 from nerf_pinn.layers import DENSE, KINDS
 
 
@@ -364,8 +365,6 @@ def plot_paper_figure(
         unfinished: runs without a record (`load_runs`).
         path: the PNG file.
     """
-    from nerf_pinn.families import family_class
-
     plt = pyplot()
 
     check_comparable(records)
