@@ -56,7 +56,7 @@ def test_an_out_folder_gives_every_seeds_record_and_its_unfinished_runs_once(tmp
     records, unfinished = load_runs([out, out / "results.jsonl"])
     assert sorted(r["seed"] for r in records) == [0, 1, 2]
     (run,) = unfinished
-    assert (run.kind, run.seed, run.step, run.train_loss) == ("ralimp", 0, 2, 0.04)
+    assert (run.kind, run.label, run.seed, run.step, run.train_loss) == ("ralimp", "ralimp", 0, 2, 0.04)
     dense, ralimp = variants(records, unfinished, "psnr")
     assert dense.values == (30.0, 32.0, 33.5)
     assert dense.seeds == (0, 1, 2)
@@ -77,6 +77,30 @@ def test_the_logs_the_repository_keeps_beside_a_results_file_count_only_where_no
         load_runs([tmp_path / "mlp.log.jsonl"])
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_runs([tmp_path / "absent.jsonl"])
+
+
+def test_an_unfinished_run_joins_the_variant_its_identity_names_not_only_its_kind(tmp_path):
+    out = tmp_path / "pinn"
+    write_run(out, record("ralimp", 0, 0.01, family="pinn"), losses=[1.0, 0.1])
+    write_run(out, name="ralimp-s0-89abcdef", losses=[1.0, 0.5])  # the paper layout, same seed
+    identity = {"family": "pinn", "kind": "ralimp", "fit": "paper", "steps": 500}
+    (out / "runs" / "ralimp-s0-89abcdef" / "identity.json").write_text(json.dumps(identity))
+    records, unfinished = load_runs([out])
+    ((run,), (default, paper)) = unfinished, variants(records, unfinished, "relative_l2")
+    assert (run.label, run.seed, run.step) == ("ralimp, paper layout", 0, 2)
+    assert (default.label, default.values, default.unfinished) == ("ralimp", (0.01,), ())
+    assert (paper.label, paper.values, paper.unfinished) == ("ralimp, paper layout", (), (run,))
+    # as the repository keeps it: <name>.log.jsonl and <name>.identity.json beside the records
+    kept = tmp_path / "records"
+    kept.mkdir()
+    (kept / "ralimp-s0-89abcdef.log.jsonl").write_text(
+        (out / "runs" / run.source.parent.name / "log.jsonl").read_text()
+    )
+    (kept / "ralimp-s0-89abcdef.identity.json").write_text(json.dumps(identity))
+    _, (kept_run,) = load_runs(
+        [out / "runs" / "ralimp-s0-0123abcd" / "record.json", kept / "ralimp-s0-89abcdef.log.jsonl"]
+    )
+    assert kept_run.label == "ralimp, paper layout"
 
 
 def test_the_psnr_of_a_siren_training_loss_bounds_the_evaluated_psnr_from_below():

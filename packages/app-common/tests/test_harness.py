@@ -1,5 +1,6 @@
 """The training harness: resume equal to an unbroken run, NaN policy, phases, schedules, parameter groups."""
 
+import json
 import math
 from pathlib import Path
 
@@ -336,6 +337,33 @@ def test_a_trainer_is_complete_when_constructed_and_trains_straight_away(tmp_pat
     assert (trainer.step, trainer.done) == (3, True)
     assert [r["step"] for r in read_jsonl(run.log_path)] == [1, 2, 3]
     assert run.checkpointer.load()["note"] == 1
+
+
+def test_a_run_folder_says_its_identity_from_the_first_step(tmp_path):
+    identity = {"kind": "ralimp", "fit": "paper", "hidden": [2, 3]}
+    run = Run(name="unfinished", out=tmp_path, identity=identity, seed=0, device="cpu")
+    model = torch.nn.Linear(3, 2)
+    trainer = Trainer(
+        run,
+        model,
+        {"adam": torch.optim.Adam(model.parameters(), lr=0.1)},
+        steps=3,
+        schedule=schedule("constant", 0, 3),
+        show_progress=False,
+    )
+    x, calls = torch.randn(4, 3), []
+
+    def stop_after_one_step(step, batch):
+        calls.append(step)
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # killed mid-run: no record, no checkpoint
+        return trainer.forward(x).square().mean()
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(stop_after_one_step)
+    assert not (run.dir / "record.json").exists()
+    assert not (run.dir / "checkpoint.pt").exists()
+    assert json.loads((run.dir / "identity.json").read_text()) == identity
 
 
 @pytest.mark.parametrize(

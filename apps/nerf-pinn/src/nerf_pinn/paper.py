@@ -25,7 +25,7 @@ from typing import Any
 
 from app_common.fields import may_change_on_resume
 from app_common.plots import pyplot, save_figure
-from app_common.records import LOG, RECORD, RESULTS, RUNS, flat_record
+from app_common.records import IDENTITY, LOG, RECORD, RESULTS, RUNS, flat_record
 from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
 from nerf_pinn.experiment import format_metric, layer_settings
@@ -92,9 +92,14 @@ _RUN_NAME = re.compile(r"^(?P<kind>[a-z]+)(?:-s(?P<seed>\d+))?(?:-[0-9a-f]{8})?$
 
 @dataclass(frozen=True)
 class Unfinished:
-    """A run without a record: its variant, seed (None: the log's name does not say) and last logged step."""
+    """A run without a record: its variant, seed (None: the log's name does not say) and last logged step.
+
+    ``label`` is its variant as `variant_label` names a finished run's, read from the run's identity
+    (``identity.json`` beside its log); a log without one is taken for its kind's default variant.
+    """
 
     kind: str
+    label: str
     seed: int | None
     step: int
     train_loss: float
@@ -165,12 +170,17 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], list[U
                 add(record)
     # a log of a finished run (the repository keeps those too) is no unfinished run: its kind and seed
     # have a record (any seed, when the log's name gives none)
-    done = {(r["kind"], r["seed"]) for r in records.values()} | {(r["kind"], None) for r in records.values()}
-    return list(records.values()), [u for u in unfinished if (u.kind, u.seed) not in done]
+    labels = {(variant_label(r), r["seed"]) for r in records.values()}
+    done = labels | {(label, None) for label, _ in labels}
+    return list(records.values()), [u for u in unfinished if (u.label, u.seed) not in done]
 
 
 def _unfinished(log: Path, name: str) -> list[Unfinished]:
-    """The last training step logged in ``log`` of the run ``name`` (none logged: no entry)."""
+    """The last training step logged in ``log`` of the run ``name`` (none logged: no entry).
+
+    Its identity is ``identity.json`` in the run's folder, or ``<name>.identity.json`` beside a
+    ``<name>.log.jsonl`` the repository keeps.
+    """
     match = _RUN_NAME.match(name)
     if match is None or match["kind"] not in KINDS:
         raise ValueError(
@@ -181,8 +191,13 @@ def _unfinished(log: Path, name: str) -> list[Unfinished]:
     if not steps:
         return []
     seed = None if match["seed"] is None else int(match["seed"])
+    identity = log.parent / IDENTITY if log.name == LOG else log.with_name(f"{name}.{IDENTITY}")
+    label = match["kind"]
+    if identity.is_file():
+        settings = json.loads(identity.read_text(encoding="utf-8"))
+        label = _label(settings["family"], settings["kind"], settings.get("fit"))
     last = steps[-1]
-    return [Unfinished(match["kind"], seed, int(last["step"]), float(last["train_loss"]), log)]
+    return [Unfinished(match["kind"], label, seed, int(last["step"]), float(last["train_loss"]), log)]
 
 
 def family_of(records: Sequence[dict[str, Any]]) -> str:
@@ -202,9 +217,11 @@ def family_of(records: Sequence[dict[str, Any]]) -> str:
 
 def variant_label(record: dict[str, Any]) -> str:
     """The variant of a record: its kind, and RaLiMP's fit where it is not the family's default."""
-    kind = record["kind"]
-    fit = record["config"].get("fit")
-    default = next(f.default for f in dataclasses.fields(FAMILIES[record["family"]]) if f.name == "fit")
+    return _label(record["family"], record["kind"], record["config"].get("fit"))
+
+
+def _label(family: str, kind: str, fit: str | None) -> str:
+    default = next(f.default for f in dataclasses.fields(FAMILIES[family]) if f.name == "fit")
     if kind != "ralimp" or fit in (None, default):
         return kind
     return "ralimp, paper layout" if fit == "paper" else f"ralimp, fit {fit}"
@@ -245,8 +262,7 @@ def variants(
 ) -> list[Variant]:
     """The variants of ``records`` (and of the unfinished runs), in the order of `KINDS`.
 
-    An unfinished run joins the variant of its kind (RaLiMP's default fit when there are several: a log
-    does not say its fit).
+    An unfinished run joins the variant of its label (`Unfinished`).
     """
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
@@ -266,8 +282,8 @@ def variants(
             inference_params=group[0]["inference_params"],
         )
     for run in unfinished:
-        variant = out.get(run.kind, Variant(label=run.kind, kind=run.kind))
-        out[run.kind] = dataclasses.replace(variant, unfinished=(*variant.unfinished, run))
+        variant = out.get(run.label, Variant(label=run.label, kind=run.kind))
+        out[run.label] = dataclasses.replace(variant, unfinished=(*variant.unfinished, run))
     order = {kind: i for i, kind in enumerate(KINDS)}
     return sorted(out.values(), key=lambda v: (order[v.kind], v.label))
 
@@ -289,7 +305,7 @@ def _tick(variant: Variant, loss_metric: bool) -> str:
         lines.append(f"{variant.not_finite} not finite")
     for run in variant.unfinished:
         seed = "" if run.seed is None else f" s{run.seed}"
-        lines.append(f"unfinished{seed}: step {run.step}" + ("" if loss_metric else ", no metric yet"))
+        lines += [f"unfinished{seed}", f"at step {run.step}"] + ([] if loss_metric else ["(no metric yet)"])
     return "\n".join(lines)
 
 

@@ -70,7 +70,7 @@ from app_common.device import device_name
 from app_common.distributed import all_gather_object, all_reduce, barrier
 from app_common.measure import Timer, peak_memory, reset_peak_memory
 from app_common.progress import progress
-from app_common.records import make_record, write_record
+from app_common.records import make_record, write_identity, write_record
 from app_common.results import append_jsonl
 from app_common.run import Run, config_settings
 from app_common.schedules import Schedule
@@ -267,6 +267,8 @@ class Trainer:
         if self._restored:
             return self.step > 0
         self._restored = True
+        if self.run.is_main:
+            write_identity(self.run.dir, self.run.checkpointer.identity)
         state = self.run.checkpointer.load(map_location=self.run.device)
         if state is None:
             if self.run.is_main:

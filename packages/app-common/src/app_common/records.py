@@ -4,6 +4,8 @@ Every app writes a run under ``<out>/runs/<name>/``:
 
 - ``checkpoint.pt``: the resumable state ([`Trainer`][app_common.harness.Trainer]), kept when the run ends;
 - ``log.jsonl``: one line per logged step (``train_loss``, ``lr``) and per evaluation (its metrics);
+- ``identity.json``: the run's identity (what its name's digest stands for), written when training starts,
+  so that an unfinished run says what it is without its checkpoint;
 - ``record.json``: the run's record, written last; its presence means the run finished.
 
 and appends the same record as one line to the results file (``<out>/results.jsonl`` unless the app's
@@ -42,6 +44,7 @@ CORE_KEYS = (
 RUNS = "runs"
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
+IDENTITY = "identity.json"
 RECORD = "record.json"
 RESULTS = "results.jsonl"
 
@@ -128,6 +131,14 @@ def write_record(out: str | Path, record: Mapping[str, Any], *, results: str | P
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(dict(record), default=str) + "\n", encoding="utf-8")
     tmp.replace(path)
+    return path
+
+
+def write_identity(folder: str | Path, identity: Mapping[str, Any]) -> Path:
+    """Write ``identity`` to ``<folder>/identity.json`` (a run's folder) and return its path."""
+    path = Path(folder) / IDENTITY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(identity), sort_keys=True) + "\n", encoding="utf-8")
     return path
 
 
