@@ -168,7 +168,7 @@ def load_runs(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], list[U
         else:
             for record in read_jsonl(path):
                 add(record)
-    # a log of a finished run (the repository keeps those too) is no unfinished run: its kind and seed
+    # a log of a finished run (the repository keeps those too) is no unfinished run: its variant and seed
     # have a record (any seed, when the log's name gives none)
     labels = {(variant_label(r), r["seed"]) for r in records.values()}
     done = labels | {(label, None) for label, _ in labels}
