@@ -93,9 +93,7 @@ def test_an_unfinished_run_joins_the_variant_its_identity_names_not_only_its_kin
     # as the repository keeps it: <name>.log.jsonl and <name>.identity.json beside the records
     kept = tmp_path / "records"
     kept.mkdir()
-    (kept / "ralimp-s0-89abcdef.log.jsonl").write_text(
-        (out / "runs" / run.source.parent.name / "log.jsonl").read_text()
-    )
+    (kept / "ralimp-s0-89abcdef.log.jsonl").write_text(run.source.read_text())
     (kept / "ralimp-s0-89abcdef.identity.json").write_text(json.dumps(identity))
     _, (kept_run,) = load_runs(
         [out / "runs" / "ralimp-s0-0123abcd" / "record.json", kept / "ralimp-s0-89abcdef.log.jsonl"]
