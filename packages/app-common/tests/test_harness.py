@@ -21,7 +21,7 @@ from app_common.fields import (
     run_name,
 )
 from app_common.harness import TrainData, Trainer
-from app_common.records import CORE_KEYS, finished_record, flat_record, run_dir
+from app_common.records import CORE_KEYS, finished_record, flat_record, run_dir, write_identity
 from app_common.results import read_jsonl
 from app_common.run import Run
 from app_common.schedules import param_groups, schedule
@@ -300,6 +300,8 @@ def test_a_run_of_other_settings_gets_its_own_folder_and_its_namesakes_say_what_
     (tmp_path / "runs" / "toy-s1-00000000").mkdir()  # another label that starts the same
     (tmp_path / "runs" / "toy-1a2b3c4d").mkdir()  # the label's, without a checkpoint
     assert first.namesakes() == {"toy-1a2b3c4d": []}
+    write_identity(tmp_path / "runs" / "toy-1a2b3c4d", {"lr": 0.3})  # started, no checkpoint yet
+    assert first.namesakes() == {"toy-1a2b3c4d": ["lr: 0.3 -> 0.1"]}
 
 
 def _two_optimizers():
@@ -364,6 +366,47 @@ def test_a_run_folder_says_its_identity_from_the_first_step(tmp_path):
     assert not (run.dir / "record.json").exists()
     assert not (run.dir / "checkpoint.pt").exists()
     assert json.loads((run.dir / "identity.json").read_text()) == identity
+    assert sorted(p.name for p in run.dir.iterdir() if p.suffix == ".tmp") == []  # written whole
+
+
+def _lock_toy(out):
+    run = Run(name="locked", out=out, identity={}, seed=0, device="cpu")
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Trainer(run, model, optimizer, steps=3, checkpoint_every=1, show_progress=False)
+
+
+def test_a_second_trainer_of_a_run_in_training_is_refused_and_the_run_is_free_after(tmp_path):
+    first, x, refusals = _lock_toy(tmp_path), torch.randn(4, 3), []
+
+    def loss(step, batch):
+        if step == 1:  # the first trains: a second start on the same run (another open of its lock)
+            with pytest.raises(RuntimeError, match=r"locked: another process trains this run now \("):
+                _lock_toy(tmp_path).fit(lambda step, batch: x.sum())
+            refusals.append(step)
+        return first.forward(x).square().mean()
+
+    first.fit(loss)
+    assert refusals == [1]
+    assert first.step == 3
+    second = _lock_toy(tmp_path)  # the first returned: the run is free again (resumes at its end)
+    second.fit(lambda step, batch: x.sum())
+    assert second.step == 3
+
+
+def test_a_run_killed_mid_training_leaves_its_lock_free(tmp_path):
+    first, x = _lock_toy(tmp_path), torch.randn(4, 3)
+
+    def killed_at_step_two(step, batch):
+        if step == 2:
+            raise KeyboardInterrupt
+        return first.forward(x).square().mean()
+
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(killed_at_step_two)
+    resumed = _lock_toy(tmp_path)
+    resumed.fit(lambda step, batch: resumed.forward(x).square().mean())
+    assert resumed.step == 3
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from typing import Any
 
 from app_common.fields import may_change_on_resume
 from app_common.plots import pyplot, save_figure
-from app_common.records import IDENTITY, LOG, RECORD, RESULTS, RUNS, flat_record
+from app_common.records import IDENTITY, LOG, RECORD, RESULTS, RUNS, flat_record, read_identity
 from app_common.results import read_jsonl
 from nerf_pinn.config import FAMILIES
 from nerf_pinn.experiment import format_metric, layer_settings
@@ -191,11 +191,14 @@ def _unfinished(log: Path, name: str) -> list[Unfinished]:
     if not steps:
         return []
     seed = None if match["seed"] is None else int(match["seed"])
-    identity = log.parent / IDENTITY if log.name == LOG else log.with_name(f"{name}.{IDENTITY}")
-    label = match["kind"]
-    if identity.is_file():
-        settings = json.loads(identity.read_text(encoding="utf-8"))
-        label = _label(settings["family"], settings["kind"], settings.get("fit"))
+    identity = read_identity(
+        log.parent / IDENTITY if log.name == LOG else log.with_name(f"{name}.{IDENTITY}")
+    )
+    label = (
+        match["kind"]
+        if identity is None
+        else _label(identity["family"], identity["kind"], identity.get("fit"))
+    )
     last = steps[-1]
     return [Unfinished(match["kind"], label, seed, int(last["step"]), float(last["train_loss"]), log)]
 

@@ -22,13 +22,14 @@ What the harness does, in order, for every run:
    way every app builds its run and trainer): CPU threads, the device (``--device``), the process group
    under ``torchrun``, seeding everything with ``seed`` (before the app builds its model); then the model
    compiled (``compile``) and wrapped in DistributedDataParallel under ``torchrun``.
-2. **Resume** (`Trainer.fit`, the apps' one policy): with ``resume`` on and ``runs/<name>/checkpoint.pt``
-   saved under the same identity, the model, optimizers, the app's extra ``state`` (stateful objects and
-   ``torch.Generator``), every process's random state and the counters are loaded and the log is cut back to
-   the checkpoint's step; a checkpoint of another identity is refused, listing the changed settings. A
-   checkpoint saved by another number of processes is refused too (the changed-world-size rule: resume with
-   as many processes as saved it). A fresh run seeds its training stream with ``7919 seed + 17 + rank``
-   (dropout), so the stream of a resumed run equals the unbroken run's.
+2. **Resume** (`Trainer.fit`, the apps' one policy): the run's ``train.lock`` is taken first, so that a second
+   process started on the same run is refused while this one trains it; with ``resume`` on and
+   ``runs/<name>/checkpoint.pt`` saved under the same identity, the model, optimizers, the app's extra
+   ``state`` (stateful objects and ``torch.Generator``), every process's random state and the counters are
+   loaded and the log is cut back to the checkpoint's step; a checkpoint of another identity is refused,
+   listing the changed settings. A checkpoint saved by another number of processes is refused too (the
+   changed-world-size rule: resume with as many processes as saved it). A fresh run seeds its training stream
+   with ``7919 seed + 17 + rank`` (dropout), so the stream of a resumed run equals the unbroken run's.
 3. **Steps** ``t = start .. steps - 1``: the learning rate of every group is its peak times
    ``schedule(t)``; the batch of step ``t`` is the ``t``-th of the resumable order
    ([`StepBatches`][app_common.batches.StepBatches]: a function of ``(seed, t)``); ``zero_grad``, the loss
@@ -261,9 +262,14 @@ class Trainer:
     def restore(self) -> bool:
         """Load the run's checkpoint if there is one to resume (done by `fit`); True when loaded.
 
+        The run is claimed first ([`Run.claim`][app_common.run.Run.claim]): a second process that
+        trains the same run is refused; `fit` frees it when it returns.
+
         Raises:
             ValueError: a checkpoint of another identity, or saved by another number of processes.
+            RuntimeError: another process trains the run now.
         """
+        self.run.claim()
         if self._restored:
             return self.step > 0
         self._restored = True
@@ -429,7 +435,8 @@ class Trainer:
         Raises:
             ValueError: a checkpoint that cannot be resumed, or ``accumulate`` not a multiple of the
                 processes.
-            RuntimeError: a non-finite loss under ``on_nan="raise"``.
+            RuntimeError: a non-finite loss under ``on_nan="raise"``, or another process trains the run
+                now (its ``train.lock`` is held).
         """
         from spectraformer_core import check_int
 
@@ -441,9 +448,21 @@ class Trainer:
             )
         if data is not None and accumulate != 1:
             raise ValueError("accumulate: micro-batches are drawn by the loss itself; pass data=None")
-        self.restore()
-        if self.done:
-            return
+        try:
+            self.restore()
+            if not self.done:
+                self._loop(loss_fn, data, accumulate, evaluate)
+        finally:
+            self.run.release()
+
+    def _loop(
+        self,
+        loss_fn: LossFn,
+        data: TrainData | None,
+        accumulate: int,
+        evaluate: Callable[[int], Mapping[str, Any]] | None,
+    ) -> None:
+        """`fit`'s step loop from `step` until done, stopped or diverged."""
         reset_peak_memory(self.run.device)
         batches = self._batches(data) if data is not None else None
         timer = Timer(self.run.device, elapsed=self.train_seconds)

@@ -6,7 +6,8 @@ Every app writes a run under ``<out>/runs/<name>/``:
 - ``log.jsonl``: one line per logged step (``train_loss``, ``lr``) and per evaluation (its metrics);
 - ``identity.json``: the run's identity (what its name's digest stands for), written when training starts,
   so that an unfinished run says what it is without its checkpoint;
-- ``record.json``: the run's record, written last; its presence means the run finished.
+- ``record.json``: the run's record, written last; its presence means the run finished;
+- ``train.lock``: held by the process that trains the run, so that a second one is refused.
 
 and appends the same record as one line to the results file (``<out>/results.jsonl`` unless the app's
 ``--results`` names another). A record has the core keys of `CORE_KEYS`, the run's headline numbers under
@@ -46,6 +47,7 @@ CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"
 IDENTITY = "identity.json"
 RECORD = "record.json"
+LOCK = "train.lock"
 RESULTS = "results.jsonl"
 
 
@@ -126,19 +128,26 @@ def write_record(out: str | Path, record: Mapping[str, Any], *, results: str | P
         The path of ``record.json``.
     """
     append_jsonl(Path(out) / RESULTS if results is None else results, dict(record))
-    path = run_dir(out, record["name"]) / RECORD
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dict(record), default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return _write_json(run_dir(out, record["name"]) / RECORD, json.dumps(dict(record), default=str))
 
 
 def write_identity(folder: str | Path, identity: Mapping[str, Any]) -> Path:
     """Write ``identity`` to ``<folder>/identity.json`` (a run's folder) and return its path."""
-    path = Path(folder) / IDENTITY
+    return _write_json(Path(folder) / IDENTITY, json.dumps(dict(identity), sort_keys=True))
+
+
+def read_identity(path: str | Path) -> dict[str, Any] | None:
+    """The identity `write_identity` wrote to ``path``, or None when there is none (an older run folder)."""
+    path = Path(path)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _write_json(path: Path, text: str) -> Path:
+    """Write one line of JSON ``text`` to ``path`` through a temporary and a rename (never half written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(identity), sort_keys=True) + "\n", encoding="utf-8")
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(path)
     return path
 
 

@@ -21,13 +21,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import filelock
 import torch
 
 from app_common.checkpoint import Checkpointer, changed_settings, load_checkpoint
 from app_common.device import autocast, resolve_device
 from app_common.distributed import Distributed, setup_distributed, teardown_distributed
 from app_common.fields import run_identity, run_name
-from app_common.records import CHECKPOINT, LOG, RECORD, RUNS, finished_record, run_dir
+from app_common.records import (
+    CHECKPOINT,
+    IDENTITY,
+    LOCK,
+    LOG,
+    RECORD,
+    RUNS,
+    finished_record,
+    read_identity,
+    run_dir,
+)
 from app_common.seeding import seed_everything
 
 T = TypeVar("T")
@@ -116,6 +127,7 @@ class Run:
         self.name, self.out, self.dir, self.seed = name, Path(out), run_dir(out, name), seed
         self.dtype, self.resume = dtype, resume
         self.checkpointer = Checkpointer(self.dir / CHECKPOINT, identity, resume=resume, on_save=on_save)
+        self._lock = filelock.FileLock(self.dir / LOCK, timeout=0)
         seed_everything(seed)
 
     @classmethod
@@ -182,17 +194,44 @@ class Run:
     def namesakes(self) -> dict[str, list[str]]:
         """The runs under ``out`` of this run's label and another identity, with their changed settings.
 
-        ``{"dense-s0-1a2b3c4d": ["steps: 6 -> 5"]}``: what differs between each one's checkpoint and this
-        run (a run without a checkpoint lists nothing); for an error that says why a run is not found.
+        ``{"dense-s0-1a2b3c4d": ["steps: 6 -> 5"]}``: what differs between each one's identity and this
+        run's, read from its ``identity.json`` or, in a folder made before that file, its checkpoint (a
+        run with neither lists nothing); for an error that says why a run is not found.
         """
         label = self.name.rsplit("-", 1)[0]
         found = {}
         for folder in sorted((self.out / RUNS).glob(f"{label}-*")):
             if folder.name != self.name and folder.name.rsplit("-", 1)[0] == label:
-                state = load_checkpoint(folder / CHECKPOINT)
-                saved = {} if state is None else state.get("identity", {})
+                saved = read_identity(folder / IDENTITY)
+                if saved is None:
+                    state = load_checkpoint(folder / CHECKPOINT)
+                    saved = {} if state is None else state.get("identity", {})
                 found[folder.name] = changed_settings(saved, self.checkpointer.identity) if saved else []
         return found
+
+    def claim(self) -> None:
+        """Hold the run's ``train.lock`` for training it (on the main process; again: nothing more).
+
+        An operating-system file lock: `release` or the process's end frees it, so a killed run leaves
+        none behind.
+
+        Raises:
+            RuntimeError: another process holds it (it trains or resumes this run now).
+        """
+        if not self.is_main or self._lock.is_locked:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            raise RuntimeError(
+                f"{self.name}: another process trains this run now ({self.dir / LOCK} is held); wait for it "
+                "or stop it before resuming the run here"
+            ) from None
+
+    def release(self) -> None:
+        """Free the run's ``train.lock`` if this process holds it."""
+        self._lock.release(force=True)
 
     def close(self) -> None:
         """Leave the process group, if the run joined one."""
