@@ -330,10 +330,11 @@ def test_report_of_runs_that_all_diverged_draws_labels_and_prints_no_nan(tmp_pat
     assert (tmp_path / "report" / "mse_bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_report_reads_the_committed_records_written_before_run_names_had_a_digest(tmp_path):
+def test_report_reads_the_committed_records_written_before_and_after_run_names_had_a_digest(tmp_path):
     committed = Path(__file__).parents[1] / "records" / "fig2-paper.jsonl"
     records = read_jsonl(committed)
-    assert all(re.fullmatch(r"[a-z]+-[a-z-]+-b\d+-s\d+", r["name"]) for r in records)  # no digest
+    digest = [bool(re.fullmatch(r"[a-z]+-[a-z-]+-b\d+-s\d+-[0-9a-f]{8}", r["name"])) for r in records]
+    assert set(digest) == {True, False}  # both kinds of name
     texts = report(ReportConfig(results=committed, report_dir=tmp_path, table_features=32))
     gelu = next(line for line in texts["table"].splitlines() if line.startswith("| gelu"))
     assert "±" in gelu
